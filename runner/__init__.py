@@ -1,0 +1,40 @@
+"""runner: a crash-safe foreground worker whose external writes never happen twice.
+
+The public library API (SPEC L14)::
+
+    from runner import DurableWorker, Scope
+
+Names are imported lazily so that ``runner status`` does not pay for what it does not use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["AcceptResult", "DurableWorker", "LeadEvent", "LeadState", "RunnerError", "Scope"]
+
+if TYPE_CHECKING:
+    from runner.errors import RunnerError
+    from runner.intake import AcceptResult
+    from runner.models import LeadEvent, Scope
+    from runner.states import LeadState
+    from runner.worker import DurableWorker
+
+_WHERE = {
+    "AcceptResult": "runner.intake",
+    "DurableWorker": "runner.worker",
+    "LeadEvent": "runner.models",
+    "LeadState": "runner.states",
+    "RunnerError": "runner.errors",
+    "Scope": "runner.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'runner' has no attribute {name!r}")

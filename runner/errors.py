@@ -1,0 +1,103 @@
+"""One error root for runner, with categories that map to exit codes (SPEC K8).
+
+::
+
+    RunnerError                      exit code
+    ├── UsageError                   2   bad command line, --db and --target the same file
+    ├── BadInputError                65  invalid record or scope file, outside scope, conflict
+    │   └── RuleViolation            65  a domain rule refused the operation
+    ├── StoreNotFound                66  a read-only command named a store that does not exist
+    ├── SimulatedCrash               73  a --fault crash-* fired (where os._exit is not used)
+    ├── StoreError                   74  the store could not be read or written (I/O, full, corrupt)
+    ├── LockHeld                     75  another live worker holds the lock
+    │   └── StoreBusy                75  the store stayed locked longer than the busy timeout
+    ├── UnsafeLocation               77  network filesystem, symlink, directory others can write
+    └── ConfigMismatch               78  the store's pinned scope differs from --scope
+        └── SchemaTooNew             78  the store was written by a newer runner
+
+Target errors are not here: they belong to the port (``runner.port``) and become record
+states, never exit codes.  Driver exceptions (sqlite3, asyncpg, OSError) are translated
+into these where they enter, with ``raise ... from exc``, so no raw driver error reaches
+the command line.
+"""
+
+from __future__ import annotations
+
+
+class RunnerError(Exception):
+    """Root of every error runner raises on purpose."""
+
+    exit_code: int = 1
+    reason: str = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(RunnerError):
+    exit_code = 2
+    reason = "usage"
+
+
+class BadInputError(RunnerError):
+    """Input that is not a valid, in-scope record (or scope file).
+
+    ``reason`` is a short stable token for the JSON answer (``invalid_json``,
+    ``invalid_record``, ``scope_mismatch``, ``conflict``, ``unreadable`` …).
+    """
+
+    exit_code = 65
+
+    def __init__(self, message: str, *, reason: str = "invalid_record") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RuleViolation(BadInputError):
+    """A well-formed request that a domain rule refuses."""
+
+    def __init__(self, message: str, *, reason: str = "rule_violation") -> None:
+        super().__init__(message, reason=reason)
+
+
+class StoreNotFound(RunnerError):
+    exit_code = 66
+    reason = "store_not_found"
+
+
+class SimulatedCrash(RunnerError):
+    exit_code = 73
+    reason = "simulated_crash"
+
+
+class StoreError(RunnerError):
+    exit_code = 74
+    reason = "store_error"
+
+
+class LockHeld(RunnerError):
+    exit_code = 75
+    reason = "locked"
+
+    def __init__(self, message: str, *, holder_pid: int | None = None) -> None:
+        super().__init__(message)
+        self.holder_pid = holder_pid
+
+
+class StoreBusy(LockHeld):
+    reason = "store_busy"
+
+
+class UnsafeLocation(RunnerError):
+    exit_code = 77
+    reason = "unsafe_location"
+
+
+class ConfigMismatch(RunnerError):
+    exit_code = 78
+    reason = "scope_mismatch"
+
+
+class SchemaTooNew(ConfigMismatch):
+    reason = "schema_too_new"

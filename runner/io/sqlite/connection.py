@@ -1,0 +1,189 @@
+"""Opening a SQLite store: file checks, pragmas, migrations, the scope pin.
+
+Why an autocommit connection with explicit ``BEGIN IMMEDIATE``: Python's implicit
+transactions start lazily and as DEFERRED, and a deferred transaction that reads and then
+writes can fail with ``SQLITE_BUSY`` without waiting for the busy timeout when another
+writer committed in between.  ``BEGIN IMMEDIATE`` takes the write lock first, so the busy
+timeout applies and concurrent writers queue instead of failing.  A single write
+statement outside a transaction is equally safe: SQLite starts it as a write transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Iterator
+
+import aiosqlite
+
+from runner.errors import (
+    ConfigMismatch,
+    RunnerError,
+    SchemaTooNew,
+    StoreBusy,
+    StoreError,
+    StoreNotFound,
+)
+from runner.io import fsguard
+from runner.io.sqlite import schema
+from runner.models import Scope
+
+BUSY_TIMEOUT_MS = 30_000
+MIN_SQLITE = (3, 37, 0)  # STRICT tables; RETURNING needs 3.35
+
+
+def translate(exc: BaseException, doing: str) -> RunnerError:
+    """A driver error as one of ours (never leak sqlite3 exceptions to the CLI)."""
+    if isinstance(exc, RunnerError):
+        return exc
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return StoreBusy(f"store stayed locked while {doing}; try again")
+    if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
+        return StoreError(f"store file is not a SQLite database ({doing})")
+    return StoreError(f"store error while {doing}: {text}")
+
+
+def split_script(script: str) -> Iterator[str]:
+    """Split DDL into complete statements (triggers hold ';' inside BEGIN…END)."""
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statement = buffer.strip()
+            buffer = ""
+            if statement:
+                yield statement
+    if buffer.strip():
+        raise ValueError("incomplete SQL statement in migration")
+
+
+def _check_sqlite_version() -> None:
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        raise StoreError(
+            f"SQLite {sqlite3.sqlite_version} is too old; runner needs "
+            f"{'.'.join(map(str, MIN_SQLITE))} or newer"
+        )
+
+
+async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
+    """Open the file with runner's pragmas; nothing is created unless ``create``."""
+    _check_sqlite_version()
+    uri = f"file:{path}?mode={'rwc' if create else 'rw'}"
+    try:
+        conn = await aiosqlite.connect(uri, uri=True, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise translate(exc, "opening the store") from None
+    try:
+        await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        rows = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
+        if not rows or str(next(iter(rows))[0]).lower() != "wal":
+            raise StoreError("could not switch the store to WAL journaling")
+        await conn.execute("PRAGMA synchronous = FULL")
+        await conn.execute("PRAGMA foreign_keys = ON")
+    except BaseException as exc:
+        await conn.close()
+        if isinstance(exc, sqlite3.Error):
+            raise translate(exc, "opening the store") from None
+        raise
+    return conn
+
+
+async def _read_header(conn: aiosqlite.Connection) -> tuple[int, int, int]:
+    """(user_version, application_id, number of schema objects)."""
+    (version,) = next(iter(await conn.execute_fetchall("PRAGMA user_version")))
+    (app_id,) = next(iter(await conn.execute_fetchall("PRAGMA application_id")))
+    (objects,) = next(iter(await conn.execute_fetchall("SELECT count(*) FROM sqlite_master")))
+    return int(version), int(app_id), int(objects)
+
+
+def _check_header(version: int, app_id: int, objects: int, path: str) -> None:
+    if app_id not in (0, schema.APPLICATION_ID) or (app_id == 0 and objects > 0):
+        raise StoreError(f"{path!r} is a SQLite database but not a runner store")
+    if version > schema.LATEST:
+        raise SchemaTooNew(
+            f"store schema v{version} was written by a newer runner (this one knows "
+            f"v{schema.LATEST}); upgrade runner, the store was left untouched"
+        )
+
+
+async def _pinned_scope(conn: aiosqlite.Connection) -> Scope | None:
+    rows = list(await conn.execute_fetchall("SELECT value FROM meta WHERE key = 'scope'"))
+    if not rows:
+        return None
+    return Scope.model_validate_json(rows[0][0])
+
+
+def check_scope(pinned: Scope | None, wanted: Scope | None) -> None:
+    if wanted is not None and pinned is not None and pinned != wanted:
+        differ = [
+            name for name in type(pinned).model_fields
+            if getattr(pinned, name) != getattr(wanted, name)
+        ]
+        raise ConfigMismatch(
+            "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
+            "nothing was changed"
+        )
+
+
+async def migrate_and_pin(
+    conn: aiosqlite.Connection, path: str, scope: Scope | None
+) -> tuple[int, Scope | None]:
+    """Create/upgrade the schema and pin the scope in one ``BEGIN IMMEDIATE``."""
+    await conn.execute("BEGIN IMMEDIATE")
+    try:
+        version, app_id, objects = await _read_header(conn)
+        _check_header(version, app_id, objects, path)
+        for target, ddl in schema.pending(version):
+            for statement in split_script(ddl):
+                await conn.execute(statement)
+            await conn.execute(f"PRAGMA user_version = {target}")
+        if version == 0:
+            await conn.execute(f"PRAGMA application_id = {schema.APPLICATION_ID}")
+        pinned = await _pinned_scope(conn)
+        check_scope(pinned, scope)
+        if pinned is None and scope is not None:
+            await conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('scope', ?)",
+                (scope.model_dump_json(),),
+            )
+            pinned = scope
+        await conn.execute("COMMIT")
+    except BaseException:
+        await rollback_quietly(conn)
+        raise
+    return schema.LATEST, pinned
+
+
+async def inspect(
+    conn: aiosqlite.Connection, path: str, scope: Scope | None
+) -> tuple[int, Scope | None]:
+    """Read-only open: check version and scope, write nothing."""
+    version, app_id, objects = await _read_header(conn)
+    _check_header(version, app_id, objects, path)
+    if version == 0:
+        return 0, None
+    if version < schema.LATEST:
+        raise ConfigMismatch(
+            f"store schema v{version} is older than this runner's v{schema.LATEST}; "
+            "a writing command (accept, once, start) upgrades it"
+        )
+    pinned = await _pinned_scope(conn)
+    check_scope(pinned, scope)
+    return version, pinned
+
+
+async def rollback_quietly(conn: aiosqlite.Connection) -> None:
+    if conn.in_transaction:
+        # the transaction may already be gone; the original error is what matters
+        with contextlib.suppress(sqlite3.Error):
+            await conn.execute("ROLLBACK")
+
+
+def prepare_path(location: str, *, create: bool) -> str:
+    path = fsguard.prepare_store_path(location, create=create)
+    if not create and not os.path.exists(path):
+        raise StoreNotFound(f"no store at {location!r}")
+    return path
+

@@ -1,0 +1,114 @@
+"""SQLite schema and versioned migrations (SPEC K2, K3, K9).
+
+The schema version lives in ``PRAGMA user_version`` and the file is marked as a runner
+store by ``PRAGMA application_id``.  Migrations run inside the caller's ``BEGIN
+IMMEDIATE`` transaction, together with the scope pin, so creating a store is one
+transaction and two processes creating it at once end with one store.
+
+Invariants are enforced by the schema itself, not only by the code that writes it:
+
+* the outbox is append-only (UPDATE and DELETE raise);
+* lead records are never deleted and their key, content and ``write_id`` never change;
+* a state change outside ``runner.states.TRANSITIONS`` raises;
+* every insert and every state change writes its outbox event in the same statement's
+  transaction, by trigger, so no code path can forget it.
+"""
+
+from __future__ import annotations
+
+from runner.states import LeadState, allowed_pairs
+
+APPLICATION_ID = 0x52554E52  # "RUNR"
+
+
+def _state_list() -> str:
+    return ", ".join(f"'{state.value}'" for state in LeadState)
+
+
+def _transition_list() -> str:
+    return ", ".join(f"'{src.value}>{dst.value}'" for src, dst in allowed_pairs())
+
+
+V1 = f"""
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) STRICT;
+
+CREATE TABLE leads (
+    seq                INTEGER PRIMARY KEY,
+    tenant_id          TEXT NOT NULL,
+    source_lead_id     TEXT NOT NULL,
+    canonical          TEXT NOT NULL,
+    write_id           TEXT NOT NULL UNIQUE,
+    state              TEXT NOT NULL DEFAULT 'prepared' CHECK (state IN ({_state_list()})),
+    attempts           INTEGER NOT NULL DEFAULT 0,
+    reconcile_attempts INTEGER NOT NULL DEFAULT 0,
+    snapshot           TEXT,
+    last_polled_at     TEXT,
+    accepted_at        TEXT NOT NULL,
+    updated_at         TEXT NOT NULL,
+    UNIQUE (tenant_id, source_lead_id)
+) STRICT;
+
+CREATE INDEX leads_by_state ON leads (state, seq);
+
+CREATE TABLE outbox (
+    seq     INTEGER PRIMARY KEY,
+    kind    TEXT NOT NULL,
+    subject TEXT,
+    payload TEXT NOT NULL,
+    at      TEXT NOT NULL
+) STRICT;
+
+CREATE TRIGGER outbox_no_update BEFORE UPDATE ON outbox
+BEGIN SELECT RAISE(ABORT, 'outbox is append-only'); END;
+
+CREATE TRIGGER outbox_no_delete BEFORE DELETE ON outbox
+BEGIN SELECT RAISE(ABORT, 'outbox is append-only'); END;
+
+CREATE TRIGGER leads_no_delete BEFORE DELETE ON leads
+BEGIN SELECT RAISE(ABORT, 'lead records are never deleted'); END;
+
+CREATE TRIGGER leads_identity_fixed
+BEFORE UPDATE OF tenant_id, source_lead_id, canonical, write_id, accepted_at ON leads
+WHEN NEW.tenant_id IS NOT OLD.tenant_id OR NEW.source_lead_id IS NOT OLD.source_lead_id
+  OR NEW.canonical IS NOT OLD.canonical OR NEW.write_id IS NOT OLD.write_id
+  OR NEW.accepted_at IS NOT OLD.accepted_at
+BEGIN SELECT RAISE(ABORT, 'a lead record''s key, content and write_id never change'); END;
+
+CREATE TRIGGER leads_transition_guard BEFORE UPDATE OF state ON leads
+WHEN NEW.state IS NOT OLD.state
+ AND OLD.state || '>' || NEW.state NOT IN ({_transition_list()})
+BEGIN SELECT RAISE(ABORT, 'illegal lead transition'); END;
+
+CREATE TRIGGER leads_accepted AFTER INSERT ON leads
+BEGIN
+    INSERT INTO outbox (kind, subject, payload, at)
+    VALUES ('accepted', NEW.source_lead_id,
+            json_object('tenant_id', NEW.tenant_id, 'write_id', NEW.write_id,
+                        'state', NEW.state),
+            NEW.accepted_at);
+END;
+
+CREATE TRIGGER leads_state_changed AFTER UPDATE OF state ON leads
+WHEN NEW.state IS NOT OLD.state
+BEGIN
+    INSERT INTO outbox (kind, subject, payload, at)
+    VALUES ('state_changed', NEW.source_lead_id,
+            json_object('tenant_id', NEW.tenant_id, 'write_id', NEW.write_id,
+                        'from', OLD.state, 'to', NEW.state,
+                        'attempts', NEW.attempts,
+                        'reconcile_attempts', NEW.reconcile_attempts),
+            NEW.updated_at);
+END;
+"""
+
+#: version -> the DDL that brings version-1 to version.  Append, never edit.
+MIGRATIONS: dict[int, str] = {1: V1}
+LATEST = max(MIGRATIONS)
+
+
+def pending(current: int) -> list[tuple[int, str]]:
+    """The migrations to apply to a store at ``current``, in order."""
+    return [(v, MIGRATIONS[v]) for v in sorted(MIGRATIONS) if v > current]

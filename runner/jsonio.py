@@ -1,0 +1,120 @@
+"""Strict JSON in, canonical JSON out.
+
+Input is parsed strictly: UTF-8 only, no duplicate keys (``{"a": 1, "a": 2}`` would make
+"the same content" ambiguous), no ``NaN``/``Infinity``, a bounded size and depth.  Every
+failure is a :class:`BadInputError` with a stable reason and a message that never echoes
+the input (it may hold contact fields).
+
+The canonical form (SPEC L3) is sorted keys, no insignificant whitespace, UTF-8: two
+records are "the same" exactly when their canonical forms are byte-equal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from runner.errors import BadInputError
+
+#: the largest JSON document runner reads (a lead event is a few hundred bytes)
+MAX_DOCUMENT_BYTES = 1 << 20
+#: the deepest nesting accepted (events and snapshots are shallow objects)
+MAX_DEPTH = 32
+
+
+def _reject_constant(name: str) -> Any:
+    raise BadInputError(f"JSON constant {name} is not allowed", reason="invalid_json")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise BadInputError("JSON object has a duplicate key", reason="invalid_json")
+        out[key] = value
+    return out
+
+
+def _check_tree(value: Any, what: str) -> None:
+    """Bound the depth and refuse lone surrogates (``"\\ud800"`` is valid JSON but not
+    encodable UTF-8), iteratively so a deep document cannot blow the Python stack."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            if level > MAX_DEPTH:
+                raise BadInputError(f"{what} is nested too deeply", reason="invalid_json")
+            children = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, child in children:
+                if isinstance(key, str):
+                    _check_text(key, what)
+                stack.append((child, level + 1))
+        elif isinstance(item, str):
+            _check_text(item, what)
+
+
+def _check_text(text: str, what: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInputError(
+            f"{what} has a string that is not valid Unicode", reason="invalid_json"
+        ) from None
+
+
+def parse_json(data: bytes | str, *, what: str = "document") -> Any:
+    """Parse one JSON document strictly."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", errors="surrogatepass")
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise BadInputError(
+            f"{what} is larger than {MAX_DOCUMENT_BYTES} bytes", reason="too_large"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInputError(f"{what} is not valid UTF-8", reason="invalid_json") from None
+    try:
+        value = json.loads(
+            text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
+        )
+    except RecursionError:
+        raise BadInputError(f"{what} is nested too deeply", reason="invalid_json") from None
+    except json.JSONDecodeError as exc:
+        raise BadInputError(
+            f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+            reason="invalid_json",
+        ) from None
+    _check_tree(value, what)
+    return value
+
+
+def parse_object(data: bytes | str, *, what: str = "document") -> dict[str, Any]:
+    value = parse_json(data, what=what)
+    if not isinstance(value, dict):
+        raise BadInputError(f"{what} is not a JSON object", reason="not_an_object")
+    return value
+
+
+def read_json_object(path: str | Path, *, what: str) -> dict[str, Any]:
+    """Read a JSON object from a file (``-`` is not special here)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        raise BadInputError(
+            f"cannot read {what} {str(path)!r}: {exc.strerror or exc}", reason="unreadable"
+        ) from None
+    return parse_object(data, what=what)
+
+
+def canonical(value: Any) -> str:
+    """The canonical JSON text of ``value``: sorted keys, compact, non-ASCII kept."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def dumps_line(value: Any) -> str:
+    """One line of compact JSON for stdout (K8)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -1,0 +1,69 @@
+"""Logs for a person in a terminal, or JSON lines for a machine (SPEC K7, K8).
+
+Every log record carries a stable ``action`` (``lead.accepted``, ``cycle.done`` …) so tests
+and tools can match on it.  Records are named by key (``source_lead_id``), never by
+contact fields: callers pass only the fields listed in ``SAFE_FIELDS`` and the formatter
+drops anything else, so a contact alias cannot reach a log line even by mistake.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+LogFormat = Literal["text", "json"]
+
+#: the only extra fields a log line may carry
+SAFE_FIELDS = (
+    "action", "key", "write_id", "state", "from_state", "to_state", "attempts",
+    "reconcile_attempts", "count", "cycle", "pid", "signal", "reason", "kind", "seconds",
+    "task", "stage", "worker", "candidate", "error",
+)
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in SAFE_FIELDS if hasattr(record, name)}
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        at = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S")
+        extras = _extras(record)
+        action = extras.pop("action", record.name)
+        tail = " ".join(f"{k}={v}" for k, v in extras.items())
+        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        line = f"{at} {action:<20} {level}{record.getMessage()}"
+        return f"{line}  {tail}" if tail else line
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        doc.update(_extras(record))
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def configure(fmt: LogFormat = "text", level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger("runner")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def error_line(message: str, *, fmt: LogFormat, reason: str) -> str:
+    """The one line a failed command prints on stderr."""
+    if fmt == "json":
+        doc = {"level": "error", "action": "command.failed", "reason": reason,
+               "message": message}
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    return f"runner: error: {message}"

@@ -1,0 +1,134 @@
+"""Validated models at the edges (SPEC L1, L2, L9).
+
+Strict everywhere: ``synthetic`` is the JSON ``true`` (not ``"true"``, not ``1``), ids are
+non-empty strings, no field may be added.  Values are never trimmed or case-folded:
+"equal to the scope" means byte-equal.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, NewType
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+
+from runner.errors import BadInputError
+
+WriteId = NewType("WriteId", str)
+
+#: an id from the outside world: non-empty, bounded
+Id = Annotated[StrictStr, Field(min_length=1, max_length=512)]
+SCOPE_FIELDS = ("tenant_id", "account_id", "page_id", "form_id")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Scope(_Strict):
+    """The single-tenant allowlist a store is pinned to (L1)."""
+
+    tenant_id: Id
+    account_id: Id
+    page_id: Id
+    form_id: Id
+
+
+class LeadEvent(_Strict):
+    """One incoming lead event (L2)."""
+
+    tenant_id: Id
+    account_id: Id
+    page_id: Id
+    form_id: Id
+    source: Literal["meta"]
+    source_lead_id: Id
+    synthetic: StrictBool
+    contact_alias: Annotated[StrictStr, Field(max_length=1024)] | None = None
+
+    @field_validator("synthetic")
+    @classmethod
+    def _must_be_true(cls, value: bool) -> bool:
+        if value is not True:
+            raise ValueError("must be true (only synthetic fixtures are accepted)")
+        return value
+
+    @field_validator("contact_alias", mode="before")
+    @classmethod
+    def _no_null_alias(cls, value: Any) -> Any:
+        # optional means "may be absent", not "may be null"
+        if value is None:
+            raise ValueError("must be a string when present")
+        return value
+
+    def scope_mismatches(self, scope: Scope) -> list[str]:
+        """Names of the scope fields that differ from ``scope`` (exact comparison)."""
+        return [name for name in SCOPE_FIELDS if getattr(self, name) != getattr(scope, name)]
+
+
+class CRMRecord(_Strict):
+    """The narrower record an adapter writes (L9): what the target is allowed to see."""
+
+    tenant: Id
+    source: Literal["meta"]
+    source_lead_id: Id
+    is_test: StrictBool
+    contact_alias: StrictStr | None = None
+
+    @classmethod
+    def from_event(cls, event: LeadEvent) -> CRMRecord:
+        return cls(
+            tenant=event.tenant_id,
+            source=event.source,
+            source_lead_id=event.source_lead_id,
+            is_test=event.synthetic,
+            contact_alias=event.contact_alias,
+        )
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """A one-line summary of a pydantic error that never echoes the input values."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "record"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            parts.append(f"{loc}: unexpected field")
+        elif kind == "missing":
+            parts.append(f"{loc}: missing")
+        else:
+            parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def validate_scope(data: dict[str, Any]) -> Scope:
+    try:
+        return Scope.model_validate(data)
+    except ValidationError as exc:
+        raise BadInputError(
+            f"invalid scope: {describe_validation_error(exc)}", reason="invalid_scope"
+        ) from None
+
+
+def validate_event(data: dict[str, Any], scope: Scope) -> LeadEvent:
+    """Validate an event and check it against the scope; nothing is stored on failure."""
+    try:
+        event = LeadEvent.model_validate(data)
+    except ValidationError as exc:
+        raise BadInputError(
+            f"invalid record: {describe_validation_error(exc)}", reason="invalid_record"
+        ) from None
+    wrong = event.scope_mismatches(scope)
+    if wrong:
+        raise BadInputError(
+            f"record outside scope: {', '.join(wrong)} differ from the scope",
+            reason="scope_mismatch",
+        )
+    return event

@@ -1,0 +1,72 @@
+"""The ``status`` document (SPEC L13), built from one consistent read of the store.
+
+The record list is streamed: a store with 100,000 records is written out page by page,
+never held in memory as a whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from runner.store import LeadRow, Store, StoreSummary
+
+
+def record_json(row: LeadRow) -> dict[str, Any]:
+    return {
+        "source_lead_id": row.source_lead_id,
+        "state": row.state.value,
+        "write_id": row.write_id,
+        "attempts": row.attempts,
+        "reconcile_attempts": row.reconcile_attempts,
+        "snapshot": row.snapshot,
+        "last_polled_at": row.last_polled_at,
+    }
+
+
+def head_json(summary: StoreSummary) -> dict[str, Any]:
+    return {
+        "scope": summary.scope.model_dump() if summary.scope else None,
+        "schema_version": summary.schema_version,
+        "counts": {state.value: n for state, n in summary.counts.items()},
+    }
+
+
+def tail_json(summary: StoreSummary) -> dict[str, Any]:
+    return {
+        "outbox": {
+            "count": summary.outbox_count,
+            "last_seq": summary.outbox_last_seq,
+            "by_kind": summary.outbox_by_kind,
+        },
+        "poll_health": summary.poll_health,
+    }
+
+
+def _inner(doc: dict[str, Any]) -> str:
+    return _dumps(doc)[1:-1]
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+async def write_status(store: Store, write: Callable[[str], object]) -> None:
+    """Write the status document as one JSON line, streaming the records."""
+    async with store.reading():
+        summary = await store.summary()
+        write("{" + _inner(head_json(summary)) + ',"records":[')
+        first = True
+        async for row in store.iter_records():
+            write(("" if first else ",") + _dumps(record_json(row)))
+            first = False
+        write("]," + _inner(tail_json(summary)) + "}\n")
+
+
+async def status_document(store: Store) -> dict[str, Any]:
+    """The whole status document in memory (the library call; the CLI streams)."""
+    async with store.reading():
+        summary = await store.summary()
+        records = [record_json(row) async for row in store.iter_records()]
+    return {**head_json(summary), "records": records, **tail_json(summary)}
