@@ -90,7 +90,7 @@ class Store(Protocol):
         """Counts, outbox figures and poll health, from one consistent read."""
         ...
 
-    def iter_records(self) -> AsyncIterator[LeadRow]:
+    def iter_records(self, *, page: int = 1000) -> AsyncIterator[LeadRow]:
         """Every lead record in accept order, streamed (never all in memory at once)."""
         ...
 

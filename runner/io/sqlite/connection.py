@@ -16,6 +16,7 @@ import sqlite3
 from collections.abc import Iterator
 
 import aiosqlite
+import anyio
 
 from runner.errors import (
     ConfigMismatch,
@@ -77,9 +78,7 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
         raise translate(exc, "opening the store") from None
     try:
         await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        rows = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
-        if not rows or str(next(iter(rows))[0]).lower() != "wal":
-            raise StoreError("could not switch the store to WAL journaling")
+        await _enable_wal(conn)
         await conn.execute("PRAGMA synchronous = FULL")
         await conn.execute("PRAGMA foreign_keys = ON")
     except BaseException as exc:
@@ -88,6 +87,26 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
             raise translate(exc, "opening the store") from None
         raise
     return conn
+
+
+async def _enable_wal(conn: aiosqlite.Connection) -> None:
+    """Switch to WAL.  Changing the journal mode does not wait on the busy handler, so
+    two processes opening a new store at once retry here instead of failing."""
+    delay = 0.001
+    with anyio.move_on_after(BUSY_TIMEOUT_MS / 1000):
+        while True:
+            try:
+                rows = list(await conn.execute_fetchall("PRAGMA journal_mode = WAL"))
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+                continue
+            if rows and str(rows[0][0]).lower() == "wal":
+                return
+            raise StoreError("could not switch the store to WAL journaling")
+    raise StoreBusy("store stayed locked while switching it to WAL; try again")
 
 
 async def _read_header(conn: aiosqlite.Connection) -> tuple[int, int, int]:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# A tour of runner on the embedded SQLite default, in a private temporary directory.
+# Everything here is synthetic: made-up tenants, leads and aliases.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+RUNNER=${RUNNER:-$here/.venv/bin/runner}
+work=$(mktemp -d "${TMPDIR:-/tmp}/runner-demo.XXXXXX")   # mode 0700
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+show() { printf '\n$ %s\n' "$*" | sed "s#$RUNNER#runner#"; "$@"; }
+
+cat > scope.json <<'JSON'
+{"tenant_id": "demo-tenant", "account_id": "demo-account", "page_id": "demo-page", "form_id": "demo-form"}
+JSON
+for i in 1 2 3; do
+  cat > "event-$i.json" <<JSON
+{"tenant_id": "demo-tenant", "account_id": "demo-account", "page_id": "demo-page",
+ "form_id": "demo-form", "source": "meta", "source_lead_id": "demo-lead-$i",
+ "synthetic": true, "contact_alias": "synthetic-alias-$i"}
+JSON
+done
+sed 's/demo-tenant"/other-tenant"/' event-1.json > outside-scope.json
+
+echo "# runner demo in $work"
+echo "# 1. accept three synthetic events (each answer comes after its commit)"
+for i in 1 2 3; do
+  show "$RUNNER" accept --db queue.db --scope scope.json --record "event-$i.json" 2>/dev/null
+done
+echo
+echo "# 2. the same event again is a duplicate: nothing changes, same write_id"
+show "$RUNNER" accept --db queue.db --scope scope.json --record event-1.json 2>/dev/null
+echo
+echo "# 3. an event outside the pinned scope is rejected (exit 65) and nothing is stored"
+show "$RUNNER" accept --db queue.db --scope scope.json --record outside-scope.json 2>&1 \
+  || echo "(exit $?)"
+echo
+echo "# 4. status: every state counted, records by key, the outbox (no contact fields)"
+printf '\n$ runner status --db queue.db --scope scope.json | python3 -m json.tool\n'
+"$RUNNER" status --db queue.db --scope scope.json | python3 -m json.tool --indent 2
+echo
+echo "# store files are private:"
+ls -l queue.db* | awk '{print "  " $1, $NF}'

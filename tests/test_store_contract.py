@@ -1,0 +1,154 @@
+"""The Store contract, run against every backend through the ``store`` fixture."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from runner.errors import ConfigMismatch
+from runner.intake import prepare
+from runner.models import Scope, WriteId
+from runner.states import LeadState
+from runner.status import status_document
+from runner.store import Store, open_store
+from tests.helpers import event
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+async def accept(store: Store, scope: Scope, i: int | str, write_id: str = "", **kw: object):
+    ev, text = prepare(event(i, **kw), scope)
+    return await store.accept(ev, text, WriteId(write_id or f"w-{i}"), NOW)
+
+
+async def test_accept_new_duplicate_conflict(store: Store, scope: Scope) -> None:
+    first = await accept(store, scope, 1)
+    assert (first.result, first.write_id) == ("accepted", "w-1")
+    again = await accept(store, scope, 1, write_id="w-other")
+    assert (again.result, again.write_id) == ("duplicate", "w-1")  # allocated once
+    changed = await accept(store, scope, 1, write_id="w-other", contact_alias="changed")
+    assert changed.result == "conflict"
+    summary = await store.summary()
+    assert summary.counts[LeadState.PREPARED] == 1
+    assert summary.outbox_by_kind == {"accepted": 1}
+
+
+async def test_same_content_in_another_key_order_is_a_duplicate(
+    store: Store, scope: Scope
+) -> None:
+    await accept(store, scope, 1)
+    reordered = dict(reversed(list(event(1).items())))
+    ev, text = prepare(reordered, scope)
+    assert (await store.accept(ev, text, WriteId("w-x"), NOW)).result == "duplicate"
+
+
+async def test_write_id_survives_reopen(db_location: str, scope: Scope) -> None:
+    async with await open_store(db_location, scope=scope) as s1:
+        await accept(s1, scope, 1)
+    async with await open_store(db_location, scope=scope) as s2:
+        assert (await accept(s2, scope, 1, write_id="w-new")).write_id == "w-1"
+        rows = [r async for r in s2.iter_records()]
+    assert [(r.source_lead_id, r.write_id, r.state) for r in rows] == [
+        ("lead-1", "w-1", LeadState.PREPARED)
+    ]
+
+
+async def test_status_counts_every_state_and_streams_in_accept_order(
+    store: Store, scope: Scope
+) -> None:
+    for i in (3, 1, 2):
+        await accept(store, scope, i)
+    doc = await status_document(store)
+    assert doc["counts"] == {s.value: (3 if s is LeadState.PREPARED else 0) for s in LeadState}
+    assert [r["source_lead_id"] for r in doc["records"]] == ["lead-3", "lead-1", "lead-2"]
+    assert doc["outbox"] == {"count": 3, "last_seq": 3, "by_kind": {"accepted": 3}}
+    assert doc["scope"] == scope.model_dump()
+
+
+async def test_records_stream_in_pages(store: Store, scope: Scope) -> None:
+    for i in range(25):
+        await accept(store, scope, i)
+    seen = [r.source_lead_id async for r in store.iter_records(page=7)]
+    assert seen == [f"lead-{i}" for i in range(25)]
+
+
+async def test_another_scope_is_refused_and_changes_nothing(
+    db_location: str, scope: Scope
+) -> None:
+    async with await open_store(db_location, scope=scope) as s:
+        await accept(s, scope, 1)
+    other = scope.model_copy(update={"form_id": "another-form"})
+    with pytest.raises(ConfigMismatch):
+        await open_store(db_location, scope=other)
+    async with await open_store(db_location, scope=None) as s:
+        assert s.scope == scope
+
+
+async def test_scope_is_pinned_by_the_first_command_that_takes_one(
+    db_location: str, scope: Scope
+) -> None:
+    async with await open_store(db_location, scope=None) as s:
+        assert s.scope is None
+    async with await open_store(db_location, scope=scope) as s:
+        assert s.scope == scope
+    with pytest.raises(ConfigMismatch):
+        await open_store(db_location, scope=scope.model_copy(update={"tenant_id": "t9"}))
+
+
+# -- SQLite specifics: the schema enforces the invariants itself -----------------------
+
+
+@pytest.fixture
+def sqlite_path(db_location: str, backend: str) -> Path:
+    if backend != "sqlite":
+        pytest.skip("SQLite file specifics")
+    return Path(db_location)
+
+
+async def test_outbox_is_append_only_and_records_are_never_deleted(
+    store: Store, scope: Scope, sqlite_path: Path
+) -> None:
+    await accept(store, scope, 1)
+    raw = sqlite3.connect(sqlite_path)
+    try:
+        for sql in (
+            "UPDATE outbox SET kind = 'x'",
+            "DELETE FROM outbox",
+            "DELETE FROM leads",
+            "UPDATE leads SET write_id = 'other'",
+            "UPDATE leads SET canonical = '{}'",
+            "UPDATE leads SET state = 'confirmed'",  # prepared -> confirmed is illegal
+            "UPDATE leads SET state = 'bogus'",
+        ):
+            with pytest.raises(sqlite3.DatabaseError):
+                raw.execute(sql)
+            raw.rollback()
+        raw.execute("UPDATE leads SET state = 'in_flight', attempts = 1")
+        raw.commit()
+        kinds = [k for (k,) in raw.execute("SELECT kind FROM outbox ORDER BY seq")]
+        assert kinds == ["accepted", "state_changed"]
+        with pytest.raises(sqlite3.DatabaseError):
+            raw.execute("UPDATE leads SET state = 'prepared'")
+    finally:
+        raw.close()
+
+
+async def test_every_accept_writes_its_outbox_event_in_the_same_transaction(
+    store: Store, scope: Scope, sqlite_path: Path
+) -> None:
+    for i in range(5):
+        await accept(store, scope, i)
+    raw = sqlite3.connect(sqlite_path)
+    try:
+        pairs = raw.execute(
+            "SELECT l.source_lead_id, o.subject FROM leads l JOIN outbox o "
+            "ON o.subject = l.source_lead_id AND o.kind = 'accepted' ORDER BY l.seq"
+        ).fetchall()
+        seqs = [s for (s,) in raw.execute("SELECT seq FROM outbox ORDER BY seq")]
+    finally:
+        raw.close()
+    assert [a for a, _ in pairs] == [f"lead-{i}" for i in range(5)]
+    assert seqs == list(range(1, 6))  # gap-free
