@@ -17,13 +17,15 @@ from runner import DurableWorker
 from tests.helpers import SCOPE, event
 
 
-async def main(db: str, first: int, last: int, go: str | None) -> None:
-    if go:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(go):
-            if time.monotonic() > deadline:
-                raise SystemExit("never got the go signal")
-            await anyio.sleep(0.005)
+def wait_for(go: str) -> None:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go):
+        if time.monotonic() > deadline:
+            raise SystemExit("never got the go signal")
+        time.sleep(0.002)
+
+
+async def main(db: str, first: int, last: int) -> None:
     counts: dict[str, int] = {}
     async with DurableWorker(db, SCOPE) as worker:
         for i in range(first, last):
@@ -34,4 +36,6 @@ async def main(db: str, first: int, last: int, go: str | None) -> None:
 
 if __name__ == "__main__":
     db, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    anyio.run(main, db, first, last, sys.argv[4] if len(sys.argv) > 4 else None)
+    if len(sys.argv) > 4:
+        wait_for(sys.argv[4])
+    anyio.run(main, db, first, last)
