@@ -10,50 +10,27 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from runner import logs
-from runner.errors import RunnerError, UsageError
+from runner.errors import RunnerError
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog.removeprefix('runner ')}: {message}")
-
-
-def _common(*, scope: str, target: str) -> _Parser:
-    """Options shared by the lead commands.  ``scope``/``target``: required|optional|none."""
-    parent = _Parser(add_help=False)
-    parent.add_argument("--db", required=True, help="store: a SQLite file path")
-    if scope != "none":
-        parent.add_argument("--scope", required=scope == "required",
-                            help="scope.json: tenant_id, account_id, page_id, form_id")
-    if target != "none":
-        parent.add_argument("--target", required=target == "required",
-                            help="the synthetic target (a SQLite file)")
-    parent.add_argument("--now", help="the current time, ISO-8601 with a timezone")
-    parent.add_argument("--log-format", choices=["text", "json"], default="text")
-    return parent
+#: command modules, each with ``register(subparsers)``
+COMMAND_MODULES = ("runner.commands.leads",)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from runner import commands
+    import importlib
 
-    parser = _Parser(prog="runner", description="A crash-safe foreground worker.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    from runner.commands.common import Parser
 
-    accept = sub.add_parser(
-        "accept", parents=[_common(scope="required", target="optional")],
-        help="durably accept one event (answers after the commit)")
-    accept.add_argument("--record", required=True, help="event.json, or - for stdin")
-    accept.set_defaults(handler=commands.cmd_accept)
-
-    status = sub.add_parser(
-        "status", parents=[_common(scope="optional", target="optional")],
-        help="print the store's state as JSON (no lock, changes nothing)")
-    status.set_defaults(handler=commands.cmd_status)
+    parser = Parser(prog="runner", description="A crash-safe foreground worker.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -1,9 +1,4 @@
-"""Command handlers: parse files, open the store, call the library, print one JSON line.
-
-Each handler returns an exit code; errors are raised as ``RunnerError`` and mapped by
-``runner.cli.main``.  Handlers stay thin: the work is in ``runner.intake``, ``runner.status``
-and the tasks.
-"""
+"""Lead commands: ``accept`` and ``status`` (SPEC L3, L13)."""
 
 from __future__ import annotations
 
@@ -11,34 +6,32 @@ import argparse
 import sys
 from typing import Any
 
-from runner import intake, logs
-from runner.clock import Clock, FixedClock, SystemClock, parse_now
-from runner.errors import BadInputError, UsageError
-from runner.io.fsguard import same_file
-from runner.jsonio import MAX_DOCUMENT_BYTES, dumps_line, parse_object, read_json_object
+from runner import intake
+from runner.commands.common import (
+    check_paths,
+    clock_from,
+    common_options,
+    emit,
+    say_error,
+)
+from runner.errors import BadInputError
+from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object, read_json_object
 from runner.models import Scope, validate_scope
 from runner.status import write_status
-from runner.store import is_postgres, open_store
+from runner.store import open_store
 
 
-def emit(doc: dict[str, Any]) -> None:
-    sys.stdout.write(dumps_line(doc) + "\n")
-    sys.stdout.flush()
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    accept = sub.add_parser(
+        "accept", parents=[common_options(scope="required", target="optional")],
+        help="durably accept one event (answers after the commit)")
+    accept.add_argument("--record", required=True, help="event.json, or - for stdin")
+    accept.set_defaults(handler=cmd_accept)
 
-
-def say_error(args: argparse.Namespace, message: str, reason: str) -> None:
-    print(logs.error_line(message, fmt=args.log_format, reason=reason), file=sys.stderr)
-
-
-def clock_from(args: argparse.Namespace) -> Clock:
-    return FixedClock(parse_now(args.now)) if getattr(args, "now", None) else SystemClock()
-
-
-def check_paths(args: argparse.Namespace) -> None:
-    """``--db`` and ``--target`` naming one file would let the target corrupt the store."""
-    target = getattr(args, "target", None)
-    if target and not is_postgres(args.db) and same_file(args.db, target):
-        raise UsageError("--db and --target name the same file; use two separate files")
+    status = sub.add_parser(
+        "status", parents=[common_options(scope="optional", target="optional")],
+        help="print the store's state as JSON (no lock, changes nothing)")
+    status.set_defaults(handler=cmd_status)
 
 
 def load_scope(path: str) -> Scope:

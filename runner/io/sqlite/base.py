@@ -1,0 +1,63 @@
+"""Plumbing shared by the SQLite query mixins: one connection, one lock, error translation.
+
+Every awaited call on an aiosqlite connection is a hop to its worker thread, and the hop,
+not SQLite, is what costs.  So each operation is as few statements as it can be.  An
+anyio lock keeps the coroutines that share the connection from interleaving statements of
+different transactions.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any
+
+import aiosqlite
+import anyio
+
+from runner.io.sqlite import connection
+from runner.models import Scope
+
+
+class SQLiteBase:
+    backend = "sqlite"
+
+    def __init__(
+        self, conn: aiosqlite.Connection, path: str, scope: Scope | None, version: int
+    ) -> None:
+        self._conn = conn
+        self.path = path
+        self._scope = scope
+        self.schema_version = version
+        self._lock = anyio.Lock()
+        self._reading = False
+
+    @property
+    def scope(self) -> Scope | None:
+        return self._scope
+
+    async def aclose(self) -> None:
+        await self._conn.close()
+
+    def _guard(self) -> AbstractAsyncContextManager[Any]:
+        # inside reading() the lock is already ours (anyio.Lock is not reentrant)
+        return nullcontext() if self._reading else self._lock
+
+    async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        try:
+            return list(await self._conn.execute_fetchall(sql, params))
+        except sqlite3.Error as exc:
+            raise connection.translate(exc, "reading or writing the store") from None
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[None]:
+        """One consistent snapshot for several reads (a WAL read transaction)."""
+        async with self._lock:
+            await self._fetchall("BEGIN")
+            self._reading = True
+            try:
+                yield
+            finally:
+                self._reading = False
+                await connection.rollback_quietly(self._conn)
