@@ -13,17 +13,49 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["AcceptResult", "DurableWorker", "LeadEvent", "LeadState", "RunnerError", "Scope"]
+__all__ = [
+    "AcceptResult",
+    "BeforeWriteError",
+    "CRMAdapter",
+    "CRMRecord",
+    "CRMRecordPort",
+    "DurableWorker",
+    "LeadEvent",
+    "LeadState",
+    "Missing",
+    "ReadFailure",
+    "RunnerError",
+    "Scope",
+    "Snapshot",
+    "TargetRow",
+]
 
 if TYPE_CHECKING:
     from runner.errors import RunnerError
     from runner.intake import AcceptResult
-    from runner.models import LeadEvent, Scope
+    from runner.models import CRMRecord, LeadEvent, Scope
+    from runner.port import (
+        BeforeWriteError,
+        CRMAdapter,
+        CRMRecordPort,
+        Missing,
+        ReadFailure,
+        Snapshot,
+        TargetRow,
+    )
     from runner.states import LeadState
     from runner.worker import DurableWorker
 
 _WHERE = {
     "AcceptResult": "runner.intake",
+    "BeforeWriteError": "runner.port",
+    "CRMAdapter": "runner.port",
+    "CRMRecord": "runner.models",
+    "CRMRecordPort": "runner.port",
+    "Missing": "runner.port",
+    "ReadFailure": "runner.port",
+    "Snapshot": "runner.port",
+    "TargetRow": "runner.port",
     "DurableWorker": "runner.worker",
     "LeadEvent": "runner.models",
     "LeadState": "runner.states",

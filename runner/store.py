@@ -45,6 +45,17 @@ class LeadRow:
 
 
 @dataclass(frozen=True)
+class LeadWork:
+    """A record the cycle works on: its key, write_id, state and validated event."""
+
+    seq: int
+    source_lead_id: str
+    write_id: WriteId
+    state: LeadState
+    event: LeadEvent
+
+
+@dataclass(frozen=True)
 class StoreSummary:
     """Everything ``status`` shows except the record list (which is streamed)."""
 
@@ -84,6 +95,45 @@ class Store(Protocol):
     def reading(self) -> AbstractAsyncContextManager[None]:
         """A consistent read view: ``summary()`` and ``iter_records()`` inside it see one
         snapshot of the store (a read transaction)."""
+        ...
+
+    def worker_lock(self) -> AbstractAsyncContextManager[object]:
+        """The lock that keeps a second worker out (L7): a ``flock`` file beside a SQLite
+        store.  Entering it raises ``LockHeld`` (exit 75) at once if another live worker
+        holds it; it is released when the holder exits or dies."""
+        ...
+
+    # -- delivery (L4-L8): every method is one transaction; transitions are guarded by
+    # -- the current state, so a stale caller changes nothing instead of the wrong thing
+
+    async def recover_in_flight(self, now: datetime) -> list[str]:
+        """Every in_flight record becomes uncertain (with its event); returns their keys."""
+        ...
+
+    async def uncertain_page(self, after_seq: int, limit: int) -> list[LeadWork]:
+        """Uncertain records after ``after_seq``, in accept order."""
+        ...
+
+    async def dispatchable_page(self, after_seq: int, limit: int) -> list[LeadWork]:
+        """Prepared and failed_safe records after ``after_seq``, in accept order."""
+        ...
+
+    async def mark_in_flight(self, write_id: WriteId, now: datetime) -> int | None:
+        """prepared/failed_safe -> in_flight with ``attempts + 1``, committed before the
+        target is called.  Returns the new attempts, or None if the record is no longer
+        dispatchable."""
+        ...
+
+    async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
+        """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain)."""
+        ...
+
+    async def record_reconcile(
+        self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
+    ) -> None:
+        """Count a reconcile attempt of an uncertain record; ``confirmed`` moves it to
+        confirmed.  A new non-empty ``note`` (``ambiguous``, ``mismatch``) writes one
+        ``target_ambiguous`` outbox event."""
         ...
 
     async def summary(self) -> StoreSummary:

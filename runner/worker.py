@@ -5,20 +5,26 @@ plug in their own target adapter::
 
     async with DurableWorker("/srv/leads/queue.db", scope, port) as worker:
         result = await worker.accept({"tenant_id": ..., "source_lead_id": ..., ...})
+        summary = await worker.run_cycle()      # takes the worker lock for the cycle
         print(await worker.status())
+
+``port`` is a :class:`runner.CRMRecordPort` around an adapter (a bare adapter is wrapped).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 from runner import intake
 from runner.clock import Clock, SystemClock
 from runner.errors import UsageError
 from runner.models import LeadEvent, Scope
+from runner.port import CRMAdapter, CRMRecordPort
 from runner.status import status_document
 from runner.store import Store, open_store
+from runner.tasks import deliver
 
 
 class DurableWorker:
@@ -28,15 +34,18 @@ class DurableWorker:
         self,
         db: str,
         scope: Scope | Mapping[str, Any],
-        port: object | None = None,
+        port: CRMRecordPort | CRMAdapter | None = None,
         *,
         clock: Clock | None = None,
     ) -> None:
         self.db = db
         self.scope = scope if isinstance(scope, Scope) else Scope.model_validate(dict(scope))
-        self.port = port
+        if port is not None and not isinstance(port, CRMRecordPort):
+            port = CRMRecordPort(port)
+        self._port = port
         self.clock: Clock = clock or SystemClock()
         self._store: Store | None = None
+        self._locked = False
 
     @property
     def store(self) -> Store:
@@ -63,6 +72,41 @@ class DurableWorker:
     async def accept(self, record: Mapping[str, Any] | LeadEvent) -> intake.AcceptResult:
         """Validate and durably accept one event; answers after the commit."""
         return await intake.accept(self.store, self.clock, self.scope, record)
+
+    @property
+    def port(self) -> CRMRecordPort:
+        if self._port is None:
+            raise UsageError("this DurableWorker has no port; pass one to deliver records")
+        return self._port
+
+    @asynccontextmanager
+    async def hold_lock(self) -> AsyncIterator[int]:
+        """Hold the worker lock (L7); on acquiring it every in-flight record becomes
+        uncertain.  Yields how many were recovered.  Raises LockHeld (exit 75) at once if
+        another live worker holds it."""
+        if self._locked:
+            yield 0
+            return
+        async with self.store.worker_lock():
+            self._locked = True
+            try:
+                yield await deliver.recover(self.store, self.clock)
+            finally:
+                self._locked = False
+
+    async def run_cycle(
+        self,
+        *,
+        dispatch_limit: int | None = None,
+        guard: deliver.SendGuard | None = None,
+    ) -> deliver.CycleSummary:
+        """One cycle: recover -> reconcile -> dispatch (L8), under the worker lock."""
+        async with self.hold_lock() as recovered:
+            summary = await deliver.run_cycle(
+                self.store, self.port, self.clock, guard=guard, dispatch_limit=dispatch_limit
+            )
+        summary.recovered += recovered
+        return summary
 
     async def status(self) -> dict[str, Any]:
         """The status document of SPEC L13."""

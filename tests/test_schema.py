@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 from pathlib import Path
 
@@ -36,3 +37,32 @@ def test_migrations_are_append_only_and_numbered() -> None:
     assert sorted(schema.MIGRATIONS) == list(range(1, schema.LATEST + 1))
     assert schema.pending(0)[0][0] == 1
     assert schema.pending(schema.LATEST) == []
+
+
+def test_a_real_v1_store_is_upgraded_in_place(workdir: Path, scope_file: Path) -> None:
+    """A store written by the v1 runner (a file kept from that version) opens, keeps every
+    record, gains the new columns and goes on working."""
+    import shutil
+
+    db = workdir / "queue.db"
+    shutil.copy(Path(__file__).parent / "fixtures" / "store-v1.sqlite", db)
+    db.chmod(0o600)
+    status = run_cli("status", "--db", db)
+    assert status.returncode == 78 and "older" in status.stderr  # status never migrates
+    rec = write_json(workdir / "e.json", event(1))  # already in the v1 store
+    again = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["result"] == "duplicate"
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.LATEST
+        cols = [c[1] for c in conn.execute("PRAGMA table_info(leads)")]
+        assert "reconcile_note" in cols
+        keys = [k for (k,) in conn.execute("SELECT source_lead_id FROM leads ORDER BY seq")]
+        assert keys == ["lead-1", "lead-2", "lead-3"]
+    finally:
+        conn.close()
+    target = workdir / "target.db"
+    once = run_cli("once", "--db", db, "--scope", scope_file, "--target", target)
+    assert once.returncode == 0, once.stderr
+    assert json.loads(once.stdout)["confirmed"] == 3

@@ -16,6 +16,7 @@ from typing import Any
 import aiosqlite
 import anyio
 
+from runner.io.filelock import FileLock, lock_path_for
 from runner.io.sqlite import connection
 from runner.models import Scope
 
@@ -39,6 +40,9 @@ class SQLiteBase:
 
     async def aclose(self) -> None:
         await self._conn.close()
+
+    def worker_lock(self) -> FileLock:
+        return FileLock(lock_path_for(self.path))
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
         # inside reading() the lock is already ours (anyio.Lock is not reentrant)

@@ -104,8 +104,26 @@ BEGIN
 END;
 """
 
+#: v2, delivery: the last abnormal reconcile verdict of a record, and one
+#: ``target_ambiguous`` event each time it changes to a new non-empty value (two rows
+#: for one write_id, or a row whose fields differ from the mapped record)
+V2 = """
+ALTER TABLE leads ADD COLUMN reconcile_note TEXT;
+
+CREATE TRIGGER leads_target_ambiguous AFTER UPDATE OF reconcile_note ON leads
+WHEN NEW.reconcile_note IS NOT NULL AND NEW.reconcile_note IS NOT OLD.reconcile_note
+BEGIN
+    INSERT INTO outbox (kind, subject, payload, at)
+    VALUES ('target_ambiguous', NEW.source_lead_id,
+            json_object('tenant_id', NEW.tenant_id, 'write_id', NEW.write_id,
+                        'reason', NEW.reconcile_note,
+                        'reconcile_attempts', NEW.reconcile_attempts),
+            NEW.updated_at);
+END;
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
-MIGRATIONS: dict[int, str] = {1: V1}
+MIGRATIONS: dict[int, str] = {1: V1, 2: V2}
 LATEST = max(MIGRATIONS)
 
 

@@ -1,0 +1,104 @@
+"""Fault injection as a wrapper around any adapter (SPEC L10, ARCHITECTURE idea 3).
+
+Faults are not flags inside the synthetic target: wrapping lets a user's own adapter be
+tested under exactly the same faults.  A fault applies to every call of its kind in the
+run; a crash fault fires at the first.  Crashes are ``os._exit(73)``: no cleanup, no
+``finally``, no flushing — as close to a power cut as a process can get.
+
+``hang`` and ``hang-readback`` are for tests: the call blocks (really blocks, in its
+thread) until a file named ``release`` appears in ``$RUNNER_HANG_DIR``; on entering it
+creates ``entered-<call>`` there, so a test can wait for the moment it is stuck.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from runner.errors import UsageError
+from runner.models import CRMRecord
+from runner.port import (
+    AmbiguousWriteError,
+    BeforeWriteError,
+    CRMAdapter,
+    Observation,
+    TargetReadError,
+    TargetRow,
+)
+
+HANG_DIR_ENV = "RUNNER_HANG_DIR"
+CRASH_EXIT = 73
+
+
+class Fault(enum.StrEnum):
+    OUTAGE = "outage"
+    TIMEOUT = "timeout"
+    CRASH_AFTER_WRITE = "crash-after-write"
+    CRASH_BEFORE_WRITE = "crash-before-write"
+    READ_ERROR = "read-error"
+    HANG = "hang"
+    HANG_READBACK = "hang-readback"
+
+
+TEST_ONLY = frozenset({Fault.HANG, Fault.HANG_READBACK})
+
+
+def parse_faults(values: Iterable[str] | None) -> frozenset[Fault]:
+    faults = set()
+    for value in values or ():
+        try:
+            faults.add(Fault(value))
+        except ValueError:
+            names = ", ".join(f.value for f in Fault)
+            raise UsageError(f"unknown fault {value!r} (known: {names})") from None
+    if faults & TEST_ONLY and not os.environ.get(HANG_DIR_ENV):
+        raise UsageError(f"the hang faults are for tests and need ${HANG_DIR_ENV}")
+    return frozenset(faults)
+
+
+def crash(where: str) -> None:
+    """Exit at once, as a crash would: no cleanup of any kind."""
+    os.write(2, f"runner: simulated crash {where} (exit {CRASH_EXIT})\n".encode())
+    os._exit(CRASH_EXIT)
+
+
+def hang(call: str) -> None:
+    """Block this thread until the test releases it."""
+    directory = Path(os.environ[HANG_DIR_ENV])
+    (directory / f"entered-{call}").touch()
+    while not (directory / "release").exists():
+        time.sleep(0.005)
+
+
+class FaultyAdapter:
+    """Wraps an adapter and injects the given faults into its calls."""
+
+    def __init__(self, inner: CRMAdapter, faults: frozenset[Fault]) -> None:
+        self.inner = inner
+        self.faults = faults
+
+    def write(self, record: CRMRecord, write_id: str) -> None:
+        if Fault.CRASH_BEFORE_WRITE in self.faults:
+            crash("before the target write")
+        if Fault.OUTAGE in self.faults:
+            raise BeforeWriteError("simulated outage: the request was not sent")
+        if Fault.HANG in self.faults:
+            hang("write")
+        self.inner.write(record, write_id)
+        if Fault.CRASH_AFTER_WRITE in self.faults:
+            crash("after the target write")
+        if Fault.TIMEOUT in self.faults:
+            raise AmbiguousWriteError("simulated timeout after the request was sent")
+
+    def read_back(self, write_id: str) -> Sequence[TargetRow]:
+        if Fault.HANG_READBACK in self.faults:
+            hang("read_back")
+        return self.inner.read_back(write_id)
+
+    def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]:
+        if Fault.READ_ERROR in self.faults:
+            raise TargetReadError("simulated status read error")
+        return self.inner.observe_status(write_ids)

@@ -1,0 +1,150 @@
+"""The CRM port (SPEC L9): what a target adapter implements, and the bridge runner calls.
+
+An adapter is plain blocking code (an HTTP client, a spreadsheet API, a SQLite file) with
+three methods::
+
+    write(record, write_id) -> None            raise BeforeWriteError only if the request
+                                               certainly did not leave; anything else is
+                                               uncertain
+    read_back(write_id) -> list[TargetRow]     the rows carrying that write_id
+    observe_status(write_ids) -> {write_id: Observation}
+
+:class:`CRMRecordPort` maps a validated event to the adapter's narrower record and runs
+each call in a worker thread, so that cancellation and shielding act on a call that is
+really blocked.  A cancelled call is abandoned, not stopped: the thread may still finish
+its write, which is exactly why a cancelled send is *uncertain*.
+
+Errors: :class:`BeforeWriteError` is the one typed error that allows another send.
+Adapters translate their own failures at their edge into :class:`TargetError` subclasses;
+any other exception is treated the same as an ambiguous failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import anyio
+
+from runner.errors import RunnerError
+from runner.models import CRMRecord, LeadEvent
+
+
+class TargetError(RunnerError):
+    """A target call failed.  Never an exit code of its own: it becomes a record state."""
+
+    exit_code = 69
+    reason = "target_error"
+
+
+class BeforeWriteError(TargetError):
+    """The request was guaranteed not dispatched: the record may be sent again (L5)."""
+
+    reason = "before_write"
+
+
+class AmbiguousWriteError(TargetError):
+    """The request may or may not have been applied (timeout, dropped connection, …)."""
+
+    reason = "ambiguous_write"
+
+
+class TargetReadError(TargetError):
+    """A read (readback or status) failed; it says nothing about the target's rows."""
+
+    reason = "read_failed"
+
+
+@dataclass(frozen=True)
+class TargetRow:
+    """One row the target holds for a write_id: the record fields plus business columns."""
+
+    write_id: str
+    fields: Mapping[str, Any]
+    status: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A business observation of a confirmed record (``{"status": ...}`` for the sheet)."""
+
+    data: Mapping[str, Any]
+    kind: Literal["snapshot"] = "snapshot"
+
+
+@dataclass(frozen=True)
+class Missing:
+    """The target explicitly says the row is gone."""
+
+    kind: Literal["missing"] = "missing"
+
+
+@dataclass(frozen=True)
+class ReadFailure:
+    """The status could not be read, or the read was ambiguous; never means deletion."""
+
+    reason: str
+    kind: Literal["failure"] = "failure"
+
+
+Observation = Snapshot | Missing | ReadFailure
+
+
+class CRMAdapter(Protocol):
+    """What a target adapter implements.  Methods block; runner calls them in a thread."""
+
+    def write(self, record: CRMRecord, write_id: str) -> None: ...
+
+    def read_back(self, write_id: str) -> Sequence[TargetRow]: ...
+
+    def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]: ...
+
+
+Readback = Literal["match", "none", "ambiguous", "mismatch"]
+
+
+def classify_readback(rows: Sequence[TargetRow], expected: CRMRecord, write_id: str) -> Readback:
+    """Decide what a readback proves (L5, L6).
+
+    ``match``: exactly one row with this write_id whose record fields equal the mapped
+    record (business columns such as ``status`` are ignored) — the write is done.
+    ``none``: no row.  ``ambiguous``: two or more rows.  ``mismatch``: one row whose
+    fields differ.  Only ``match`` confirms; everything else leaves the record uncertain.
+    """
+    mine = [row for row in rows if row.write_id == write_id]
+    if not mine:
+        return "none"
+    if len(mine) > 1:
+        return "ambiguous"
+    return "match" if dict(mine[0].fields) == expected.model_dump() else "mismatch"
+
+
+class CRMRecordPort:
+    """The bridge between validated events and an adapter (L9, L14)."""
+
+    def __init__(self, adapter: CRMAdapter) -> None:
+        self.adapter = adapter
+
+    @staticmethod
+    def map(event: LeadEvent) -> CRMRecord:
+        return CRMRecord.from_event(event)
+
+    async def write(self, event: LeadEvent, write_id: str) -> None:
+        record = self.map(event)
+        await anyio.to_thread.run_sync(self.adapter.write, record, write_id,
+                                       abandon_on_cancel=True)
+
+    async def read_back(self, write_id: str) -> list[TargetRow]:
+        rows = await anyio.to_thread.run_sync(self.adapter.read_back, write_id,
+                                              abandon_on_cancel=True)
+        return list(rows)
+
+    async def confirm(self, event: LeadEvent, write_id: str) -> Readback:
+        """Read back and classify (raises what the adapter raises)."""
+        return classify_readback(await self.read_back(write_id), self.map(event), write_id)
+
+    async def observe_status(self, write_ids: Sequence[str]) -> dict[str, Observation]:
+        found = await anyio.to_thread.run_sync(self.adapter.observe_status, list(write_ids),
+                                               abandon_on_cancel=True)
+        return {w: found.get(w, ReadFailure("no answer for this record")) for w in write_ids}

@@ -1,0 +1,207 @@
+"""The write/reconcile cycle (SPEC L5-L8): recover, reconcile every uncertain record, then
+dispatch prepared and failed-safe records in accept order.
+
+The recovery policy of this work is *mark uncertain and reconcile only* (K5): an external
+write whose outcome is unknown is never retried.  The whole file is built around three
+rules:
+
+1. The in-flight mark (and ``attempts + 1``) commits before the target is called, so a
+   crash at any later point leaves evidence that a send may have happened.
+2. Only ``BeforeWriteError`` makes a record failed-safe (sendable again).  Any other
+   exception, a timeout, a cancellation or an incomplete readback makes it uncertain.
+3. Uncertain records are only read back, never sent.  Dispatch starts only after every
+   reconcile call of the cycle has returned.
+
+Cancellation is never swallowed: a cancelled send records ``uncertain`` in a short
+shielded window and re-raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import anyio
+
+from runner.clock import Clock
+from runner.port import BeforeWriteError, CRMRecordPort
+from runner.states import LeadState
+from runner.store import LeadWork, Store
+
+log = logging.getLogger("runner.deliver")
+
+PAGE = 200
+#: how long a cancelled send may take to record its outcome before giving up (the
+#: record then stays in_flight and the next start makes it uncertain)
+RECORD_WINDOW = 2.0
+
+
+@dataclass
+class CycleSummary:
+    """What one cycle did (L13): counts of transitions made by this cycle."""
+
+    recovered: int = 0
+    reconciled: int = 0
+    dispatched: int = 0
+    confirmed: int = 0
+    failed_safe: int = 0
+    uncertain: int = 0
+    polled: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class SendGuard(Protocol):
+    """How the runner loop shields sends and stops taking new work (K4)."""
+
+    @property
+    def stopping(self) -> bool:
+        """True once no new send may start."""
+        ...
+
+    def shield(self) -> AbstractContextManager[anyio.CancelScope]:
+        """A scope a send runs in: shielded from a graceful stop, cancelled by a hard one."""
+        ...
+
+
+class NoGuard:
+    """For one-shot runs: never stopping; sends are not shielded."""
+
+    stopping = False
+
+    @contextmanager
+    def shield(self) -> Iterator[anyio.CancelScope]:
+        with anyio.CancelScope() as scope:
+            yield scope
+
+
+async def recover(store: Store, clock: Clock) -> int:
+    keys = await store.recover_in_flight(clock.now())
+    for key in keys:
+        log.warning("in flight at start: now uncertain (reconcile only, never resent)",
+                    extra={"action": "lead.recovered", "key": key, "to_state": "uncertain"})
+    return len(keys)
+
+
+async def reconcile_all(store: Store, port: CRMRecordPort, clock: Clock) -> int:
+    """Read back every uncertain record once; returns how many were confirmed."""
+    confirmed, after = 0, 0
+    while page := await store.uncertain_page(after, PAGE):
+        for work in page:
+            after = work.seq
+            confirmed += await reconcile_one(store, port, clock, work)
+    return confirmed
+
+
+async def reconcile_one(store: Store, port: CRMRecordPort, clock: Clock, work: LeadWork) -> int:
+    try:
+        verdict: str = await port.confirm(work.event, work.write_id)
+    except Exception as exc:  # noqa: BLE001 - a failed read proves nothing either way (L6)
+        verdict = "read_failed"
+        log.warning("readback failed: %s", type(exc).__name__,
+                    extra={"action": "lead.reconcile_failed", "key": work.source_lead_id})
+    ok = verdict == "match"
+    note = verdict if verdict in ("ambiguous", "mismatch") else None
+    await store.record_reconcile(work.write_id, confirmed=ok, note=note, now=clock.now())
+    if ok:
+        log.info("confirmed by readback", extra={
+            "action": "lead.reconciled", "key": work.source_lead_id,
+            "from_state": "uncertain", "to_state": "confirmed"})
+    else:
+        log.warning("still uncertain (%s)", verdict,
+                    extra={"action": "lead.still_uncertain", "key": work.source_lead_id,
+                           "reason": verdict})
+    return int(ok)
+
+
+async def dispatch_all(
+    store: Store,
+    port: CRMRecordPort,
+    clock: Clock,
+    summary: CycleSummary,
+    *,
+    guard: SendGuard,
+    limit: int | None = None,
+) -> None:
+    """Send prepared and failed-safe records in accept order, each at most once here."""
+    after = 0
+    while not guard.stopping and (page := await store.dispatchable_page(after, PAGE)):
+        for work in page:
+            after = work.seq
+            if guard.stopping or (limit is not None and summary.dispatched >= limit):
+                return
+            outcome = await send_one(store, port, clock, work, guard)
+            if outcome is None:
+                continue
+            summary.dispatched += 1
+            if outcome is LeadState.CONFIRMED:
+                summary.confirmed += 1
+            elif outcome is LeadState.FAILED_SAFE:
+                summary.failed_safe += 1
+            else:
+                summary.uncertain += 1
+
+
+async def send_one(
+    store: Store, port: CRMRecordPort, clock: Clock, work: LeadWork, guard: SendGuard
+) -> LeadState | None:
+    attempts = await store.mark_in_flight(work.write_id, clock.now())
+    if attempts is None:
+        return None  # no longer dispatchable: someone else's state, leave it alone
+    log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
+                               "attempts": attempts})
+    outcome = LeadState.UNCERTAIN
+    try:
+        with guard.shield():
+            outcome = await _attempt(port, work)
+    finally:
+        # recorded whatever happened; after a cancellation only within a short window
+        with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
+            await store.finish_send(work.write_id, outcome, clock.now())
+            _log_outcome(work, outcome)
+    return outcome
+
+
+async def _attempt(port: CRMRecordPort, work: LeadWork) -> LeadState:
+    try:
+        await port.write(work.event, work.write_id)
+    except BeforeWriteError:
+        return LeadState.FAILED_SAFE
+    except Exception as exc:  # noqa: BLE001 - anything but "not sent" may have been sent
+        log.warning("send failed: %s", type(exc).__name__, extra={
+            "action": "lead.send_failed", "key": work.source_lead_id, "error": type(exc).__name__})
+        return LeadState.UNCERTAIN
+    try:
+        verdict = await port.confirm(work.event, work.write_id)
+    except Exception:  # noqa: BLE001 - written, not proven: reconcile reads it back
+        return LeadState.UNCERTAIN
+    return LeadState.CONFIRMED if verdict == "match" else LeadState.UNCERTAIN
+
+
+def _log_outcome(work: LeadWork, outcome: LeadState) -> None:
+    level = logging.INFO if outcome is LeadState.CONFIRMED else logging.WARNING
+    log.log(level, "%s", outcome.value, extra={
+        "action": f"lead.{outcome.value}", "key": work.source_lead_id,
+        "from_state": "in_flight", "to_state": outcome.value})
+
+
+async def run_cycle(
+    store: Store,
+    port: CRMRecordPort,
+    clock: Clock,
+    *,
+    guard: SendGuard | None = None,
+    dispatch_limit: int | None = None,
+) -> CycleSummary:
+    """recover -> reconcile every uncertain record -> dispatch (L8).  The caller holds the
+    worker lock for the whole cycle."""
+    guard = guard or NoGuard()
+    summary = CycleSummary()
+    summary.recovered = await recover(store, clock)
+    summary.reconciled = await reconcile_all(store, port, clock)
+    await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit)
+    return summary

@@ -1,0 +1,168 @@
+"""Delivery with real processes (issue 3 point 9): crashes, restarts, the lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import sheet_rows
+from tests.helpers import RUN, dump_db, event, last_json, run_cli, write_json
+
+
+class Env:
+    def __init__(self, workdir: Path, scope_file: Path) -> None:
+        self.dir = workdir
+        self.db = workdir / "queue.db"
+        self.target = workdir / "target.db"
+        self.scope = scope_file
+
+    def accept(self, i: int) -> dict:
+        rec = write_json(self.dir / f"event-{i}.json", event(i))
+        proc = run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec)
+        assert proc.returncode == 0, proc.stderr
+        return last_json(proc.stdout)
+
+    def once(self, *extra: str, env: dict[str, str] | None = None):
+        return run_cli("once", "--db", self.db, "--scope", self.scope, "--target", self.target,
+                       *extra, env=env)
+
+    def records(self) -> dict[str, dict]:
+        proc = run_cli("status", "--db", self.db)
+        assert proc.returncode == 0, proc.stderr
+        return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
+
+
+@pytest.fixture
+def env(workdir: Path, scope_file: Path) -> Env:
+    return Env(workdir, scope_file)
+
+
+def test_a_crash_after_write_is_confirmed_by_a_fresh_process(env: Env) -> None:
+    env.accept(1)  # the ingress process has exited
+    crashed = env.once("--fault", "crash-after-write")
+    assert crashed.returncode == 73, crashed.stderr
+    assert crashed.stdout == ""  # died before answering
+    assert env.records()["lead-1"]["state"] == "in_flight"
+    fresh = env.once()
+    assert fresh.returncode == 0, fresh.stderr
+    summary = last_json(fresh.stdout)
+    assert (summary["recovered"], summary["reconciled"], summary["dispatched"]) == (1, 1, 0)
+    rec = env.records()["lead-1"]
+    assert rec["state"] == "confirmed" and rec["attempts"] == 1
+    assert len(sheet_rows(env.target)) == 1
+
+
+def test_b_100_events_across_a_restart(env: Env) -> None:
+    lines = "\n".join(json.dumps(event(i)) for i in range(100))
+    script = (
+        "import sys, json, anyio\n"
+        "from runner import DurableWorker\n"
+        "from tests.helpers import SCOPE\n"
+        "async def main():\n"
+        "    async with DurableWorker(sys.argv[1], SCOPE) as w:\n"
+        "        for line in sys.stdin:\n"
+        "            assert (await w.accept(json.loads(line))).ok\n"
+        "anyio.run(main)\n"
+    )
+    ingress = subprocess.run([sys.executable, "-c", script, str(env.db)], input=lines, text=True,
+                             capture_output=True, timeout=60, cwd=Path(RUN).parent, check=False)
+    assert ingress.returncode == 0, ingress.stderr
+    first = env.once("--dispatch-limit", "40")
+    assert last_json(first.stdout)["confirmed"] == 40
+    crashed = env.once("--fault", "crash-after-write")  # one more sent, then a crash
+    assert crashed.returncode == 73
+    final = env.once()
+    assert final.returncode == 0, final.stderr
+    recs = env.records()
+    assert len(recs) == 100 and {r["state"] for r in recs.values()} == {"confirmed"}
+    rows = sheet_rows(env.target)
+    keys = [r[4] for r in rows]
+    assert len(rows) == 100 and len(set(keys)) == 100
+    assert {r["attempts"] for r in recs.values()} == {1}
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"worker exited early: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {path}")
+        time.sleep(0.01)
+
+
+def test_c_a_worker_stuck_in_a_send_keeps_the_second_out(env: Env, workdir: Path) -> None:
+    env.accept(1)
+    env.accept(2)
+    hang_dir = workdir / "hang"
+    hang_dir.mkdir()
+    hang_env = {**os.environ, "RUNNER_HANG_DIR": str(hang_dir)}
+    first = subprocess.Popen(
+        [sys.executable, RUN, "once", "--db", str(env.db), "--scope", str(env.scope),
+         "--target", str(env.target), "--fault", "hang"],
+        env=hang_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(hang_dir / "entered-write", first)
+        before = dump_db(env.db)
+        second = env.once()
+        assert second.returncode == 75, second.stderr
+        assert f"pid {first.pid}" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        assert second.stdout == ""
+        assert dump_db(env.db) == before  # changed nothing
+        assert env.records()["lead-1"]["state"] == "in_flight"
+    finally:
+        (hang_dir / "release").touch()
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert last_json(out)["confirmed"] == 2
+    assert len(sheet_rows(env.target)) == 2
+
+
+def test_d_crash_before_write_stays_uncertain_and_is_never_sent(env: Env) -> None:
+    env.accept(1)
+    crashed = env.once("--fault", "crash-before-write")
+    assert crashed.returncode == 73
+    assert sheet_rows(env.target) == []
+    for n in range(1, 6):
+        proc = env.once()
+        assert proc.returncode == 0, proc.stderr
+        assert last_json(proc.stdout)["dispatched"] == 0
+        rec = env.records()["lead-1"]
+        assert (rec["state"], rec["attempts"], rec["reconcile_attempts"]) == ("uncertain", 1, n)
+    assert sheet_rows(env.target) == []
+
+
+def test_e_outage_is_failed_safe_then_sent(env: Env) -> None:
+    env.accept(1)
+    out = env.once("--fault", "outage")
+    assert out.returncode == 0 and last_json(out.stdout)["failed_safe"] == 1
+    assert env.records()["lead-1"]["state"] == "failed_safe"
+    assert sheet_rows(env.target) == []
+    ok = env.once()
+    assert last_json(ok.stdout)["confirmed"] == 1
+    rec = env.records()["lead-1"]
+    assert rec["state"] == "confirmed" and rec["attempts"] == 2
+    assert len(sheet_rows(env.target)) == 1
+
+
+def test_timeout_fault_then_readback(env: Env) -> None:
+    env.accept(1)
+    assert last_json(env.once("--fault", "timeout").stdout)["uncertain"] == 1
+    assert len(sheet_rows(env.target)) == 1
+    assert last_json(env.once().stdout)["reconciled"] == 1
+    assert env.records()["lead-1"]["state"] == "confirmed"
+    assert len(sheet_rows(env.target)) == 1
+
+
+def test_once_usage_errors(env: Env) -> None:
+    assert env.once("--fault", "explode").returncode == 2
+    assert env.once("--dispatch-limit", "0").returncode == 2
+    same = run_cli("once", "--db", env.db, "--scope", env.scope, "--target", env.db)
+    assert same.returncode == 2
