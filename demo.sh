@@ -13,7 +13,7 @@ show() { printf '\n$ %s\n' "$*" | sed "s#$RUNNER#runner#"; "$@"; }
 cat > scope.json <<'JSON'
 {"tenant_id": "demo-tenant", "account_id": "demo-account", "page_id": "demo-page", "form_id": "demo-form"}
 JSON
-for i in 1 2 3; do
+for i in 1 2 3 4; do
   cat > "event-$i.json" <<JSON
 {"tenant_id": "demo-tenant", "account_id": "demo-account", "page_id": "demo-page",
  "form_id": "demo-form", "source": "meta", "source_lead_id": "demo-lead-$i",
@@ -35,9 +35,32 @@ echo "# 3. an event outside the pinned scope is rejected (exit 65) and nothing i
 show "$RUNNER" accept --db queue.db --scope scope.json --record outside-scope.json 2>&1 \
   || echo "(exit $?)"
 echo
-echo "# 4. status: every state counted, records by key, the outbox (no contact fields)"
+echo "# 4. one cycle delivers them to the synthetic target (a SQLite 'spreadsheet'):"
+echo "#    mark in_flight (committed) -> write -> read back -> confirmed"
+show "$RUNNER" once --db queue.db --scope scope.json --target target.db 2>/dev/null
+echo
+echo "# 5. a crash right after the target committed a write (exit 73): the record is left"
+echo "#    in_flight, and runner cannot know whether the write happened"
+show "$RUNNER" accept --db queue.db --scope scope.json --record event-4.json 2>/dev/null
+show "$RUNNER" once --db queue.db --scope scope.json --target target.db --fault crash-after-write \
+  2>&1 | grep -v "^[0-9:]* lead.in_flight" || echo "(exit ${PIPESTATUS[0]})"
+echo
+echo "# 6. the restart never resends it: in_flight becomes uncertain, and an exact readback"
+echo "#    by write_id proves the write happened -> confirmed, attempts still 1"
+show "$RUNNER" once --db queue.db --scope scope.json --target target.db
+echo
+echo "# 7. status: every state counted, records by key, the outbox (no contact fields)"
 printf '\n$ runner status --db queue.db --scope scope.json | python3 -m json.tool\n'
 "$RUNNER" status --db queue.db --scope scope.json | python3 -m json.tool --indent 2
 echo
+echo "# the target holds exactly one row per lead:"
+python3 - <<'PY'
+import sqlite3
+rows = sqlite3.connect("target.db").execute(
+    "SELECT source_lead_id, count(*) FROM sheet GROUP BY source_lead_id").fetchall()
+for key, n in rows:
+    print(f"  {key}: {n} row")
+PY
+echo
 echo "# store files are private:"
-ls -l queue.db* | awk '{print "  " $1, $NF}'
+ls -l queue.db* target.db | awk '{print "  " $1, $NF}'
