@@ -8,7 +8,9 @@ stderr as one clear line (JSON with ``--log-format json``) and map to the exit c
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -58,14 +60,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(fmt)
     handler: Handler = args.handler
     try:
-        return anyio.run(handler, args)
+        code = anyio.run(handler, args)
     except RunnerError as exc:
         print(logs.error_line(exc.message, fmt=fmt, reason=exc.reason), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(logs.error_line("interrupted", fmt=fmt, reason="interrupted"), file=sys.stderr)
         return 130
+    return code
+
+
+def entry() -> None:
+    """The process entry point (``runner`` script, ``python run.py``)."""
+    code = main()
+    if threading.active_count() > 1:
+        # a cancelled target call may still be blocked in its worker thread (a hard stop,
+        # or a read interrupted by a stop): exit now instead of waiting for it.  Its record
+        # is already uncertain or still in flight; nothing else is left to clean up.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -11,7 +11,7 @@ Adapters are imported lazily, so a command never loads a driver it does not use.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -53,6 +53,30 @@ class LeadWork:
     write_id: WriteId
     state: LeadState
     event: LeadEvent
+
+
+ObservationOutcome = Literal["changed", "unchanged", "missing", "failed"]
+
+
+@dataclass(frozen=True)
+class PollTarget:
+    """A confirmed record due for a status poll, with its last snapshot (canonical JSON)."""
+
+    seq: int
+    source_lead_id: str
+    write_id: WriteId
+    snapshot: str | None
+
+
+@dataclass(frozen=True)
+class ObservationWrite:
+    """What to store for one observation (L11): ``changed`` stores ``snapshot`` (canonical
+    JSON) and writes a ``status_changed`` event; ``unchanged`` and ``failed`` only move the
+    poll time; ``missing`` makes the record ``confirmed_then_missing``."""
+
+    write_id: WriteId
+    outcome: ObservationOutcome
+    snapshot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +158,31 @@ class Store(Protocol):
         """Count a reconcile attempt of an uncertain record; ``confirmed`` moves it to
         confirmed.  A new non-empty ``note`` (``ambiguous``, ``mismatch``) writes one
         ``target_ambiguous`` outbox event."""
+        ...
+
+    # -- status observations (L11, L12) --------------------------------------------------
+
+    async def poll_page(self, limit: int) -> list[PollTarget]:
+        """Up to ``limit`` confirmed records, oldest poll first (never polled first, then
+        accept order)."""
+        ...
+
+    async def find_lead(self, tenant_id: str, source_lead_id: str) -> LeadRow | None: ...
+
+    async def lead_snapshot(self, write_id: WriteId) -> tuple[LeadState, str | None] | None:
+        """A record's state and its last snapshot (canonical JSON), or None if unknown."""
+        ...
+
+    async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
+        """Store a pass's observations in one transaction; only confirmed records change.
+        Returns how many snapshots really changed (each wrote one event)."""
+        ...
+
+    async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
+        """Note a pass's read failure (or ``None`` for a healthy pass).  A failure that
+        differs from the open run starts a new run with one ``poll_health`` event; the same
+        failure only extends the run; a healthy pass closes it.  Returns True if an event
+        was written.  Safe across processes (one transaction)."""
         ...
 
     async def summary(self) -> StoreSummary:

@@ -54,6 +54,32 @@ class SQLiteBase:
         except sqlite3.Error as exc:
             raise connection.translate(exc, "reading or writing the store") from None
 
+    async def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Run one statement for many rows; returns the rows it changed (not counting
+        rows written by triggers)."""
+        try:
+            cursor = await self._conn.executemany(sql, rows)
+            count = cursor.rowcount
+            await cursor.close()
+        except sqlite3.Error as exc:
+            raise connection.translate(exc, "writing the store") from None
+        return count
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[None]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection lock; rolled back on any
+        error, and on cancellation too (in a shielded scope: a half-done transaction must
+        never be left open on a shared connection)."""
+        async with self._guard():
+            await self._fetchall("BEGIN IMMEDIATE")
+            try:
+                yield
+                await self._fetchall("COMMIT")
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await connection.rollback_quietly(self._conn)
+                raise
+
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[None]:
         """One consistent snapshot for several reads (a WAL read transaction)."""

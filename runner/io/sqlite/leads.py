@@ -26,11 +26,11 @@ ON CONFLICT (tenant_id, source_lead_id) DO NOTHING
 RETURNING write_id
 """
 _EXISTING = "SELECT canonical, write_id FROM leads WHERE tenant_id = ? AND source_lead_id = ?"
-_RECORD_COLUMNS = (
+RECORD_COLUMNS = (
     "seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts, "
     "snapshot, last_polled_at"
 )
-_RECORD_PAGE = f"SELECT {_RECORD_COLUMNS} FROM leads WHERE seq > ? ORDER BY seq LIMIT ?"
+_RECORD_PAGE = f"SELECT {RECORD_COLUMNS} FROM leads WHERE seq > ? ORDER BY seq LIMIT ?"
 
 
 def row_to_lead(row: Sequence[Any]) -> LeadRow:
