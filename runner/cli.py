@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from runner import logs
+from runner import crashpoints, logs
 from runner.errors import RunnerError
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -51,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     fmt = _log_format(args_list)
     try:
+        crashpoints.check_environment()
         args = build_parser().parse_args(args_list)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)

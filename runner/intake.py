@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError
 from runner.jsonio import canonical
@@ -82,7 +83,9 @@ async def accept(
         log.debug("record rejected: %s", exc.message,
                   extra={"action": "lead.rejected", "reason": exc.reason})
         return rejected(data, exc)
+    crashpoints.hit("accept.before-commit")
     outcome = await store.accept(event, text, WriteId(str(uuid.uuid4())), clock.now())
+    crashpoints.hit("accept.after-commit")
     key = event.source_lead_id
     if outcome.result == "conflict":
         message = "another record with different content was already accepted under this key"

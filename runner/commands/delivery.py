@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from typing import Any
 
-from runner import loop
+from runner import crashpoints, loop
 from runner.commands.common import check_paths, clock_from, common_options, emit
 from runner.commands.leads import load_scope, read_record
-from runner.io.faults import FaultyAdapter, parse_faults
+from runner.io.faults import FaultyAdapter, crash_point_option, parse_faults
 from runner.io.synthetic_target import SyntheticTarget
 from runner.jsonio import read_json_object
 from runner.port import CRMAdapter, CRMRecordPort
@@ -46,7 +46,8 @@ def _poll_option(parser: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     faults = ("inject a fault into every target call of the run: outage, timeout, "
-              "crash-after-write, crash-before-write, read-error")
+              "crash-after-write, crash-before-write, read-error; or crash-at:POINT[@N] to "
+              "exit 73 at the N-th pass through a named crash point")
     once = sub.add_parser(
         "once", parents=[common_options(scope="required", target="required")],
         help="run one cycle (recover, reconcile, dispatch, poll pass); print its summary")
@@ -83,7 +84,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     poll_status = sub.add_parser(
         "poll-status", parents=[common_options(scope="required", target="required")],
         help="run one bounded status poll pass over confirmed records")
-    _fault_option(poll_status, "read-error: make every status read fail")
+    _fault_option(poll_status, "read-error: make every status read fail; or "
+                               "crash-at:POINT[@N] (a poll.* crash point)")
     _poll_option(poll_status)
     poll_status.set_defaults(handler=cmd_poll_status)
 
@@ -94,14 +96,18 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     check_paths(args)
     scope = load_scope(args.scope)
     faults = parse_faults(getattr(args, "fault", None))
+    crash_at = crash_point_option(getattr(args, "fault", None))
+    armed: AbstractContextManager[None] = (
+        crashpoints.armed(*crashpoints.parse_option(crash_at)) if crash_at else nullcontext())
     target = SyntheticTarget(args.target) if args.target else None
     adapter: CRMAdapter | None = target
     if target is not None and faults:
         adapter = FaultyAdapter(target, faults)
     try:
         port = CRMRecordPort(adapter) if adapter is not None else None
-        async with DurableWorker(args.db, scope, port, clock=clock_from(args)) as worker:
-            yield worker
+        with armed:  # --fault crash-at: wins over $RUNNER_CRASH_AT
+            async with DurableWorker(args.db, scope, port, clock=clock_from(args)) as worker:
+                yield worker
     finally:
         if target is not None:
             target.close()

@@ -48,17 +48,32 @@ class Fault(enum.StrEnum):
 TEST_ONLY = frozenset({Fault.HANG, Fault.HANG_READBACK})
 
 
+#: ``--fault crash-at:<point>[@<n>]`` arms a named crash point (``runner.crashpoints``);
+#: it is a fault of the process, not of the target, so the wrapper ignores it
+CRASH_AT = "crash-at:"
+
+
 def parse_faults(values: Iterable[str] | None) -> frozenset[Fault]:
     faults = set()
     for value in values or ():
+        if value.startswith(CRASH_AT):
+            continue
         try:
             faults.add(Fault(value))
         except ValueError:
-            names = ", ".join(f.value for f in Fault)
+            names = ", ".join([*(f.value for f in Fault), CRASH_AT + "POINT[@N]"])
             raise UsageError(f"unknown fault {value!r} (known: {names})") from None
     if faults & TEST_ONLY and not os.environ.get(HANG_DIR_ENV):
         raise UsageError(f"the hang faults are for tests and need ${HANG_DIR_ENV}")
     return frozenset(faults)
+
+
+def crash_point_option(values: Iterable[str] | None) -> str | None:
+    """The one ``crash-at:`` value among ``--fault`` options, if any."""
+    found = [value for value in values or () if value.startswith(CRASH_AT)]
+    if len(found) > 1:
+        raise UsageError("only one --fault crash-at:POINT may be given")
+    return found[0] if found else None
 
 
 def crash(where: str) -> None:

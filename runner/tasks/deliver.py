@@ -26,6 +26,7 @@ from typing import Protocol
 
 import anyio
 
+from runner import crashpoints
 from runner.clock import Clock
 from runner.port import BeforeWriteError, CRMRecordPort
 from runner.states import LeadState
@@ -80,7 +81,9 @@ class NoGuard:
 
 
 async def recover(store: Store, clock: Clock) -> int:
+    crashpoints.hit("recover.before-commit")
     keys = await store.recover_in_flight(clock.now())
+    crashpoints.hit("recover.after-commit")
     for key in keys:
         log.warning("in flight at start: now uncertain (reconcile only, never resent)",
                     extra={"action": "lead.recovered", "key": key, "to_state": "uncertain"})
@@ -110,7 +113,9 @@ async def reconcile_one(store: Store, port: CRMRecordPort, clock: Clock, work: L
                     extra={"action": "lead.reconcile_failed", "key": work.source_lead_id})
     ok = verdict == "match"
     note = verdict if verdict in ("ambiguous", "mismatch") else None
+    crashpoints.hit("reconcile.before-commit")
     await store.record_reconcile(work.write_id, confirmed=ok, note=note, now=clock.now())
+    crashpoints.hit("reconcile.after-commit")
     if ok:
         log.info("confirmed by readback", extra={
             "action": "lead.reconciled", "key": work.source_lead_id,
@@ -159,6 +164,7 @@ async def send_one(
         attempts = await store.mark_in_flight(work.write_id, clock.now())
         if attempts is None:
             return None  # no longer dispatchable: someone else's state, leave it alone
+        crashpoints.hit("dispatch.after-in-flight")
         log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
                                    "attempts": attempts})
         outcome = LeadState.UNCERTAIN
@@ -167,7 +173,9 @@ async def send_one(
         finally:
             # recorded whatever happened; after a cancellation only within a short window
             with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
+                crashpoints.hit("dispatch.before-confirm")
                 await store.finish_send(work.write_id, outcome, clock.now())
+                crashpoints.hit("dispatch.after-confirm")
                 _log_outcome(work, outcome)
     return outcome
 
@@ -181,6 +189,7 @@ async def _attempt(port: CRMRecordPort, work: LeadWork) -> LeadState:
         log.warning("send failed: %s", type(exc).__name__, extra={
             "action": "lead.send_failed", "key": work.source_lead_id, "error": type(exc).__name__})
         return LeadState.UNCERTAIN
+    crashpoints.hit("dispatch.after-write")
     try:
         verdict = await port.confirm(work.event, work.write_id)
     except Exception:  # noqa: BLE001 - written, not proven: reconcile reads it back

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError
 from runner.jsonio import canonical
@@ -78,9 +79,13 @@ async def poll_pass(store: Store, port: CRMRecordPort, clock: Clock, limit: int)
         failure = ReadFailure(f"read_error:{type(exc).__name__}")
         seen = {t.write_id: failure for t in due}
     writes = [decide(t.write_id, t.snapshot, seen[t.write_id]) for t in due]
+    crashpoints.hit("poll.before-apply")
     await store.apply_observations(writes, clock.now())
+    crashpoints.hit("poll.after-apply")
     failures = sorted({failure_kind(o) for o in seen.values() if isinstance(o, ReadFailure)})
-    if await store.record_poll_health(",".join(failures) or None, clock.now()):
+    wrote_event = await store.record_poll_health(",".join(failures) or None, clock.now())
+    crashpoints.hit("poll.after-health")
+    if wrote_event:
         log.warning("status reads failing: %s", ",".join(failures),
                     extra={"action": "poll.health", "reason": ",".join(failures)})
     keys = {t.write_id: t.source_lead_id for t in due}
