@@ -1,0 +1,298 @@
+"""Seeded chaos runner: real worker processes crashed at random named points (issue 8.1).
+
+    python bench/chaos.py --runs 1000 --seed 8          # the documented full run
+    python bench/chaos.py --runs 50 --seed 8            # what CI runs (tests/test_chaos.py)
+
+Each run is an episode in a fresh private directory, seeded by ``(seed, run)`` so any one
+can be replayed alone with ``--only RUN``:
+
+1. a client accepts a batch of synthetic leads (a library child, one commit per answer);
+2. a warm-up leaves a mix of states: failed_safe (outage), confirmed, uncertain with a
+   row in the target (timeout);
+3. the "CRM" changes some statuses and deletes a confirmed row (kept aside so a resend
+   would still be counted);
+4. the crash run: ``accept`` (for ``accept.*`` points, then the client retries), ``once``
+   or ``start --cycles 2`` with a random crash point armed by ``$RUNNER_CRASH_AT`` or
+   ``--fault crash-at:``, at a random hit count, sometimes under a target fault;
+5. a restart that may itself be crashed at another random point, then a clean ``once``.
+
+After every process the store and the target are audited (``bench/invariants.py``); after
+the clean restart nothing may be in flight, prepared or failed_safe, and an uncertain
+record may not have a row the readback would have found.  Crash points are dealt from a
+shuffled deck so that every point is tried about equally; a point dealt three times or
+more that never fired fails the run too (the harness would be testing nothing there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.invariants import DELETED_TABLE, Audit, audit  # noqa: E402
+from runner.crashpoints import POINTS  # noqa: E402
+
+RUN = str(ROOT / "run.py")
+CHILD = str(ROOT / "bench" / "child.py")
+SCOPE = {"tenant_id": "chaos-tenant", "account_id": "chaos-account",
+         "page_id": "chaos-page", "form_id": "chaos-form"}
+WORKER_POINTS = [p for p in POINTS if not p.startswith("accept.")]
+STATUSES = ("contacted", "qualified", "won", "lost")
+TIMEOUT = 120
+
+
+@dataclass
+class Episode:
+    index: int
+    point: str
+    fired: bool = False
+    restart_crashed: bool = False
+    states: Counter[str] = field(default_factory=Counter)
+    rows: int = 0
+    recovered: int = 0
+    violations: list[str] = field(default_factory=list)
+    directory: str = ""
+
+
+class Lane:
+    """One episode's directory, processes and audits."""
+
+    def __init__(self, directory: Path, episode: Episode) -> None:
+        self.dir = directory
+        self.db = directory / "queue.db"
+        self.target = directory / "target.db"
+        self.scope = directory / "scope.json"
+        self.scope.write_text(json.dumps(SCOPE), encoding="utf-8")
+        self.ep = episode
+        self.acked: set[str] = set()
+
+    def proc(self, argv: list[str], env: dict[str, str] | None = None,
+             ) -> subprocess.CompletedProcess[str]:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_CRASH")}
+        try:
+            return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                                  env={**full, **(env or {})}, timeout=TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            self.ep.violations.append(f"hung: {' '.join(argv[1:3])}")
+            return subprocess.CompletedProcess(argv, -1, "", "")
+
+    def cli(self, command: str, *extra: str, env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+        args = [RUN, command, "--db", str(self.db), "--scope", str(self.scope)]
+        if command != "accept":
+            args += ["--target", str(self.target)]
+        return self.proc([*args, *extra], env)
+
+    def expect(self, step: str, proc: subprocess.CompletedProcess[str], *codes: int) -> None:
+        if proc.returncode not in codes:
+            tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+            self.ep.violations.append(f"{step}: exit {proc.returncode}: {tail}")
+
+    def check(self, step: str, *, in_flight_ok: bool) -> Audit:
+        result = audit(self.db, self.target, accepted=self.acked, in_flight_ok=in_flight_ok)
+        self.ep.violations += [f"{step}: {v}" for v in result.violations]
+        return result
+
+    def setup(self, prefix: str, n: int, counts: list[int]) -> None:
+        """Accept n leads, then leave a mix of states behind (``bench/child.py setup``)."""
+        proc = self.proc([CHILD, "setup", str(self.db), str(self.scope), str(self.target),
+                          prefix, str(n), *map(str, counts)])
+        self.expect("setup", proc, 0)
+        for line in proc.stdout.splitlines():
+            answer = json.loads(line)
+            if answer["result"] in ("accepted", "duplicate"):
+                self.acked.add(answer["key"])
+
+    def confirmed_keys(self) -> list[str]:
+        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
+        try:
+            return [k for (k,) in conn.execute(
+                "SELECT source_lead_id FROM leads WHERE state = 'confirmed' ORDER BY seq")]
+        finally:
+            conn.close()
+
+    def play_crm(self, rng: random.Random) -> None:
+        """Statuses change; sometimes the CRM deletes a confirmed lead (kept aside)."""
+        if not self.target.exists():
+            return
+        confirmed = self.confirmed_keys()
+        conn = sqlite3.connect(self.target, isolation_level=None)
+        try:
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {DELETED_TABLE} AS SELECT * FROM sheet "
+                         "WHERE 0")
+            for (row_id,) in conn.execute("SELECT row_id FROM sheet").fetchall():
+                if rng.random() < 0.3:
+                    conn.execute("UPDATE sheet SET status = ? WHERE row_id = ?",
+                                 (rng.choice(STATUSES), row_id))
+            if confirmed and rng.random() < 0.3:
+                key = rng.choice(confirmed)
+                conn.execute("BEGIN")
+                conn.execute(f"INSERT INTO {DELETED_TABLE} SELECT * FROM sheet "
+                             "WHERE source_lead_id = ?", (key,))
+                conn.execute("DELETE FROM sheet WHERE source_lead_id = ?", (key,))
+                conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+
+def _crash_args(rng: random.Random, point: str) -> tuple[list[str], dict[str, str]]:
+    after = rng.choices([1, 2, 3], weights=[6, 3, 1])[0]
+    if rng.random() < 0.5:
+        return [], {"RUNNER_CRASH_AT": point, "RUNNER_CRASH_AFTER": str(after)}
+    return ["--fault", f"crash-at:{point}@{after}"], {}
+
+
+def _crash_accept(lane: Lane, point: str, index: int) -> None:
+    key = f"c{index}-late"
+    event = lane.dir / "late.json"
+    event.write_text(json.dumps({**SCOPE, "source": "meta", "source_lead_id": key,
+                                 "synthetic": True}), encoding="utf-8")
+    crashed = lane.cli("accept", "--record", str(event), env={"RUNNER_CRASH_AT": point})
+    lane.expect("crash accept", crashed, 73)
+    lane.ep.fired = crashed.returncode == 73
+    if crashed.stdout.strip():
+        lane.ep.violations.append("crash accept: answered before dying")
+    lane.check("after crashed accept", in_flight_ok=True)
+    retry = lane.cli("accept", "--record", str(event))
+    lane.expect("retried accept", retry, 0)
+    want = "accepted" if point == "accept.before-commit" else "duplicate"
+    got = json.loads(retry.stdout or "{}").get("result")
+    if got != want:
+        lane.ep.violations.append(f"retried accept: {got} where {want} was expected")
+    lane.acked.add(key)
+
+
+def _crash_worker(lane: Lane, point: str, rng: random.Random) -> None:
+    command = ["once"] if rng.random() < 0.5 else ["start", "--cycles", "2", "--interval", "0"]
+    extra, env = _crash_args(rng, point)
+    if rng.random() < 0.15:
+        extra += ["--fault", rng.choice(["outage", "timeout"])]
+    crashed = lane.cli(*command, *extra, env=env)
+    lane.expect(f"crash run ({command[0]})", crashed, 0, 73)
+    lane.ep.fired = crashed.returncode == 73
+
+
+def run_episode(seed: int, index: int, point: str, root: Path) -> Episode:
+    rng = random.Random(f"{seed}:{index}")
+    ep = Episode(index, point)
+    directory = root / f"run-{index:05d}"
+    directory.mkdir(mode=0o700)
+    ep.directory = str(directory)
+    lane = Lane(directory, ep)
+    lane.setup(f"c{index}", rng.randint(6, 12),
+               [rng.randint(0, 2), rng.randint(0, 3), rng.randint(1, 2)])
+    lane.play_crm(rng)
+    if point.startswith("accept."):
+        _crash_accept(lane, point, index)
+    else:
+        _crash_worker(lane, point, rng)
+    lane.check("after the crash", in_flight_ok=True)
+    if rng.random() < 0.25:
+        extra, env = _crash_args(rng, rng.choice(WORKER_POINTS))
+        again = lane.cli("once", *extra, env=env)
+        lane.expect("crashed restart", again, 0, 73)
+        ep.restart_crashed = again.returncode == 73
+        lane.check("after the crashed restart", in_flight_ok=True)
+    lane.expect("clean restart", lane.cli("once"), 0)
+    final = lane.check("after the clean restart", in_flight_ok=False)
+    for state in ("prepared", "failed_safe"):
+        if final.states[state]:
+            ep.violations.append(f"after the clean restart: {final.states[state]} {state}")
+    ep.states, ep.rows, ep.recovered = final.states, sum(final.rows.values()), len(final.recovered)
+    return ep
+
+
+def deck(seed: int, runs: int) -> list[str]:
+    points = list(POINTS) * (runs // len(POINTS) + 1)
+    random.Random(seed).shuffle(points)
+    return points[:runs]
+
+
+def summarize(episodes: list[Episode], seed: int, jobs: int, seconds: float) -> tuple[str, bool]:
+    lines = [f"chaos: {len(episodes)} runs, seed {seed}, {jobs} jobs, {seconds:.1f} s", ""]
+    head = f"{'crash point':<26} {'runs':>5} {'fired':>6} {'not reached':>12} " \
+           f"{'restart crashed':>16} {'violations':>11}"
+    lines += [head, "-" * len(head)]
+    by_point: dict[str, list[Episode]] = {p: [] for p in POINTS}
+    for ep in episodes:
+        by_point[ep.point].append(ep)
+    never = []
+    for point, eps in by_point.items():
+        fired = sum(e.fired for e in eps)
+        if len(eps) >= 3 and not fired:
+            never.append(point)
+        lines.append(f"{point:<26} {len(eps):>5} {fired:>6} {len(eps) - fired:>12} "
+                     f"{sum(e.restart_crashed for e in eps):>16} "
+                     f"{sum(len(e.violations) for e in eps):>11}")
+    violations = sum(len(e.violations) for e in episodes)
+    lines.append("-" * len(head))
+    lines.append(f"{'total':<26} {len(episodes):>5} {sum(e.fired for e in episodes):>6} "
+                 f"{sum(not e.fired for e in episodes):>12} "
+                 f"{sum(e.restart_crashed for e in episodes):>16} {violations:>11}")
+    states: Counter[str] = Counter()
+    for ep in episodes:
+        states.update(ep.states)
+    lines.append("")
+    lines.append("end states: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
+    lines.append(f"records {sum(states.values())}, target rows "
+                 f"{sum(e.rows for e in episodes)}, recovered by readback "
+                 f"{sum(e.recovered for e in episodes)}")
+    for ep in episodes:
+        for v in ep.violations:
+            lines.append(f"VIOLATION run {ep.index} ({ep.point}): {v}  [{ep.directory}]")
+    for point in never:
+        lines.append(f"VIOLATION: crash point {point} never fired")
+    ok = violations == 0 and not never
+    lines.append(f"result: {'PASS' if ok else 'FAIL'}")
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--only", type=int, help="replay one run of the deck")
+    parser.add_argument("--keep", action="store_true", help="keep every run's directory")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    points = deck(args.seed, args.runs)
+    indices = [args.only] if args.only is not None else list(range(args.runs))
+    root = Path(tempfile.mkdtemp(prefix="runner-chaos-"))
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        episodes = list(pool.map(lambda i: run_episode(args.seed, i, points[i], root), indices))
+    text, ok = summarize(episodes, args.seed, args.jobs, time.monotonic() - started)
+    print(text, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "runs": len(episodes), "seed": args.seed, "ok": ok,
+            "fired": sum(e.fired for e in episodes),
+            "violations": [v for e in episodes for v in e.violations],
+            "points": {p: sum(e.fired for e in episodes if e.point == p) for p in POINTS},
+        }), encoding="utf-8")
+    for ep in episodes:
+        if not ep.violations and not args.keep:
+            shutil.rmtree(ep.directory, ignore_errors=True)
+    if ok and not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""An outside auditor of a runner store and its synthetic target (issue 8).
+
+It reads both SQLite files directly with ``sqlite3`` and trusts none of runner's code, so
+a bug in runner cannot hide itself from it.  The invariants, checked after every run of
+the chaos runner, the kill -9 accounting, the countdown and the model-based test:
+
+1. no key has more than one target row (counting rows the CRM has since deleted, kept in
+   ``sheet_deleted`` by the harness that deleted them);
+2. every accepted (acknowledged) record is present in the store;
+3. every record is in a legal state, ``in_flight`` only while a crash is unrecovered;
+4. every record whose target row exists is confirmed, uncertain or
+   confirmed_then_missing (or in flight, while a crash is unrecovered);
+5. ``PRAGMA integrity_check`` is ``ok`` on the store (and on the target).
+
+and, because they are cheap and catch the same bugs earlier: no target row for a key that
+was never accepted; a confirmed record has exactly one row with its write_id; a prepared
+record has no attempts and no row; the outbox is gap-free and every ``state_changed``
+event follows the transition table from the record's previous state.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner.states import TRANSITIONS, LeadState
+
+ROW_STATES = {LeadState.CONFIRMED, LeadState.UNCERTAIN, LeadState.CONFIRMED_THEN_MISSING}
+DELETED_TABLE = "sheet_deleted"
+
+
+@dataclass
+class Audit:
+    violations: list[str] = field(default_factory=list)
+    states: Counter[str] = field(default_factory=Counter)
+    keys: set[str] = field(default_factory=set)
+    rows: Counter[str] = field(default_factory=Counter)
+    #: records that went uncertain -> confirmed (a readback recovered them)
+    recovered: set[str] = field(default_factory=set)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def fail(self, text: str) -> None:
+        self.violations.append(text)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+
+
+def target_rows(target: Path) -> list[tuple[str, str]]:
+    """(source_lead_id, write_id) of every row the target holds or has held."""
+    if not target.exists():
+        return []
+    conn = _connect(target)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        out: list[tuple[str, str]] = []
+        for table in ("sheet", DELETED_TABLE):
+            if table in tables:
+                out += conn.execute(f"SELECT source_lead_id, write_id FROM {table}").fetchall()
+        return out
+    finally:
+        conn.close()
+
+
+def integrity(path: Path) -> str:
+    conn = _connect(path)
+    try:
+        return str(conn.execute("PRAGMA integrity_check").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def audit(
+    db: Path,
+    target: Path,
+    *,
+    accepted: Iterable[str] = (),
+    in_flight_ok: bool = False,
+) -> Audit:
+    """Check every invariant; ``accepted`` are the keys whose accept was acknowledged."""
+    result = Audit()
+    rows = target_rows(target)
+    result.rows = Counter(key for key, _ in rows)
+    row_ids: dict[str, set[str]] = {}
+    for key, write_id in rows:
+        row_ids.setdefault(key, set()).add(write_id)
+    for key, n in result.rows.items():
+        if n > 1:
+            result.fail(f"duplicated: {key} has {n} target rows")
+    if not db.exists():
+        for key in accepted:
+            result.fail(f"lost: {key} was acknowledged but there is no store")
+        for key in result.rows:
+            result.fail(f"unexpected: a target row for {key}, never accepted")
+        return result
+    if (check := integrity(db)) != "ok":
+        result.fail(f"store integrity_check: {check}")
+    if target.exists() and (check := integrity(target)) != "ok":
+        result.fail(f"target integrity_check: {check}")
+    conn = _connect(db)
+    try:
+        _check_records(conn, result, row_ids, in_flight_ok)
+        _check_outbox(conn, result)
+    finally:
+        conn.close()
+    for key in accepted:
+        if key not in result.keys:
+            result.fail(f"lost: {key} was acknowledged but is not in the store")
+    for key in result.rows:
+        if key not in result.keys:
+            result.fail(f"unexpected: a target row for {key}, never accepted")
+    return result
+
+
+def _check_records(conn: sqlite3.Connection, result: Audit, row_ids: dict[str, set[str]],
+                   in_flight_ok: bool) -> None:
+    try:
+        records = conn.execute(
+            "SELECT source_lead_id, write_id, state, attempts FROM leads").fetchall()
+    except sqlite3.OperationalError:
+        return  # a store whose creation never committed holds no records
+    for key, write_id, state, attempts in records:
+        result.keys.add(key)
+        result.states[state] += 1
+        try:
+            st = LeadState(state)
+        except ValueError:
+            result.fail(f"illegal state: {key} is {state!r}")
+            continue
+        if st is LeadState.IN_FLIGHT and not in_flight_ok:
+            result.fail(f"in_flight after recovery: {key}")
+        has_row = key in row_ids
+        if has_row and st not in ROW_STATES and st is not LeadState.IN_FLIGHT:
+            result.fail(f"{key} has a target row but is {state}")
+        if has_row and write_id not in row_ids[key]:
+            result.fail(f"{key}: target row carries another write_id")
+        if st is LeadState.CONFIRMED and not has_row:
+            result.fail(f"{key} is confirmed without a target row")
+        if st is LeadState.PREPARED and (attempts != 0 or has_row):
+            result.fail(f"{key} is prepared but has attempts={attempts} or a row")
+
+
+def _check_outbox(conn: sqlite3.Connection, result: Audit) -> None:
+    try:
+        events = conn.execute(
+            "SELECT seq, kind, subject, payload FROM outbox ORDER BY seq").fetchall()
+    except sqlite3.OperationalError:
+        return
+    last: dict[str, LeadState] = {}
+    for expected, (seq, kind, subject, payload) in enumerate(events, start=1):
+        if seq != expected:
+            result.fail(f"outbox gap: seq {seq} where {expected} was expected")
+            break
+        if kind == "accepted":
+            last[subject] = LeadState.PREPARED
+        elif kind == "state_changed":
+            doc = json.loads(payload)
+            src, dst = LeadState(doc["from"]), LeadState(doc["to"])
+            if last.get(subject) is not src:
+                result.fail(f"outbox: {subject} moved from {src} but was {last.get(subject)}")
+            if dst not in TRANSITIONS[src]:
+                result.fail(f"outbox: illegal transition {src} -> {dst} for {subject}")
+            if src is LeadState.UNCERTAIN and dst is LeadState.CONFIRMED:
+                result.recovered.add(subject)
+            last[subject] = dst
