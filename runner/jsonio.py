@@ -12,6 +12,7 @@ records are "the same" exactly when their canonical forms are byte-equal.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,26 @@ MAX_DOCUMENT_BYTES = 1 << 20
 MAX_DEPTH = 32
 
 
+#: longer integer literals are refused (Python refuses to convert them anyway)
+MAX_INT_DIGITS = 4000
+
+
 def _reject_constant(name: str) -> Any:
     raise BadInputError(f"JSON constant {name} is not allowed", reason="invalid_json")
+
+
+def _finite_float(text: str) -> float:
+    # 1e400 is valid JSON syntax but overflows to infinity, which no JSON can carry back
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadInputError("JSON number out of range", reason="invalid_json")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_INT_DIGITS:
+        raise BadInputError("JSON integer has too many digits", reason="invalid_json")
+    return int(text)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -77,7 +96,8 @@ def parse_json(data: bytes | str, *, what: str = "document") -> Any:
         raise BadInputError(f"{what} is not valid UTF-8", reason="invalid_json") from None
     try:
         value = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
+            text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant,
+            parse_float=_finite_float, parse_int=_bounded_int,
         )
     except RecursionError:
         raise BadInputError(f"{what} is nested too deeply", reason="invalid_json") from None
