@@ -178,10 +178,28 @@ async def run(
     exit code.  Raises LockHeld at once if another worker holds the lock."""
     shutdown = Shutdown(settings.grace)
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with worker.hold_lock() as recovered, anyio.create_task_group() as tg:
-            tg.start_soon(_watch_signals, signals, shutdown, tg)
-            for name, task in background:
-                tg.start_soon(_isolated, name, task)
-            await _lead_loop(worker, settings, shutdown, emit, recovered)
-            tg.cancel_scope.cancel()
+        try:
+            async with worker.hold_lock() as recovered, anyio.create_task_group() as tg:
+                tg.start_soon(_watch_signals, signals, shutdown, tg)
+                for name, task in background:
+                    tg.start_soon(_isolated, name, task)
+                await _lead_loop(worker, settings, shutdown, emit, recovered)
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            raise _unwrap(group) from None
     return shutdown.exit_code
+
+
+def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The task group wraps whatever the lead loop raised (a full or unreadable store, …)
+    in a group; a lone error is raised as itself, so the CLI maps it to its exit code and
+    one clean line instead of a traceback."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else group

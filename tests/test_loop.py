@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import anyio
+import pytest
 
 from runner import DurableWorker
 from runner.loop import LoopSettings, run
@@ -68,3 +69,21 @@ def test_json_logs_for_machines(workdir: Path, scope_file: Path) -> None:
     assert ("lead.in_flight", "lead-1") in actions and ("lead.uncertain", "lead-1") in actions
     assert all({"ts", "level", "message", "action"} <= set(d) for d in docs)
     assert CANARY not in proc.stderr
+
+
+async def test_a_store_error_in_the_lead_loop_is_raised_as_itself(
+    db_location: str, workdir: Path
+) -> None:
+    """Found by the issue 8 disk-full test: a StoreError (a full store) raised in a cycle
+    left the task group as an ExceptionGroup, and the CLI printed a traceback (exit 1)."""
+    from runner.errors import StoreFull
+
+    async with DurableWorker(db_location, SCOPE, ScriptedAdapter(workdir / "t.db")) as worker:
+        await worker.accept(event(1))
+
+        async def failing_cycle(**_kw: object) -> CycleSummary:
+            raise StoreFull("the store is full (test)")
+
+        worker.run_cycle = failing_cycle  # type: ignore[method-assign]
+        with anyio.fail_after(30), pytest.raises(StoreFull):
+            await run(worker, LoopSettings(cycles=1, interval=0), lambda _s: None)
