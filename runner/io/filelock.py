@@ -14,6 +14,7 @@ request that a target has already accepted from a worker that is gone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -56,9 +57,11 @@ class FileLock:
         except OSError as exc:
             os.close(fd)
             raise StoreError(f"cannot lock {self.path!r}: {exc.strerror}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
+        # the pid is only for the refusal message: a full disk must not lose the lock
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
         if self._fd is not None:
