@@ -9,6 +9,7 @@
     ├── StoreNotFound                66  a read-only command named a store that does not exist
     ├── SimulatedCrash               73  a --fault crash-* fired (where os._exit is not used)
     ├── StoreError                   74  the store could not be read or written (I/O, full, corrupt)
+    │   └── StoreFull                74  no space left for the store: the change was not written
     ├── LockHeld                     75  another live worker holds the lock
     │   └── StoreBusy                75  the store stayed locked longer than the busy timeout
     ├── UnsafeLocation               77  network filesystem, symlink, directory others can write
@@ -74,6 +75,13 @@ class SimulatedCrash(RunnerError):
 class StoreError(RunnerError):
     exit_code = 74
     reason = "store_error"
+
+
+class StoreFull(StoreError):
+    """SQLite ran out of space (``SQLITE_FULL``, or an I/O error on a full device).  The
+    failing transaction was rolled back: nothing of it was written."""
+
+    reason = "store_full"
 
 
 class LockHeld(RunnerError):

@@ -52,7 +52,7 @@ class SQLiteBase:
         try:
             return list(await self._conn.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
-            raise connection.translate(exc, "reading or writing the store") from None
+            raise connection.translate(exc, "reading or writing the store", self.path) from None
 
     async def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
         """Run one statement for many rows; returns the rows it changed (not counting
@@ -62,7 +62,7 @@ class SQLiteBase:
             count = cursor.rowcount
             await cursor.close()
         except sqlite3.Error as exc:
-            raise connection.translate(exc, "writing the store") from None
+            raise connection.translate(exc, "writing the store", self.path) from None
         return count
 
     @asynccontextmanager

@@ -24,6 +24,7 @@ from runner.errors import (
     SchemaTooNew,
     StoreBusy,
     StoreError,
+    StoreFull,
     StoreNotFound,
 )
 from runner.io import fsguard
@@ -32,15 +33,45 @@ from runner.models import Scope
 
 BUSY_TIMEOUT_MS = 30_000
 MIN_SQLITE = (3, 37, 0)  # STRICT tables; RETURNING needs 3.35
+SQLITE_IOERR, SQLITE_FULL = 10, 13  # primary result codes
+#: below this much free space on the store's device, an I/O error is reported as "full"
+LOW_SPACE = 1 << 20
+#: test hook, like ``RUNNER_MOUNTINFO``: cap the store at this many pages (``PRAGMA
+#: max_page_count``) so a test can make SQLite run out of space without a small disk
+MAX_PAGES_ENV = "RUNNER_SQLITE_MAX_PAGES"
+FULL_ADVICE = "the change was not written; free some disk space and run the command again"
 
 
-def translate(exc: BaseException, doing: str) -> RunnerError:
-    """A driver error as one of ours (never leak sqlite3 exceptions to the CLI)."""
+def _free_bytes(path: str | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        info = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return None
+    return info.f_bavail * info.f_frsize
+
+
+def translate(exc: BaseException, doing: str, path: str | None = None) -> RunnerError:
+    """A driver error as one of ours (never leak sqlite3 exceptions to the CLI).
+
+    A full store is named as such: ``SQLITE_FULL`` (the file or ``max_page_count`` cannot
+    grow), or an I/O error while the store's device has no space left (SQLite reports a
+    failure to size its ``-shm`` file on a full disk as a plain I/O error)."""
     if isinstance(exc, RunnerError):
         return exc
     text = str(exc)
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
     if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
         return StoreBusy(f"store stayed locked while {doing}; try again")
+    if primary == SQLITE_FULL or "database or disk is full" in text:
+        return StoreFull(f"the store is full ({doing}): {FULL_ADVICE}")
+    if primary == SQLITE_IOERR or "disk I/O error" in text:
+        free = _free_bytes(path)
+        if free is not None and free < LOW_SPACE:
+            return StoreFull(f"the store is full ({doing}: {text}, {free} bytes free on its "
+                             f"device): {FULL_ADVICE}")
     if isinstance(exc, sqlite3.DatabaseError) and "not a database" in text:
         return StoreError(f"store file is not a SQLite database ({doing})")
     return StoreError(f"store error while {doing}: {text}")
@@ -75,16 +106,18 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
     try:
         conn = await aiosqlite.connect(uri, uri=True, isolation_level=None)
     except sqlite3.Error as exc:
-        raise translate(exc, "opening the store") from None
+        raise translate(exc, "opening the store", path) from None
     try:
         await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         await _enable_wal(conn)
         await conn.execute("PRAGMA synchronous = FULL")
         await conn.execute("PRAGMA foreign_keys = ON")
+        if (max_pages := os.environ.get(MAX_PAGES_ENV, "").strip()).isdigit():
+            await conn.execute(f"PRAGMA max_page_count = {int(max_pages)}")
     except BaseException as exc:
         await conn.close()
         if isinstance(exc, sqlite3.Error):
-            raise translate(exc, "opening the store") from None
+            raise translate(exc, "opening the store", path) from None
         raise
     return conn
 

@@ -36,7 +36,7 @@ async def open_sqlite_store(
             version, pinned = await connection.inspect(conn, path, scope)
     except sqlite3.Error as exc:
         await conn.close()
-        raise connection.translate(exc, "opening the store") from None
+        raise connection.translate(exc, "opening the store", path) from None
     except BaseException:
         await conn.close()
         raise
