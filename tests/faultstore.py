@@ -1,0 +1,95 @@
+"""A Store wrapper that fails its Nth operation (issue 8.4), for the I/O error countdown.
+
+Every domain operation of the ``Store`` protocol counts, whatever its name (so operations
+added later count too).  The Nth raises ``StoreError`` — the store's own error type, as a
+real I/O error would be translated — either *before* the operation reaches the store
+(nothing happened) or *after* it did (it committed, but the caller sees an error: the
+worst case, an acknowledgement lost on the way back).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from runner.errors import StoreError
+
+#: attributes that are not operations
+PLAIN = frozenset({"backend", "scope", "path", "schema_version", "aclose", "__aenter__",
+                   "__aexit__"})
+#: operations that are context managers or async iterators: they fail on entry
+ENTERED = frozenset({"reading", "worker_lock", "iter_records"})
+
+
+class InjectedIOError(StoreError):
+    pass
+
+
+class CountdownStore:
+    def __init__(self, inner: Any, fail_at: int, when: Literal["before", "after"]) -> None:
+        self.inner, self.fail_at, self.when = inner, fail_at, when
+        self.count = 0
+        self.failed: str | None = None
+
+    def _tick(self, name: str) -> bool:
+        self.count += 1
+        if self.count == self.fail_at:
+            self.failed = name
+            return True
+        return False
+
+    def _fail(self, name: str) -> InjectedIOError:
+        return InjectedIOError(f"injected I/O error at operation {self.count} ({name})")
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name in PLAIN or name.startswith("_") or not callable(attr):
+            return attr
+        if name == "iter_records":
+            return self._wrap_iter(name, attr)
+        if name in ENTERED:
+            return self._wrap_cm(name, attr)
+        if inspect.iscoroutinefunction(attr):
+            return self._wrap_op(name, attr)
+        return attr
+
+    def _wrap_op(self, name: str, op: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(op)
+        async def wrapped(*args: Any, **kwargs: Any) -> Any:
+            fail = self._tick(name)
+            if fail and self.when == "before":
+                raise self._fail(name)
+            result = await op(*args, **kwargs)
+            if fail:
+                raise self._fail(name)
+            return result
+        return wrapped
+
+    def _wrap_cm(self, name: str, factory: Callable[..., Any]) -> Callable[..., Any]:
+        @asynccontextmanager
+        async def wrapped(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            if self._tick(name):
+                raise self._fail(name)
+            async with factory(*args, **kwargs) as value:
+                yield value
+        return wrapped
+
+    def _wrap_iter(self, name: str, factory: Callable[..., Any]) -> Callable[..., Any]:
+        async def wrapped(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            if self._tick(name):
+                raise self._fail(name)
+            async for item in factory(*args, **kwargs):
+                yield item
+        return wrapped
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> CountdownStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
