@@ -1,0 +1,182 @@
+"""kill -9 accounting (issue 8.2): ``start`` over many leads, SIGKILLed from outside at
+random moments, restarted to completion, then counted the way Jepsen counts.
+
+    python bench/kill9.py --runs 20 --leads 1000 --seed 9      # the documented full run
+    python bench/kill9.py --runs 3 --leads 300 --seed 9        # what CI runs
+
+Each run: a client accepts the leads (one commit per answer; only answered keys count as
+accepted); then 1-3 times a ``start`` worker is started and SIGKILLed after a random
+delay (before it took the lock, mid-send, between commits, after it was done: wherever
+the moment falls); then ``start --cycles 1`` finishes the work.  Counted per run:
+
+* lost: accepted, but at the end neither confirmed nor uncertain (nor
+  confirmed_then_missing), or not in the store at all;
+* duplicated: a key with more than one row in the target;
+* unexpected: a target row for a key that was never accepted;
+* recovered: records that went uncertain and were then confirmed by readback (from the
+  outbox's ``state_changed`` events);
+* uncertain: left uncertain for good, with no row to read back (killed between the
+  in-flight commit and the send): visible, never resent.
+
+Pass: lost = duplicated = unexpected = 0 and every invariant of ``bench/invariants.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.invariants import audit  # noqa: E402
+
+RUN = str(ROOT / "run.py")
+CHILD = str(ROOT / "bench" / "child.py")
+SCOPE = {"tenant_id": "k9-tenant", "account_id": "k9-account", "page_id": "k9-page",
+         "form_id": "k9-form"}
+FINAL_STATES = {"confirmed", "uncertain", "confirmed_then_missing"}
+
+
+@dataclass
+class Result:
+    run: int
+    leads: int
+    kills: int = 0
+    confirmed: int = 0
+    uncertain: int = 0
+    recovered: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    seconds: float = 0.0
+    violations: list[str] = field(default_factory=list)
+
+
+def _start(db: Path, scope: Path, target: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
+    with open(log, "a", encoding="utf-8") as out:
+        return subprocess.Popen(
+            [sys.executable, RUN, "start", "--db", str(db), "--scope", str(scope),
+             "--target", str(target), *extra], stdout=out, stderr=subprocess.STDOUT, text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith("RUNNER_CRASH")})
+
+
+def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path) -> Result:
+    rng = random.Random(f"{seed}:{index}")
+    result = Result(index, leads)
+    started = time.monotonic()
+    work = root / f"run-{index:03d}"
+    work.mkdir(mode=0o700)
+    db, target, log = work / "queue.db", work / "target.db", work / "worker.log"
+    scope = work / "scope.json"
+    scope.write_text(json.dumps(SCOPE), encoding="utf-8")
+    ingress = subprocess.run([sys.executable, CHILD, "accept", str(db), str(scope),
+                              f"k{index}", "0", str(leads)],
+                             capture_output=True, text=True, timeout=600, check=False)
+    if ingress.returncode != 0:
+        result.violations.append(f"accept failed: {ingress.stderr.strip()[-300:]}")
+    accepted = {json.loads(line)["key"] for line in ingress.stdout.splitlines()}
+    for _ in range(rng.randint(1, 3)):
+        worker = _start(db, scope, target, log, "--interval", "0.05")
+        delay = rng.uniform(0.0, max_delay)
+        try:
+            worker.wait(timeout=delay)
+            result.violations.append(f"the worker exited by itself ({worker.returncode})")
+        except subprocess.TimeoutExpired:
+            os.kill(worker.pid, signal.SIGKILL)  # from outside, at a random moment
+            worker.wait(timeout=60)
+            result.kills += 1
+        mid = audit(db, target, accepted=accepted, in_flight_ok=True)
+        result.violations += [f"after kill {result.kills}: {v}" for v in mid.violations]
+    final = _start(db, scope, target, log, "--cycles", "1", "--interval", "0")
+    if final.wait(timeout=600) != 0:
+        result.violations.append(f"the completing run exited {final.returncode}")
+    end = audit(db, target, accepted=accepted, in_flight_ok=False)
+    result.violations += [v for v in end.violations
+                          if not v.startswith(("lost", "duplicated", "unexpected"))]
+    with_row = set(end.rows)
+    result.confirmed = end.states["confirmed"]
+    result.uncertain = end.states["uncertain"]
+    result.recovered = len(end.recovered)
+    result.duplicated = sum(1 for n in end.rows.values() if n > 1)
+    result.unexpected = len(with_row - end.keys)
+    states = _states(db)
+    result.lost = sum(1 for key in accepted if states.get(key) not in FINAL_STATES)
+    stuck = [k for k, s in states.items() if s == "uncertain" and k in with_row]
+    if stuck:
+        result.violations.append(f"{len(stuck)} uncertain records have a row to read back")
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _states(db: Path) -> dict[str, str]:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return dict(conn.execute("SELECT source_lead_id, state FROM leads"))
+    finally:
+        conn.close()
+
+
+COLUMNS = ("run", "leads", "kills", "confirmed", "uncertain", "recovered", "lost",
+           "duplicated", "unexpected", "seconds")
+
+
+def table(results: list[Result], seed: int) -> tuple[str, bool]:
+    lines = [f"kill -9: {len(results)} runs, seed {seed}", "",
+             " ".join(f"{c:>10}" for c in COLUMNS)]
+    lines.append("-" * len(lines[-1]))
+    for r in results:
+        lines.append(" ".join(f"{getattr(r, c):>10.1f}" if c == "seconds"
+                              else f"{getattr(r, c):>10}" for c in COLUMNS))
+    lines.append("-" * len(lines[2]))
+    totals = [sum(getattr(r, c) for r in results) for c in COLUMNS[1:]]
+    lines.append(f"{'total':>10} " + " ".join(
+        f"{t:>10.1f}" if c == "seconds" else f"{t:>10}" for c, t in zip(COLUMNS[1:], totals,
+                                                                         strict=True)))
+    bad = [f"VIOLATION run {r.run}: {v}" for r in results for v in r.violations]
+    ok = not bad and all(r.lost == r.duplicated == r.unexpected == 0 for r in results)
+    lines += [*bad, f"result: {'PASS' if ok else 'FAIL'} (lost = duplicated = unexpected = 0)"]
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--leads", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=9)
+    parser.add_argument("--max-delay", type=float, default=None,
+                        help="kill within this many seconds of a start (default: scaled "
+                             "to --leads, about the time a start needs to send them all)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    max_delay = args.max_delay or 0.4 + args.leads * 0.003
+    root = Path(tempfile.mkdtemp(prefix="runner-kill9-"))
+    results = [one_run(i, args.leads, args.seed, max_delay, root) for i in range(args.runs)]
+    text, ok = table(results, args.seed)
+    print(text, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "ok": ok, "runs": len(results), "seed": args.seed,
+            "results": [r.__dict__ for r in results]}), encoding="utf-8")
+    if ok:
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"kept for inspection: {root}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
