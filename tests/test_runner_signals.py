@@ -183,7 +183,8 @@ def test_start_refused_while_another_worker_runs(s: Setup) -> None:
 @pytest.mark.parametrize(
     "bad",
     [["--poll-limit", "0"], ["--poll-limit", "1001"], ["--poll-limit", "x"],
-     ["--interval", "-1"], ["--cycles", "0"], ["--grace", "-2"]],
+     ["--interval", "-1"], ["--cycles", "0"], ["--grace", "-2"],
+     ["--interval", "nan"], ["--grace", "NaN"]],  # NaN used to escape as a traceback
 )
 def test_bad_options_exit_2(s: Setup, bad: list[str]) -> None:
     proc = run_cli(*s.args("start", *bad))

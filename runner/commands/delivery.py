@@ -26,6 +26,8 @@ def _number(kind: type[int] | type[float], low: float, high: float | None = None
             number = kind(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if number != number:  # NaN compares false with every bound
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number")
         if number < low or (high is not None and number > high):
             bound = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
             raise argparse.ArgumentTypeError(f"{value!r} must be {bound}")
