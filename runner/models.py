@@ -94,17 +94,22 @@ class CRMRecord(_Strict):
 
 
 def describe_validation_error(exc: ValidationError) -> str:
-    """A one-line summary of a pydantic error that never echoes the input values."""
+    """A one-line summary of a pydantic error that never echoes the input: neither values
+    nor the names of unexpected fields (a name is input too, and may be a contact alias);
+    the fields it names are the model's own."""
     parts = []
+    extra = 0
     for err in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(p) for p in err["loc"]) or "record"
         kind = err["type"]
         if kind == "extra_forbidden":
-            parts.append(f"{loc}: unexpected field")
+            extra += 1
         elif kind == "missing":
             parts.append(f"{loc}: missing")
         else:
             parts.append(f"{loc}: {err['msg']}")
+    if extra:
+        parts.append(f"{extra} unexpected field{'s' if extra > 1 else ''} (names not shown)")
     return "; ".join(parts)
 
 
