@@ -4,7 +4,7 @@ import pytest
 
 from runner.errors import BadInputError
 from runner.models import CRMRecord, Scope, validate_event, validate_scope
-from tests.helpers import SCOPE, event
+from tests.helpers import CANARY, SCOPE, event
 
 SCOPE_MODEL = Scope.model_validate(SCOPE)
 
@@ -89,10 +89,6 @@ def test_bad_scopes_are_rejected(doc: dict) -> None:
 def test_an_unexpected_field_name_is_never_echoed() -> None:
     """Found by the issue 8 privacy test: the name of an unknown field (input, possibly a
     contact alias used as a key) was printed in the rejection message."""
-    from runner.errors import BadInputError
-    from runner.models import Scope, validate_event
-    from tests.helpers import CANARY
-
     with pytest.raises(BadInputError) as info:
         validate_event({**event(1), CANARY: 1, "x": 2}, Scope.model_validate(SCOPE))
     assert CANARY not in info.value.message
