@@ -22,6 +22,7 @@ def record_json(row: LeadRow) -> dict[str, Any]:
         "reconcile_attempts": row.reconcile_attempts,
         "snapshot": row.snapshot,
         "last_polled_at": row.last_polled_at,
+        "contact_alias_present": row.contact_alias_present,
     }
 
 

@@ -42,6 +42,8 @@ class LeadRow:
     reconcile_attempts: int
     snapshot: dict[str, Any] | None
     last_polled_at: str | None
+    #: whether the event carries a ``contact_alias``; never its value (K7)
+    contact_alias_present: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""Where a store may live (K7): network filesystems, symlinks, permissions, 0600 files."""
+"""Where a store may live (K7): network filesystems, directory permissions, foreign files.
+
+File modes and symlinked paths are tested for every command in ``test_privacy.py``."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import stat
 from pathlib import Path
 
 import pytest
@@ -62,15 +63,6 @@ def test_store_on_a_network_filesystem_is_refused(workdir: Path, fstype: str) ->
     assert not db.exists()
 
 
-def test_symlinked_database_path_is_refused(workdir: Path) -> None:
-    real = workdir / "real.db"
-    link = workdir / "link.db"
-    link.symlink_to(real)
-    proc = _accept(workdir, link)
-    assert proc.returncode == 77 and "symlink" in proc.stderr
-    assert not real.exists()
-
-
 def test_directory_others_can_write_is_refused(workdir: Path) -> None:
     shared = workdir / "shared"
     shared.mkdir()
@@ -95,23 +87,6 @@ def test_readable_directory_warns_private_does_not(workdir: Path) -> None:
     os.chmod(group, 0o750)
     assert "not private" in _accept(workdir, group / "queue.db").stderr
     assert "not private" not in _accept(workdir, workdir / "queue.db").stderr
-
-
-def test_files_are_0600_even_under_umask_022(workdir: Path) -> None:
-    db = workdir / "queue.db"
-    old = os.umask(0o022)
-    try:
-        assert _accept(workdir, db).returncode == 0
-        # keep a connection open mid-write so -wal and -shm exist, as they do under load
-        conn = sqlite3.connect(db)
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO meta VALUES ('probe', 'x')")
-        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in workdir.glob("queue.db*")}
-        conn.rollback()
-        conn.close()
-    finally:
-        os.umask(old)
-    assert modes == {"queue.db": 0o600, "queue.db-wal": 0o600, "queue.db-shm": 0o600}
 
 
 def test_zero_byte_file_counts_as_new(workdir: Path) -> None:

@@ -33,7 +33,7 @@ def test_status_shape(db: Path, scope_file: Path) -> None:
     assert doc["counts"] == {s.value: (3 if s is LeadState.PREPARED else 0) for s in LeadState}
     assert [set(r) for r in doc["records"]] == [{
         "source_lead_id", "state", "write_id", "attempts", "reconcile_attempts", "snapshot",
-        "last_polled_at"}] * 3
+        "last_polled_at", "contact_alias_present"}] * 3
     assert doc["records"][0]["state"] == "prepared" and doc["records"][0]["attempts"] == 0
     assert doc["outbox"] == {"count": 3, "last_seq": 3, "by_kind": {"accepted": 3}}
     assert doc["poll_health"] == []

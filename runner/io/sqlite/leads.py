@@ -28,7 +28,7 @@ RETURNING write_id
 _EXISTING = "SELECT canonical, write_id FROM leads WHERE tenant_id = ? AND source_lead_id = ?"
 RECORD_COLUMNS = (
     "seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts, "
-    "snapshot, last_polled_at"
+    "snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL"
 )
 _RECORD_PAGE = f"SELECT {RECORD_COLUMNS} FROM leads WHERE seq > ? ORDER BY seq LIMIT ?"
 
@@ -45,6 +45,7 @@ def row_to_lead(row: Sequence[Any]) -> LeadRow:
         reconcile_attempts=int(row[6]),
         snapshot=snapshot,
         last_polled_at=row[8],
+        contact_alias_present=bool(row[9]),
     )
 
 
