@@ -152,3 +152,16 @@ async def test_every_accept_writes_its_outbox_event_in_the_same_transaction(
         raw.close()
     assert [a for a, _ in pairs] == [f"lead-{i}" for i in range(5)]
     assert seqs == list(range(1, 6))  # gap-free
+
+
+async def test_records_say_whether_an_alias_is_present_never_its_value(
+    store: Store, scope: Scope
+) -> None:
+    await accept(store, scope, 1)
+    ev, text = prepare({k: v for k, v in event(2).items() if k != "contact_alias"}, scope)
+    await store.accept(ev, text, WriteId("w-2"), NOW)
+    rows = {r.source_lead_id: r async for r in store.iter_records()}
+    assert rows["lead-1"].contact_alias_present is True
+    assert rows["lead-2"].contact_alias_present is False
+    found = await store.find_lead(scope.tenant_id, "lead-1")
+    assert found is not None and found.contact_alias_present is True
