@@ -15,10 +15,13 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from runner.models import LeadEvent, Scope, WriteId
+from runner.ids import WriteId
 from runner.states import LeadState
+
+if TYPE_CHECKING:
+    from runner.models import LeadEvent, Scope
 
 AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
 
@@ -83,7 +86,7 @@ class ObservationWrite:
 class StoreSummary:
     """Everything ``status`` shows except the record list (which is streamed)."""
 
-    scope: Scope | None
+    scope: dict[str, str] | None  # the pinned scope's fields (no model: status stays light)
     schema_version: int
     counts: dict[LeadState, int]
     outbox_count: int

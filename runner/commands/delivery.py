@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner import loop
 from runner.commands.common import check_paths, clock_from, common_options, emit
 from runner.commands.leads import load_scope, read_record
-from runner.io.faults import FaultyAdapter, parse_faults
-from runner.io.synthetic_target import SyntheticTarget
 from runner.jsonio import read_json_object
-from runner.port import CRMAdapter, CRMRecordPort
-from runner.tasks.deliver import CycleSummary
-from runner.tasks.poll import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
-from runner.worker import DurableWorker
+from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
+
+if TYPE_CHECKING:
+    from runner import loop
+    from runner.tasks.deliver import CycleSummary
+    from runner.worker import DurableWorker
 
 
 def _number(kind: type[int] | type[float], low: float, high: float | None = None,
@@ -91,6 +90,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 @asynccontextmanager
 async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     """The store, the synthetic target (with any faults) and the worker, from options."""
+    from runner.io.faults import FaultyAdapter, parse_faults
+    from runner.io.synthetic_target import SyntheticTarget
+    from runner.port import CRMAdapter, CRMRecordPort
+    from runner.worker import DurableWorker
+
     check_paths(args)
     scope = load_scope(args.scope)
     faults = parse_faults(getattr(args, "fault", None))
@@ -112,16 +116,22 @@ def _emit_cycle(summary: CycleSummary) -> None:
 
 
 async def _run(args: argparse.Namespace, settings: loop.LoopSettings) -> int:
+    from runner import loop
+
     async with open_worker(args) as worker:
         return await loop.run(worker, settings, _emit_cycle)
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
+    from runner import loop
+
     return await _run(args, loop.LoopSettings(
         cycles=1, interval=0, poll_limit=args.poll_limit, dispatch_limit=args.dispatch_limit))
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
+    from runner import loop
+
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
         grace=args.grace, dispatch_limit=args.dispatch_limit))

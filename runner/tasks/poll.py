@@ -16,14 +16,15 @@ from typing import Any
 from runner.clock import Clock
 from runner.errors import BadInputError
 from runner.jsonio import canonical
+from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 from runner.models import WriteId
 from runner.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
 from runner.store import ObservationWrite, Store
 
 log = logging.getLogger("runner.poll")
 
-DEFAULT_POLL_LIMIT = 100
-POLL_LIMIT_RANGE = (1, 1000)
+__all__ = ["DEFAULT_POLL_LIMIT", "POLL_LIMIT_RANGE", "PollSummary", "decide", "poll_pass",
+           "snapshot_from_json"]
 
 
 @dataclass

@@ -11,31 +11,40 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 import anyio
 
 from runner.io.filelock import FileLock, lock_path_for
 from runner.io.sqlite import connection
-from runner.models import Scope
+from runner.io.sqlite.connection import ScopeData
+
+if TYPE_CHECKING:
+    from runner.models import Scope
 
 
 class SQLiteBase:
     backend = "sqlite"
 
     def __init__(
-        self, conn: aiosqlite.Connection, path: str, scope: Scope | None, version: int
+        self, conn: aiosqlite.Connection, path: str, scope: ScopeData | None, version: int
     ) -> None:
         self._conn = conn
         self.path = path
-        self._scope = scope
+        self.scope_data = scope
+        self._scope: Scope | None = None
         self.schema_version = version
         self._lock = anyio.Lock()
         self._reading = False
 
     @property
     def scope(self) -> Scope | None:
+        """The pinned scope as a model (built on first use)."""
+        if self._scope is None and self.scope_data is not None:
+            from runner.models import Scope
+
+            self._scope = Scope.model_validate(self.scope_data)
         return self._scope
 
     async def aclose(self) -> None:

@@ -14,9 +14,9 @@ from datetime import datetime
 from typing import Any
 
 from runner.clock import to_text
+from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.io.sqlite.leads import RECORD_COLUMNS, row_to_lead
-from runner.models import WriteId
 from runner.states import LeadState
 from runner.store import LeadRow, ObservationWrite, PollTarget
 

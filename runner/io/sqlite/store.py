@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from runner.io.sqlite import connection
 from runner.io.sqlite.delivery import DeliveryQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
-from runner.models import Scope
 from runner.store import StoreSummary
+
+if TYPE_CHECKING:
+    from runner.models import Scope
 
 
 class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries):
