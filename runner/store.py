@@ -33,6 +33,16 @@ class AcceptOutcome:
 
 
 @dataclass(frozen=True)
+class AcceptItem:
+    """One validated event to accept, with its canonical JSON and a fresh write_id (used
+    only if the key is new)."""
+
+    event: LeadEvent
+    canonical: str
+    write_id: WriteId
+
+
+@dataclass(frozen=True)
 class LeadRow:
     """A lead record as the store holds it (never the contact fields)."""
 
@@ -117,6 +127,14 @@ class Store(Protocol):
         """Insert the event if its key is new (with an ``accepted`` outbox event), else
         say ``duplicate`` (same canonical JSON) or ``conflict``; commits before returning.
         """
+        ...
+
+    async def accept_many(
+        self, items: Sequence[AcceptItem], now: datetime
+    ) -> list[AcceptOutcome]:
+        """Accept several events in one transaction (group commit); the outcomes, in
+        order, are exactly those of accepting them one by one in that order (a key that
+        appears twice: the first is accepted, the second is a duplicate or a conflict)."""
         ...
 
     def reading(self) -> AbstractAsyncContextManager[None]:
