@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from runner.lifecycle.port import CandidateStore
 from runner.models import LeadEvent, Scope, WriteId
 from runner.states import LeadState
 
@@ -57,8 +58,10 @@ class StoreSummary:
     poll_health: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Store(Protocol):
-    """A durable store.  Use as ``async with await open_store(...) as store``."""
+class Store(CandidateStore, Protocol):
+    """A durable store.  Use as ``async with await open_store(...) as store``.
+
+    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``."""
 
     backend: str
 

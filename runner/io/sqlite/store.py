@@ -5,11 +5,12 @@ from __future__ import annotations
 import sqlite3
 
 from runner.io.sqlite import connection
+from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.models import Scope
 
 
-class SQLiteStore(LeadQueries):
+class SQLiteStore(LeadQueries, CandidateQueries):
     async def __aenter__(self) -> SQLiteStore:
         return self
 
