@@ -19,7 +19,7 @@ Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 #: command modules, each with ``register(subparsers)``
-COMMAND_MODULES = ("runner.commands.leads",)
+COMMAND_MODULES = ("runner.commands.leads", "runner.commands.candidates")
 
 
 def build_parser() -> argparse.ArgumentParser:

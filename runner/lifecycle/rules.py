@@ -215,3 +215,13 @@ def changed_meanwhile(candidate_id: str) -> RuleViolation:
         f"candidate {candidate_id!r} changed meanwhile; nothing was changed, try again",
         reason="conflict",
     )
+
+
+def check_name(value: str, what: str) -> str:
+    """An id given on the command line (candidate, analyst, decision): non-empty, bounded."""
+    if not value or len(value) > 512:
+        raise RuleViolation(
+            f"{what} must be a non-empty string of at most 512 characters",
+            reason="invalid_candidate",
+        )
+    return value

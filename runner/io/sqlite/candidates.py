@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
 
+import anyio
 from pydantic import ValidationError
 
 from runner.clock import from_text, to_text
@@ -140,7 +141,9 @@ class CandidateQueries(SQLiteBase):
                 yield
                 await self._fetchall("COMMIT")
             except BaseException:
-                await connection.rollback_quietly(self._conn)
+                # also when cancelled: leave no open transaction holding the write lock
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await connection.rollback_quietly(self._conn)
                 raise
 
     async def _named(self, sql: str, params: Mapping[str, Any]) -> list[sqlite3.Row]:
