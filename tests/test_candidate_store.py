@@ -88,6 +88,7 @@ async def test_sweep_expired_marks_t3_and_t4_only(store: Store) -> None:
     assert await store.sweep_expired(at(10)) == {"expired": 0}          # strict deadline
     assert await store.sweep_expired(at(10, seconds=1)) == {"expired": 1}
     assert (await statuses(store))["t4"] == "expired"
+    assert await store.sweep_expired(at(30)) == {"expired": 0}          # strict expiry
     assert await store.sweep_expired(at(30, seconds=1)) == {"expired": 3}
     assert set((await statuses(store)).values()) == {"expired"}
 
@@ -215,3 +216,15 @@ async def test_a_late_decision_after_the_sweep_rejected_the_promotion_is_refused
         await store.record_decision("c1", "d-late", at(3))
     c = await store.get_candidate("c1")
     assert isinstance(c, Candidate) and (c.status, c.decision_id) == (S.REJECTED, None)
+
+
+async def test_two_processes_promoting_the_same_candidate_one_wins(
+    db_location: str, store: Store
+) -> None:
+    await add(store, "c1", analysts=("a1", "a2"))
+    async with await open_store(db_location) as other:
+        assert (await other.begin_promotion("c1", at(1))).status is S.PROMOTING
+    with pytest.raises(RuleViolation, match="it is promoting"):
+        await store.begin_promotion("c1", at(1))
+    c = await store.get_candidate("c1")
+    assert c is not None and c.promotion_locked_at == at(1)

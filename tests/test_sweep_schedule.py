@@ -183,3 +183,29 @@ async def test_it_is_started_before_the_first_sweep_and_ends_only_by_cancellatio
             await gate.wait()          # started() came first; the sweep is now hanging
             tg.cancel_scope.cancel()   # a hung sweep is still cancellable
     assert tg.cancel_scope.cancel_called
+
+
+async def test_a_sweep_that_always_fails_never_stops_its_sibling_tasks(
+    sweep_logs: list[logging.LogRecord]
+) -> None:
+    """Shadow mode in a task group: the lead cycle (a stand-in here) runs to its end while
+    every sweep fails; the group is never cancelled by the sweep."""
+    time = FakeTime(START)
+    sweeper = FakeSweeper(time, want=10**9, fail={n: RuntimeError("down") for n in
+                                                  range(1, 1000)})
+    cycles: list[int] = []
+
+    async def lead_cycle_stand_in() -> None:
+        for cycle in range(20):
+            cycles.append(cycle)
+            await time.sleep(60)        # one "cycle" a minute on the same fake time
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(lambda task_status: run_sweep_schedule(
+                sweeper, time, interval=300, sleep=time.sleep, task_status=task_status))
+            await lead_cycle_stand_in()
+            tg.cancel_scope.cancel()
+    assert cycles == list(range(20))
+    assert len(sweeper.calls) >= 4          # 20 minutes: at start, then every 5 minutes
+    assert {r.action for r in sweep_logs} == {"sweep.failed"}  # type: ignore[attr-defined]
