@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+
+import anyio
+import anyio.lowlevel
 
 from runner.lifecycle import Candidate
 from runner.lifecycle.rules import new_candidate
 from runner.store import Store
+from tests.helpers import run_cli
 
 #: the seed's date; every test time is relative to it
 T0 = datetime(2026, 8, 11, 12, 0, tzinfo=UTC)
@@ -67,3 +73,30 @@ async def snapshot(store: Store) -> tuple[list[dict[str, Any]], int, int]:
 
 async def statuses(store: Store) -> dict[str, str]:
     return {c.id: c.status.value async for c in store.iter_candidates()}
+
+
+def cli(db: Path, *args: str, ok: bool = True) -> Any:
+    """Run ``python run.py ARGS --db DB``; with ``ok``, expect exit 0 and one JSON line
+    (returned parsed); without, return the finished process."""
+    proc = run_cli(*args, "--db", db)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.count("\n") == 1, proc.stdout
+        return json.loads(proc.stdout)
+    return proc
+
+
+class FakeTime:
+    """A clock that moves only when someone sleeps on it (or a test says so)."""
+
+    def __init__(self, moment: datetime) -> None:
+        self.at = moment
+        self.sleeps: list[float] = []
+
+    def now(self) -> datetime:
+        return self.at
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.at += timedelta(seconds=seconds)
+        await anyio.lowlevel.checkpoint()

@@ -6,24 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.helpers import dump_db, event, last_json, run_cli, write_json
-from tests.lifecycle_fixtures import at, iso
+from tests.lifecycle_fixtures import at, cli, iso
 
 NOW = f"--now={iso(at(0))}"
-
-
-def cli(db: Path, *args: str, ok: bool = True) -> Any:
-    """Run a command against ``db``; with ``ok``, expect exit 0 and one JSON line."""
-    proc = run_cli(*args, "--db", db)
-    if ok:
-        assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.count("\n") == 1, proc.stdout
-        return json.loads(proc.stdout)
-    return proc
 
 
 @pytest.fixture

@@ -12,9 +12,16 @@ from runner.status import status_document
 from runner.store import Store
 from runner.tasks.sweep import run_sweep_schedule
 from tests.helpers import last_json, run_cli
-from tests.lifecycle_fixtures import add, at, iso, promoted, promoting, statuses
-from tests.test_candidate_cli import cli
-from tests.test_sweep_schedule import FakeTime
+from tests.lifecycle_fixtures import (
+    FakeTime,
+    add,
+    at,
+    cli,
+    iso,
+    promoted,
+    promoting,
+    statuses,
+)
 
 
 async def test_m1_sweep_expired_marks_past_expiry_or_past_deadline_as_expired(

@@ -17,28 +17,13 @@ from hypothesis import strategies as st
 from runner.errors import StoreBusy
 from runner.lifecycle import SweepResult
 from runner.tasks.sweep import SCHEDULE, next_run, run_sweep_schedule
+from tests.lifecycle_fixtures import FakeTime
 
 START = datetime(2026, 8, 11, 12, 3, 17, 500000, tzinfo=UTC)
 
 
 def t(hh: int, mm: int, ss: float = 0) -> datetime:
     return datetime(2026, 8, 11, hh, mm, tzinfo=UTC) + timedelta(seconds=ss)
-
-
-class FakeTime:
-    """A clock that moves only when the loop sleeps (or a test says so)."""
-
-    def __init__(self, at: datetime) -> None:
-        self.at = at
-        self.sleeps: list[float] = []
-
-    def now(self) -> datetime:
-        return self.at
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.at += timedelta(seconds=seconds)
-        await anyio.lowlevel.checkpoint()
 
 
 class FakeSweeper:
