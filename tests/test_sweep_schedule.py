@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import anyio
 import anyio.lowlevel
@@ -93,8 +93,7 @@ def test_next_run_is_the_next_utc_multiple_of_the_interval(now: datetime,
 
 
 def test_next_run_reads_wall_time_in_utc_whatever_the_offset() -> None:
-    local = datetime(2026, 8, 11, 15, 3, tzinfo=UTC).astimezone(
-        __import__("datetime").timezone(timedelta(hours=3)))
+    local = datetime(2026, 8, 11, 15, 3, tzinfo=UTC).astimezone(timezone(timedelta(hours=3)))
     assert next_run(local, 300) == t(15, 5)
 
 
