@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 
 from runner.errors import StoreBusy
 from runner.lifecycle import SweepResult
-from runner.tasks.sweep import SCHEDULE, next_run, run_sweep_schedule
+from runner.lifecycle.rules import new_candidate
+from runner.store import open_store
+from runner.tasks.sweep import SCHEDULE, next_run, run_sweep_schedule, sweep_background_task
 from tests.lifecycle_fixtures import FakeTime
 
 START = datetime(2026, 8, 11, 12, 3, 17, 500000, tzinfo=UTC)
@@ -193,3 +195,31 @@ async def test_a_sweep_that_always_fails_never_stops_its_sibling_tasks(
     assert cycles == list(range(20))
     assert len(sweeper.calls) >= 4          # 20 minutes: at start, then every 5 minutes
     assert {r.action for r in sweep_logs} == {"sweep.failed"}  # type: ignore[attr-defined]
+
+
+async def test_the_background_task_sweeps_its_store_on_a_connection_of_its_own(
+    db_location: str
+) -> None:
+    """What ``start`` runs in its task group: ``(name, task)`` over the store at ``db``."""
+    async with await open_store(db_location) as store:
+        await store.add_candidate(new_candidate("c1", START - timedelta(hours=1)))
+    time = FakeTime(START)
+    waited = anyio.Event()
+
+    async def sleep(seconds: float) -> None:       # the first sweep has committed by now
+        waited.set()
+        await time.sleep(seconds)
+
+    name, task = sweep_background_task(db_location, clock=time, sleep=sleep)
+    assert name == "Candidate Lifecycle Sweep"
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(task)
+            await waited.wait()
+            tg.cancel_scope.cancel()
+    async with await open_store(db_location) as store:
+        last = await store.last_sweep()
+    assert last is not None and (last.at, last.result) == (START, {"expired": 1,
+                                                                   "reconciled": 0})
+    with pytest.raises(ValueError, match="positive"):
+        sweep_background_task(db_location, interval=0)

@@ -28,7 +28,7 @@ from typing import Any, Literal, NoReturn
 import anyio
 from anyio.abc import TaskStatus
 
-from runner.clock import Clock
+from runner.clock import Clock, SystemClock
 from runner.lifecycle.model import SweepResult
 from runner.lifecycle.port import CandidateSweeper
 
@@ -120,3 +120,29 @@ async def run_sweep_schedule(
         started = clock.now()
         await sweep_once(store, started)
         await sleep_until(next_run(started, interval), clock, sleep)
+
+
+def sweep_background_task(
+    db: str,
+    *,
+    interval: float = DEFAULT_INTERVAL,
+    clock: Clock | None = None,
+    sleep: Sleep = anyio.sleep,
+) -> tuple[str, Callable[[], Awaitable[None]]]:
+    """``(name, task)`` for the worker loop's background tasks: the schedule over a store
+    connection of its own, so a long sweep never holds the lead cycle's connection."""
+    next_run(datetime.now(UTC), interval)  # refuse a bad interval when the task is built
+
+    async def task() -> None:
+        from runner.store import open_store
+
+        store = await open_store(db)
+        try:
+            await run_sweep_schedule(store, clock or SystemClock(), interval=interval,
+                                     sleep=sleep)
+        finally:
+            # the task ends by cancellation: close the connection all the same
+            with anyio.CancelScope(shield=True):
+                await store.aclose()
+
+    return SCHEDULE.name, task
