@@ -12,6 +12,7 @@ import pytest
 
 from runner.clock import to_text
 from runner.errors import RuleViolation
+from runner.io.sqlite import schema
 from runner.io.sqlite.candidates import RECONCILE_STUCK, SWEEP_EXPIRED
 from runner.lifecycle import CandidateStatus, rules
 from runner.store import Store, open_store
@@ -199,7 +200,7 @@ async def test_a_v1_store_is_upgraded_and_keeps_its_leads(workdir: Path) -> None
     shutil.copyfile(ROOT / "tests" / "fixtures" / "store-v1.sqlite", db)
     db.chmod(0o600)
     async with await open_store(str(db)) as upgraded:
-        assert upgraded.schema_version == 2
+        assert upgraded.schema_version == schema.LATEST
         assert len([r async for r in upgraded.iter_records()]) == 3
         await add(upgraded, "c1")
         assert (await upgraded.candidate_summary()).counts[S.DISCOVERED] == 1
