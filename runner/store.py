@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from runner.ids import WriteId
+from runner.lifecycle.port import CandidateStore
 from runner.states import LeadState
 
 if TYPE_CHECKING:
@@ -105,8 +106,10 @@ class StoreSummary:
     poll_health: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Store(Protocol):
-    """A durable store.  Use as ``async with await open_store(...) as store``."""
+class Store(CandidateStore, Protocol):
+    """A durable store.  Use as ``async with await open_store(...) as store``.
+
+    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``."""
 
     backend: str
 
