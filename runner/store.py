@@ -176,6 +176,18 @@ class Store(CandidateStore, Protocol):
         """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain)."""
         ...
 
+    async def finish_and_mark(
+        self,
+        done: tuple[WriteId, LeadState] | None,
+        next_write_id: WriteId,
+        now: datetime,
+    ) -> int | None:
+        """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``),
+        and ``next_write_id`` -> in_flight with ``attempts + 1`` (as ``mark_in_flight``).
+        Returns the next record's attempts, or None if it is no longer dispatchable (the
+        outcome is committed either way)."""
+        ...
+
     async def record_reconcile(
         self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
     ) -> None:
