@@ -214,6 +214,13 @@ class Store(CandidateStore, Protocol):
         Returns how many snapshots really changed (each wrote one event)."""
         ...
 
+    async def record_poll_pass(
+        self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
+    ) -> tuple[int, bool]:
+        """``apply_observations`` and ``record_poll_health`` in one transaction (one
+        commit per poll pass); returns (snapshots changed, health event written)."""
+        ...
+
     async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
         """Note a pass's read failure (or ``None`` for a healthy pass).  A failure that
         differs from the open run starts a new run with one ``poll_health`` event; the same

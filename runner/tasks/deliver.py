@@ -27,7 +27,7 @@ from typing import Protocol
 import anyio
 
 from runner.clock import Clock
-from runner.port import BeforeWriteError, CRMRecordPort
+from runner.port import CRMRecordPort
 from runner.states import LeadState
 from runner.store import LeadWork, Store
 
@@ -182,19 +182,18 @@ def _count(summary: CycleSummary, outcome: LeadState) -> None:
 
 
 async def _attempt(port: CRMRecordPort, work: LeadWork) -> LeadState:
-    try:
-        await port.write(work.event, work.write_id)
-    except BeforeWriteError:
+    """One send (L5): only a typed "not sent" is failed-safe, only an exact readback is
+    confirmed; everything else — another error, a failed or inexact readback — is
+    uncertain.  A cancellation propagates (the caller records uncertain)."""
+    result = await port.send(work.event, work.write_id)
+    if result.verdict == "not_sent":
         return LeadState.FAILED_SAFE
-    except Exception as exc:  # noqa: BLE001 - anything but "not sent" may have been sent
-        log.warning("send failed: %s", type(exc).__name__, extra={
-            "action": "lead.send_failed", "key": work.source_lead_id, "error": type(exc).__name__})
-        return LeadState.UNCERTAIN
-    try:
-        verdict = await port.confirm(work.event, work.write_id)
-    except Exception:  # noqa: BLE001 - written, not proven: reconcile reads it back
-        return LeadState.UNCERTAIN
-    return LeadState.CONFIRMED if verdict == "match" else LeadState.UNCERTAIN
+    if result.verdict == "match":
+        return LeadState.CONFIRMED
+    if result.error is not None:
+        log.warning("send %s: %s", result.verdict, result.error, extra={
+            "action": "lead.send_failed", "key": work.source_lead_id, "error": result.error})
+    return LeadState.UNCERTAIN
 
 
 def _log_outcome(work: LeadWork, outcome: LeadState) -> None:
