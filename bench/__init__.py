@@ -1,1 +1,2 @@
-"""Reliability harnesses: the chaos runner, the kill -9 accounting, the store auditor."""
+"""runner's benchmarks (``python -m bench``, or ``python bench/run.py``) and reliability
+harnesses (``bench/chaos.py``, ``bench/kill9.py``, the store auditor ``bench/invariants.py``)."""

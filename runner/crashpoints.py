@@ -42,11 +42,11 @@ POINTS: Mapping[str, str] = {
     "reconcile.after-commit": "a reconcile verdict (and maybe confirmed) committed",
     "dispatch.after-in-flight": "the in-flight mark committed; the target is not called",
     "dispatch.after-write": "the target write returned; nothing read back or recorded",
-    "dispatch.before-confirm": "the send's outcome is known; it is not committed",
+    "dispatch.before-confirm": "the send's outcome is known; it is not committed (it commits "
+                               "with the next record's in-flight mark, or alone at the end)",
     "dispatch.after-confirm": "the send's outcome (confirmed or other) committed",
-    "poll.before-apply": "status reads returned; no observation stored",
-    "poll.after-apply": "the observations of a pass committed; poll health not noted",
-    "poll.after-health": "the pass's poll health committed",
+    "poll.before-apply": "status reads returned; the pass (observations, health) not stored",
+    "poll.after-apply": "a poll pass's observations and poll health committed",
 }
 
 Action = Callable[[str], object]

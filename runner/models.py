@@ -7,7 +7,7 @@ non-empty strings, no field may be added.  Values are never trimmed or case-fold
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NewType
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,8 +20,9 @@ from pydantic import (
 )
 
 from runner.errors import BadInputError
+from runner.ids import WriteId
 
-WriteId = NewType("WriteId", str)
+__all__ = ["CRMRecord", "LeadEvent", "Scope", "WriteId", "validate_event", "validate_scope"]
 
 #: an id from the outside world: non-empty, bounded
 Id = Annotated[StrictStr, Field(min_length=1, max_length=512)]
@@ -70,6 +71,10 @@ class LeadEvent(_Strict):
 
     def scope_mismatches(self, scope: Scope) -> list[str]:
         """Names of the scope fields that differ from ``scope`` (exact comparison)."""
+        if (self.tenant_id, self.account_id, self.page_id, self.form_id) == (
+            scope.tenant_id, scope.account_id, scope.page_id, scope.form_id
+        ):
+            return []  # the common case, without a loop
         return [name for name in SCOPE_FIELDS if getattr(self, name) != getattr(scope, name)]
 
 

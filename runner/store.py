@@ -15,10 +15,14 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from runner.models import LeadEvent, Scope, WriteId
+from runner.ids import WriteId
+from runner.lifecycle.port import CandidateStore
 from runner.states import LeadState
+
+if TYPE_CHECKING:
+    from runner.models import LeadEvent, Scope
 
 AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
 
@@ -26,6 +30,16 @@ AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
 @dataclass(frozen=True)
 class AcceptOutcome:
     result: AcceptResultKind
+    write_id: WriteId
+
+
+@dataclass(frozen=True)
+class AcceptItem:
+    """One validated event to accept, with its canonical JSON and a fresh write_id (used
+    only if the key is new)."""
+
+    event: LeadEvent
+    canonical: str
     write_id: WriteId
 
 
@@ -85,7 +99,7 @@ class ObservationWrite:
 class StoreSummary:
     """Everything ``status`` shows except the record list (which is streamed)."""
 
-    scope: Scope | None
+    scope: dict[str, str] | None  # the pinned scope's fields (no model: status stays light)
     schema_version: int
     counts: dict[LeadState, int]
     outbox_count: int
@@ -94,8 +108,10 @@ class StoreSummary:
     poll_health: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Store(Protocol):
-    """A durable store.  Use as ``async with await open_store(...) as store``."""
+class Store(CandidateStore, Protocol):
+    """A durable store.  Use as ``async with await open_store(...) as store``.
+
+    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``."""
 
     backend: str
 
@@ -116,6 +132,14 @@ class Store(Protocol):
         """Insert the event if its key is new (with an ``accepted`` outbox event), else
         say ``duplicate`` (same canonical JSON) or ``conflict``; commits before returning.
         """
+        ...
+
+    async def accept_many(
+        self, items: Sequence[AcceptItem], now: datetime
+    ) -> list[AcceptOutcome]:
+        """Accept several events in one transaction (group commit); the outcomes, in
+        order, are exactly those of accepting them one by one in that order (a key that
+        appears twice: the first is accepted, the second is a duplicate or a conflict)."""
         ...
 
     def reading(self) -> AbstractAsyncContextManager[None]:
@@ -154,6 +178,18 @@ class Store(Protocol):
         """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain)."""
         ...
 
+    async def finish_and_mark(
+        self,
+        done: tuple[WriteId, LeadState] | None,
+        next_write_id: WriteId,
+        now: datetime,
+    ) -> int | None:
+        """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``),
+        and ``next_write_id`` -> in_flight with ``attempts + 1`` (as ``mark_in_flight``).
+        Returns the next record's attempts, or None if it is no longer dispatchable (the
+        outcome is committed either way)."""
+        ...
+
     async def record_reconcile(
         self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
     ) -> None:
@@ -178,6 +214,13 @@ class Store(Protocol):
     async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
         """Store a pass's observations in one transaction; only confirmed records change.
         Returns how many snapshots really changed (each wrote one event)."""
+        ...
+
+    async def record_poll_pass(
+        self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
+    ) -> tuple[int, bool]:
+        """``apply_observations`` and ``record_poll_health`` in one transaction (one
+        commit per poll pass); returns (snapshots changed, health event written)."""
         ...
 
     async def record_poll_health(self, failure: str | None, now: datetime) -> bool:

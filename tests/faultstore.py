@@ -28,6 +28,15 @@ class InjectedIOError(StoreError):
     pass
 
 
+def attach(worker: Any, store: Any) -> None:
+    """Make a not-yet-open ``DurableWorker`` use ``store`` (a wrapper) instead of opening
+    its own: the library's code paths, over a store the test controls."""
+    from runner.intake import Intake
+
+    worker._store = store
+    worker._intake = Intake(store, worker.clock, worker.scope)
+
+
 class CountdownStore:
     def __init__(self, inner: Any, fail_at: int, when: Literal["before", "after"]) -> None:
         self.inner, self.fail_at, self.when = inner, fail_at, when

@@ -17,11 +17,11 @@ from tests.helpers import ROOT, event, last_json, run_cli, write_json
 HIT = re.compile(r'crashpoints\.hit\("([^"]+)"\)')
 
 
-def test_every_registered_point_is_called_once_and_only_registered_points_are() -> None:
+def test_every_registered_point_is_called_and_only_registered_points_are() -> None:
     calls: list[str] = []
     for path in (ROOT / "runner").rglob("*.py"):
         calls += HIT.findall(path.read_text(encoding="utf-8"))
-    assert sorted(calls) == sorted(crashpoints.POINTS)
+    assert set(calls) == set(crashpoints.POINTS)
 
 
 def test_fires_at_the_nth_hit_only_when_armed() -> None:

@@ -39,13 +39,15 @@ from runner.errors import RuleViolation
 from runner.store import open_store
 from tests.crashsim import Crash, KillableStore, ModelTarget
 from tests.fakes import BEHAVIOURS
+from tests.faultstore import attach
 from tests.helpers import SCOPE, event
 
 WORKER_POINTS = [p for p in crashpoints.POINTS if not p.startswith("accept.")]
 ACCEPT_POINTS = [p for p in crashpoints.POINTS if p.startswith("accept.")]
 #: a crash here leaves the record of a send in flight (until the next recovery)
 LEAVES_IN_FLIGHT = {"dispatch.after-in-flight", "dispatch.after-write",
-                    "dispatch.before-confirm"}
+                    "dispatch.before-confirm",
+                    "dispatch.after-confirm"}  # an outcome commits with the next mark
 
 
 #: steps run by each example, to prove the size of the run
@@ -86,7 +88,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         if self.worker is None:
             worker = DurableWorker(str(self.db), SCOPE, self.target)
             self.store = KillableStore(await open_store(str(self.db), scope=worker.scope))
-            worker._store = self.store  # type: ignore[assignment]
+            attach(worker, self.store)
             self.worker = worker
         return self.worker
 

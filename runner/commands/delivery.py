@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner import crashpoints, loop
 from runner.commands.common import check_paths, clock_from, common_options, emit
 from runner.commands.leads import load_scope, read_record
-from runner.io.faults import FaultyAdapter, crash_point_option, parse_faults
-from runner.io.synthetic_target import SyntheticTarget
 from runner.jsonio import read_json_object
-from runner.port import CRMAdapter, CRMRecordPort
-from runner.tasks.deliver import CycleSummary
-from runner.tasks.poll import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
-from runner.worker import DurableWorker
+from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
+
+if TYPE_CHECKING:
+    from runner import loop
+    from runner.tasks.deliver import CycleSummary
+    from runner.worker import DurableWorker
 
 
 def _number(kind: type[int] | type[float], low: float, high: float | None = None,
@@ -73,6 +72,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     start.add_argument("--grace", type=_number(float, 0), default=30.0, metavar="S",
                        help="seconds a send in flight may take to finish after the first "
                             "signal (default 30)")
+    start.add_argument("--sweep-interval", type=_number(float, 1), default=300.0, metavar="S",
+                       help="run the candidate lifecycle sweep at start and then every S "
+                            "seconds of UTC wall time (default 300)")
     start.set_defaults(handler=cmd_start)
 
     observe = sub.add_parser(
@@ -95,6 +97,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 @asynccontextmanager
 async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     """The store, the synthetic target (with any faults) and the worker, from options."""
+    from runner import crashpoints
+    from runner.io.faults import FaultyAdapter, crash_point_option, parse_faults
+    from runner.io.synthetic_target import SyntheticTarget
+    from runner.port import CRMAdapter, CRMRecordPort
+    from runner.worker import DurableWorker
+
     check_paths(args)
     scope = load_scope(args.scope)
     faults = parse_faults(getattr(args, "fault", None))
@@ -119,20 +127,32 @@ def _emit_cycle(summary: CycleSummary) -> None:
     emit(summary.to_json())
 
 
-async def _run(args: argparse.Namespace, settings: loop.LoopSettings) -> int:
+async def _run(
+    args: argparse.Namespace,
+    settings: loop.LoopSettings,
+    background: Sequence[loop.BackgroundTask] = (),
+) -> int:
+    from runner import loop
+
     async with open_worker(args) as worker:
-        return await loop.run(worker, settings, _emit_cycle)
+        return await loop.run(worker, settings, _emit_cycle, background)
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
+    from runner import loop
+
     return await _run(args, loop.LoopSettings(
         cycles=1, interval=0, poll_limit=args.poll_limit, dispatch_limit=args.dispatch_limit))
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
+    from runner import loop
+    from runner.tasks.sweep import sweep_background_task
+
+    sweep = sweep_background_task(args.db, interval=args.sweep_interval, clock=clock_from(args))
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
-        grace=args.grace, dispatch_limit=args.dispatch_limit))
+        grace=args.grace, dispatch_limit=args.dispatch_limit), [sweep])
 
 
 async def cmd_observe(args: argparse.Namespace) -> int:

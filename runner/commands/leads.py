@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner import intake
 from runner.commands.common import (
     check_paths,
     clock_from,
@@ -16,16 +16,23 @@ from runner.commands.common import (
 )
 from runner.errors import BadInputError
 from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object, read_json_object
-from runner.models import Scope, validate_scope
-from runner.status import write_status
 from runner.store import open_store
+
+if TYPE_CHECKING:
+    from runner import intake
+    from runner.clock import Clock
+    from runner.models import Scope
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     accept = sub.add_parser(
         "accept", parents=[common_options(scope="required", target="optional")],
         help="durably accept one event (answers after the commit)")
-    accept.add_argument("--record", required=True, help="event.json, or - for stdin")
+    what = accept.add_mutually_exclusive_group(required=True)
+    what.add_argument("--record", help="event.json, or - for stdin")
+    what.add_argument("--records", metavar="FILE",
+                      help="NDJSON, one event per line (- for stdin): one answer per line, "
+                           "in order, each after its commit; records are committed in groups")
     accept.set_defaults(handler=cmd_accept)
 
     status = sub.add_parser(
@@ -35,6 +42,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def load_scope(path: str) -> Scope:
+    from runner.models import validate_scope
+
     return validate_scope(read_json_object(path, what="scope file"))
 
 
@@ -45,8 +54,12 @@ def read_record(path: str) -> dict[str, Any]:
 
 
 async def cmd_accept(args: argparse.Namespace) -> int:
+    from runner import intake
+
     check_paths(args)
     clock = clock_from(args)
+    if args.records is not None:
+        return await _accept_records(args, clock)
     data: dict[str, Any] | None = None
     try:
         scope = load_scope(args.scope)
@@ -62,6 +75,24 @@ async def cmd_accept(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _accept_records(args: argparse.Namespace, clock: Clock) -> int:
+    from runner.commands.bulk import accept_records, open_records
+    from runner.intake import Intake
+
+    try:
+        scope = load_scope(args.scope)
+        fd = open_records(args.records)
+    except BadInputError as exc:
+        say_error(args, exc.message, exc.reason)
+        return exc.exit_code
+    try:
+        async with await open_store(args.db, scope=scope) as store:
+            return await accept_records(args, Intake(store, clock, scope), fd)
+    finally:
+        if args.records != "-":
+            os.close(fd)
+
+
 def _rejected(args: argparse.Namespace, result: intake.AcceptResult) -> int:
     emit(result.to_json())
     say_error(args, f"rejected: {result.message}", result.reason or "rejected")
@@ -69,6 +100,8 @@ def _rejected(args: argparse.Namespace, result: intake.AcceptResult) -> int:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
+    from runner.status import write_status
+
     check_paths(args)
     scope = load_scope(args.scope) if args.scope else None
     async with await open_store(args.db, scope=scope, create=False) as store:

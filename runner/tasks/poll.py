@@ -17,14 +17,15 @@ from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError
 from runner.jsonio import canonical
+from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 from runner.models import WriteId
 from runner.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
 from runner.store import ObservationWrite, Store
 
 log = logging.getLogger("runner.poll")
 
-DEFAULT_POLL_LIMIT = 100
-POLL_LIMIT_RANGE = (1, 1000)
+__all__ = ["DEFAULT_POLL_LIMIT", "POLL_LIMIT_RANGE", "PollSummary", "decide", "poll_pass",
+           "snapshot_from_json"]
 
 
 @dataclass
@@ -79,13 +80,12 @@ async def poll_pass(store: Store, port: CRMRecordPort, clock: Clock, limit: int)
         failure = ReadFailure(f"read_error:{type(exc).__name__}")
         seen = {t.write_id: failure for t in due}
     writes = [decide(t.write_id, t.snapshot, seen[t.write_id]) for t in due]
-    crashpoints.hit("poll.before-apply")
-    await store.apply_observations(writes, clock.now())
-    crashpoints.hit("poll.after-apply")
     failures = sorted({failure_kind(o) for o in seen.values() if isinstance(o, ReadFailure)})
-    wrote_event = await store.record_poll_health(",".join(failures) or None, clock.now())
-    crashpoints.hit("poll.after-health")
-    if wrote_event:
+    crashpoints.hit("poll.before-apply")
+    _, new_failure = await store.record_poll_pass(writes, ",".join(failures) or None,
+                                                  clock.now())
+    crashpoints.hit("poll.after-apply")
+    if new_failure:
         log.warning("status reads failing: %s", ",".join(failures),
                     extra={"action": "poll.health", "reason": ",".join(failures)})
     keys = {t.write_id: t.source_lead_id for t in due}

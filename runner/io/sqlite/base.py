@@ -9,33 +9,42 @@ different transactions.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 import anyio
 
 from runner.io.filelock import FileLock, lock_path_for
 from runner.io.sqlite import connection
-from runner.models import Scope
+from runner.io.sqlite.connection import ScopeData
+
+if TYPE_CHECKING:
+    from runner.models import Scope
 
 
 class SQLiteBase:
     backend = "sqlite"
 
     def __init__(
-        self, conn: aiosqlite.Connection, path: str, scope: Scope | None, version: int
+        self, conn: aiosqlite.Connection, path: str, scope: ScopeData | None, version: int
     ) -> None:
         self._conn = conn
         self.path = path
-        self._scope = scope
+        self.scope_data = scope
+        self._scope: Scope | None = None
         self.schema_version = version
         self._lock = anyio.Lock()
         self._reading = False
 
     @property
     def scope(self) -> Scope | None:
+        """The pinned scope as a model (built on first use)."""
+        if self._scope is None and self.scope_data is not None:
+            from runner.models import Scope
+
+            self._scope = Scope.model_validate(self.scope_data)
         return self._scope
 
     async def aclose(self) -> None:
@@ -48,7 +57,9 @@ class SQLiteBase:
         # inside reading() the lock is already ours (anyio.Lock is not reentrant)
         return nullcontext() if self._reading else self._lock
 
-    async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    async def _fetchall(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> list[sqlite3.Row]:
         try:
             return list(await self._conn.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
@@ -76,7 +87,7 @@ class SQLiteBase:
                 yield
                 await self._fetchall("COMMIT")
             except BaseException:
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await connection.rollback_quietly(self._conn)
                 raise
 

@@ -11,9 +11,11 @@ statement outside a transaction is equally safe: SQLite starts it as a write tra
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import aiosqlite
 import anyio
@@ -29,7 +31,12 @@ from runner.errors import (
 )
 from runner.io import fsguard
 from runner.io.sqlite import schema
-from runner.models import Scope
+
+if TYPE_CHECKING:
+    from runner.models import Scope
+
+#: a pinned scope as stored: its four fields
+ScopeData = dict[str, str]
 
 BUSY_TIMEOUT_MS = 30_000
 MIN_SQLITE = (3, 37, 0)  # STRICT tables; RETURNING needs 3.35
@@ -160,19 +167,21 @@ def _check_header(version: int, app_id: int, objects: int, path: str) -> None:
         )
 
 
-async def _pinned_scope(conn: aiosqlite.Connection) -> Scope | None:
+async def _pinned_scope(conn: aiosqlite.Connection) -> ScopeData | None:
     rows = list(await conn.execute_fetchall("SELECT value FROM meta WHERE key = 'scope'"))
     if not rows:
         return None
-    return Scope.model_validate_json(rows[0][0])
+    data = json.loads(rows[0][0])
+    return {str(k): str(v) for k, v in data.items()}
 
 
-def check_scope(pinned: Scope | None, wanted: Scope | None) -> None:
-    if wanted is not None and pinned is not None and pinned != wanted:
-        differ = [
-            name for name in type(pinned).model_fields
-            if getattr(pinned, name) != getattr(wanted, name)
-        ]
+def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
+    """Refuse (exit 78) a scope that differs from the pinned one; change nothing."""
+    if wanted is None or pinned is None:
+        return
+    want = wanted.model_dump()
+    if pinned != want:
+        differ = [name for name in want if pinned.get(name) != want[name]]
         raise ConfigMismatch(
             "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
             "nothing was changed"
@@ -181,7 +190,7 @@ def check_scope(pinned: Scope | None, wanted: Scope | None) -> None:
 
 async def migrate_and_pin(
     conn: aiosqlite.Connection, path: str, scope: Scope | None
-) -> tuple[int, Scope | None]:
+) -> tuple[int, ScopeData | None]:
     """Create/upgrade the schema and pin the scope in one ``BEGIN IMMEDIATE``."""
     await conn.execute("BEGIN IMMEDIATE")
     try:
@@ -200,7 +209,7 @@ async def migrate_and_pin(
                 "INSERT INTO meta (key, value) VALUES ('scope', ?)",
                 (scope.model_dump_json(),),
             )
-            pinned = scope
+            pinned = scope.model_dump()
         await conn.execute("COMMIT")
     except BaseException:
         await rollback_quietly(conn)
@@ -210,7 +219,7 @@ async def migrate_and_pin(
 
 async def inspect(
     conn: aiosqlite.Connection, path: str, scope: Scope | None
-) -> tuple[int, Scope | None]:
+) -> tuple[int, ScopeData | None]:
     """Read-only open: check version and scope, write nothing."""
     version, app_id, objects = await _read_header(conn)
     _check_header(version, app_id, objects, path)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from runner.io.sqlite import connection
+from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.delivery import DeliveryQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
-from runner.models import Scope
 from runner.store import StoreSummary
 
+if TYPE_CHECKING:
+    from runner.models import Scope
 
-class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries):
+
+class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         return replace(lead_summary, poll_health=await self.poll_health_runs())

@@ -1,0 +1,58 @@
+"""Candidate lifecycle (SPEC part C): the entity, its TTL rules, its transitions and the
+store operations it needs.  Pure: no I/O here; adapters live in ``runner.io``.
+
+::
+
+    states.py   CandidateStatus and the one table of allowed transitions
+    model.py    Candidate (pydantic) and the exact return shapes of the sweeps
+    rules.py    T1-T4, promotion and reconcile rules as functions of ``now``
+    port.py     CandidateStore: the domain operations a Store implements
+"""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runner.lifecycle.model import Candidate
+    from runner.lifecycle.port import CandidateStore, CandidateSweeper
+    from runner.lifecycle.results import (
+        CandidateSummary,
+        ExpireResult,
+        ReconcileResult,
+        SweepResult,
+        SweepRun,
+    )
+    from runner.lifecycle.states import CandidateStatus
+
+_WHERE = {
+    "Candidate": "runner.lifecycle.model",
+    "CandidateStatus": "runner.lifecycle.states",
+    "CandidateStore": "runner.lifecycle.port",
+    "CandidateSummary": "runner.lifecycle.results",
+    "CandidateSweeper": "runner.lifecycle.port",
+    "ExpireResult": "runner.lifecycle.results",
+    "ReconcileResult": "runner.lifecycle.results",
+    "SweepResult": "runner.lifecycle.results",
+    "SweepRun": "runner.lifecycle.results",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Names load on first use: importing the package must not build pydantic models."""
+    import importlib
+
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'runner.lifecycle' has no attribute {name!r}")
+
+
+__all__ = [
+    "Candidate",
+    "CandidateStatus",
+    "CandidateStore",
+    "CandidateSummary",
+    "CandidateSweeper",
+    "ExpireResult",
+    "ReconcileResult",
+    "SweepResult",
+    "SweepRun",
+]
