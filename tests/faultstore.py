@@ -4,7 +4,8 @@ Every domain operation of the ``Store`` protocol counts, whatever its name (so o
 added later count too).  The Nth raises ``StoreError`` — the store's own error type, as a
 real I/O error would be translated — either *before* the operation reaches the store
 (nothing happened) or *after* it did (it committed, but the caller sees an error: the
-worst case, an acknowledgement lost on the way back).
+worst case, an acknowledgement lost on the way back).  With ``only``, only the operation
+of that name counts.
 """
 
 from __future__ import annotations
@@ -38,12 +39,15 @@ def attach(worker: Any, store: Any) -> None:
 
 
 class CountdownStore:
-    def __init__(self, inner: Any, fail_at: int, when: Literal["before", "after"]) -> None:
-        self.inner, self.fail_at, self.when = inner, fail_at, when
+    def __init__(self, inner: Any, fail_at: int, when: Literal["before", "after"],
+                 only: str | None = None) -> None:
+        self.inner, self.fail_at, self.when, self.only = inner, fail_at, when, only
         self.count = 0
         self.failed: str | None = None
 
     def _tick(self, name: str) -> bool:
+        if self.only is not None and name != self.only:
+            return False  # counting only one operation
         self.count += 1
         if self.count == self.fail_at:
             self.failed = name

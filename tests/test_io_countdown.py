@@ -90,3 +90,28 @@ async def test_countdown_until_a_whole_run_completes(
     assert n > 20 and len(failures) == n - 1
     assert {"accept_many", "finish_and_mark", "finish_send", "record_reconcile",
             "recover_in_flight", "record_poll_pass"} <= set(failures), failures
+
+
+async def test_an_outcome_committed_with_the_next_mark_is_not_recorded_again(
+    tmp_path: Path,
+) -> None:
+    """Found by this countdown after the two-commits-per-send change: when the statement
+    that commits one outcome and the next in-flight mark committed but then failed (or
+    was cancelled while SQLite finished it), the cycle's way out tried to record that
+    outcome again, raised IllegalTransition and hid the real error (exit 70)."""
+    work = tmp_path / "w"
+    work.mkdir(mode=0o700)
+    target = Target(work / "t.db")
+    async with DurableWorker(str(work / "q.db"), SCOPE, target) as worker:
+        for i in range(3):
+            await worker.accept(event(i))
+    worker = DurableWorker(str(work / "q.db"), SCOPE, target)
+    inner = await open_store(str(work / "q.db"), scope=worker.scope)
+    store = CountdownStore(inner, 2, "after", only="finish_and_mark")  # lead-0 out, lead-1 in
+    attach(worker, store)
+    async with worker:
+        with pytest.raises(InjectedIOError):
+            await worker.run_cycle()
+    assert store.failed == "finish_and_mark"
+    final = audit(work / "q.db", work / "t.db", accepted=["lead-0"], in_flight_ok=True)
+    assert final.ok and final.states["confirmed"] == 1 and final.states["in_flight"] == 1

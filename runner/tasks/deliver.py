@@ -29,7 +29,7 @@ import anyio
 from runner import crashpoints
 from runner.clock import Clock
 from runner.port import CRMRecordPort
-from runner.states import LeadState
+from runner.states import IllegalTransition, LeadState
 from runner.store import LeadWork, Store
 
 log = logging.getLogger("runner.deliver")
@@ -178,9 +178,16 @@ async def dispatch_all(
             # recorded whatever happened; after a cancellation only within a short window
             with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
                 crashpoints.hit("dispatch.before-confirm")
-                await store.finish_send(pending[0].write_id, pending[1], clock.now())
-                crashpoints.hit("dispatch.after-confirm")
-                _log_outcome(*pending)
+                try:
+                    await store.finish_send(pending[0].write_id, pending[1], clock.now())
+                except IllegalTransition:
+                    # no longer in flight: the combined statement that marks the next
+                    # record committed this outcome, then failed or was cancelled before
+                    # it answered; the error on its way out is the one to report
+                    pending = None
+                else:
+                    crashpoints.hit("dispatch.after-confirm")
+                    _log_outcome(*pending)
 
 
 def _count(summary: CycleSummary, outcome: LeadState) -> None:
