@@ -30,124 +30,19 @@ import json
 import os
 import random
 import shutil
-import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.invariants import DELETED_TABLE, Audit, audit  # noqa: E402
+from bench.chaos_lane import RUN, SCOPE, SWEEP_AT, WORKER_POINTS, Episode, Lane  # noqa: E402
 from runner.crashpoints import POINTS  # noqa: E402
-
-RUN = str(ROOT / "run.py")
-CHILD = str(ROOT / "bench" / "child.py")
-SCOPE = {"tenant_id": "chaos-tenant", "account_id": "chaos-account",
-         "page_id": "chaos-page", "form_id": "chaos-form"}
-WORKER_POINTS = [p for p in POINTS if not p.startswith("accept.")]
-STATUSES = ("contacted", "qualified", "won", "lost")
-TIMEOUT = 120
-
-
-@dataclass
-class Episode:
-    index: int
-    point: str
-    fired: bool = False
-    restart_crashed: bool = False
-    states: Counter[str] = field(default_factory=Counter)
-    rows: int = 0
-    recovered: int = 0
-    violations: list[str] = field(default_factory=list)
-    directory: str = ""
-
-
-class Lane:
-    """One episode's directory, processes and audits."""
-
-    def __init__(self, directory: Path, episode: Episode) -> None:
-        self.dir = directory
-        self.db = directory / "queue.db"
-        self.target = directory / "target.db"
-        self.scope = directory / "scope.json"
-        self.scope.write_text(json.dumps(SCOPE), encoding="utf-8")
-        self.ep = episode
-        self.acked: set[str] = set()
-
-    def proc(self, argv: list[str], env: dict[str, str] | None = None,
-             ) -> subprocess.CompletedProcess[str]:
-        full = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_CRASH")}
-        try:
-            return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
-                                  env={**full, **(env or {})}, timeout=TIMEOUT, check=False)
-        except subprocess.TimeoutExpired:
-            self.ep.violations.append(f"hung: {' '.join(argv[1:3])}")
-            return subprocess.CompletedProcess(argv, -1, "", "")
-
-    def cli(self, command: str, *extra: str, env: dict[str, str] | None = None,
-            ) -> subprocess.CompletedProcess[str]:
-        args = [RUN, command, "--db", str(self.db), "--scope", str(self.scope)]
-        if command != "accept":
-            args += ["--target", str(self.target)]
-        return self.proc([*args, *extra], env)
-
-    def expect(self, step: str, proc: subprocess.CompletedProcess[str], *codes: int) -> None:
-        if proc.returncode not in codes:
-            tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-            self.ep.violations.append(f"{step}: exit {proc.returncode}: {tail}")
-
-    def check(self, step: str, *, in_flight_ok: bool) -> Audit:
-        result = audit(self.db, self.target, accepted=self.acked, in_flight_ok=in_flight_ok)
-        self.ep.violations += [f"{step}: {v}" for v in result.violations]
-        return result
-
-    def setup(self, prefix: str, n: int, counts: list[int]) -> None:
-        """Accept n leads, then leave a mix of states behind (``bench/child.py setup``)."""
-        proc = self.proc([CHILD, "setup", str(self.db), str(self.scope), str(self.target),
-                          prefix, str(n), *map(str, counts)])
-        self.expect("setup", proc, 0)
-        for line in proc.stdout.splitlines():
-            answer = json.loads(line)
-            if answer["result"] in ("accepted", "duplicate"):
-                self.acked.add(answer["key"])
-
-    def confirmed_keys(self) -> list[str]:
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            return [k for (k,) in conn.execute(
-                "SELECT source_lead_id FROM leads WHERE state = 'confirmed' ORDER BY seq")]
-        finally:
-            conn.close()
-
-    def play_crm(self, rng: random.Random) -> None:
-        """Statuses change; sometimes the CRM deletes a confirmed lead (kept aside)."""
-        if not self.target.exists():
-            return
-        confirmed = self.confirmed_keys()
-        conn = sqlite3.connect(self.target, isolation_level=None)
-        try:
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {DELETED_TABLE} AS SELECT * FROM sheet "
-                         "WHERE 0")
-            for (row_id,) in conn.execute("SELECT row_id FROM sheet").fetchall():
-                if rng.random() < 0.3:
-                    conn.execute("UPDATE sheet SET status = ? WHERE row_id = ?",
-                                 (rng.choice(STATUSES), row_id))
-            if confirmed and rng.random() < 0.3:
-                key = rng.choice(confirmed)
-                conn.execute("BEGIN")
-                conn.execute(f"INSERT INTO {DELETED_TABLE} SELECT * FROM sheet "
-                             "WHERE source_lead_id = ?", (key,))
-                conn.execute("DELETE FROM sheet WHERE source_lead_id = ?", (key,))
-                conn.execute("COMMIT")
-        finally:
-            conn.close()
 
 
 def _crash_args(rng: random.Random, point: str) -> tuple[list[str], dict[str, str]]:
@@ -177,6 +72,20 @@ def _crash_accept(lane: Lane, point: str, index: int) -> None:
     lane.acked.add(key)
 
 
+def _crash_sweep(lane: Lane, point: str, rng: random.Random) -> None:
+    """The sweep dies mid-transaction or after its commit: ``sweep``, or ``start`` (whose
+    scheduled sweep runs at start, beside the lead loop)."""
+    extra, env = _crash_args(rng, point)
+    if rng.random() < 0.75:
+        argv = [RUN, "sweep", "--db", str(lane.db), "--now", SWEEP_AT]
+        crashed = lane.proc(argv, env or {"RUNNER_CRASH_AT": point})
+    else:
+        crashed = lane.cli("start", "--cycles", "2", "--interval", "0", "--now", SWEEP_AT,
+                           *extra, env=env)
+    lane.expect("crash sweep", crashed, 0, 73)
+    lane.ep.fired = crashed.returncode == 73
+
+
 def _crash_worker(lane: Lane, point: str, rng: random.Random) -> None:
     command = ["once"] if rng.random() < 0.5 else ["start", "--cycles", "2", "--interval", "0"]
     extra, env = _crash_args(rng, point)
@@ -195,10 +104,13 @@ def run_episode(seed: int, index: int, point: str, root: Path) -> Episode:
     ep.directory = str(directory)
     lane = Lane(directory, ep)
     lane.setup(f"c{index}", rng.randint(6, 12),
-               [rng.randint(0, 2), rng.randint(0, 3), rng.randint(1, 2)])
+               [rng.randint(0, 2), rng.randint(0, 3), rng.randint(1, 2)],
+               "".join(rng.choice("dapql") for _ in range(rng.randint(2, 6))))
     lane.play_crm(rng)
     if point.startswith("accept."):
         _crash_accept(lane, point, index)
+    elif point.startswith("sweep."):
+        _crash_sweep(lane, point, rng)
     else:
         _crash_worker(lane, point, rng)
     lane.check("after the crash", in_flight_ok=True)
@@ -209,11 +121,16 @@ def run_episode(seed: int, index: int, point: str, root: Path) -> Episode:
         ep.restart_crashed = again.returncode == 73
         lane.check("after the crashed restart", in_flight_ok=True)
     lane.expect("clean restart", lane.cli("once"), 0)
+    lane.expect("clean sweep", lane.proc([RUN, "sweep", "--db", str(lane.db), "--now",
+                                          SWEEP_AT]), 0)
     final = lane.check("after the clean restart", in_flight_ok=False)
+    if left := lane.unswept():
+        ep.violations.append(f"after the clean sweep: {left} candidates left to sweep")
     for state in ("prepared", "failed_safe"):
         if final.states[state]:
             ep.violations.append(f"after the clean restart: {final.states[state]} {state}")
     ep.states, ep.rows, ep.recovered = final.states, sum(final.rows.values()), len(final.recovered)
+    ep.candidates = final.candidates
     return ep
 
 
@@ -249,6 +166,10 @@ def summarize(episodes: list[Episode], seed: int, jobs: int, seconds: float) -> 
         states.update(ep.states)
     lines.append("")
     lines.append("end states: " + ", ".join(f"{k} {v}" for k, v in sorted(states.items())))
+    swept: Counter[str] = Counter()
+    for ep in episodes:
+        swept.update(ep.candidates)
+    lines.append("candidates: " + ", ".join(f"{k} {v}" for k, v in sorted(swept.items())))
     lines.append(f"records {sum(states.values())}, target rows "
                  f"{sum(e.rows for e in episodes)}, recovered by readback "
                  f"{sum(e.recovered for e in episodes)}")

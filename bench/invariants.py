@@ -12,7 +12,10 @@ the chaos runner, the kill -9 accounting, the countdown and the model-based test
    confirmed_then_missing (or in flight, while a crash is unrecovered);
 5. ``PRAGMA integrity_check`` is ``ok`` on the store (and on the target).
 
-and, because they are cheap and catch the same bugs earlier: no target row for a key that
+and for candidates (SPEC C): every status is legal, every ``candidate_changed`` event
+follows the lifecycle's transition table from the candidate's previous status, and the
+last event agrees with the row; and, because they are cheap and catch the same bugs
+earlier: no target row for a key that
 was never accepted; a confirmed record has exactly one row with its write_id; a prepared
 record has no attempts and no row; the outbox is gap-free and every ``state_changed``
 event follows the transition table from the record's previous state.
@@ -27,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runner.lifecycle.states import TRANSITIONS as CANDIDATE_TRANSITIONS
+from runner.lifecycle.states import CandidateStatus
 from runner.states import TRANSITIONS, LeadState
 
 ROW_STATES = {LeadState.CONFIRMED, LeadState.UNCERTAIN, LeadState.CONFIRMED_THEN_MISSING}
@@ -41,6 +46,7 @@ class Audit:
     rows: Counter[str] = field(default_factory=Counter)
     #: records that went uncertain -> confirmed (a readback recovered them)
     recovered: set[str] = field(default_factory=set)
+    candidates: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -109,6 +115,7 @@ def audit(
     try:
         _check_records(conn, result, row_ids, in_flight_ok)
         _check_outbox(conn, result)
+        _check_candidates(conn, result)
     finally:
         conn.close()
     for key in accepted:
@@ -171,3 +178,30 @@ def _check_outbox(conn: sqlite3.Connection, result: Audit) -> None:
             if src is LeadState.UNCERTAIN and dst is LeadState.CONFIRMED:
                 result.recovered.add(subject)
             last[subject] = dst
+
+
+def _check_candidates(conn: sqlite3.Connection, result: Audit) -> None:
+    try:
+        rows = conn.execute("SELECT id, status, decision_id FROM candidates").fetchall()
+        events = conn.execute("SELECT subject, payload FROM outbox WHERE kind = "
+                              "'candidate_changed' ORDER BY seq").fetchall()
+    except sqlite3.OperationalError:
+        return  # a store from before the lifecycle
+    last: dict[str, CandidateStatus | None] = {}
+    for subject, payload in events:
+        doc = json.loads(payload)
+        src = CandidateStatus(doc["from"]) if doc["from"] is not None else None
+        dst = CandidateStatus(doc["to"])
+        if last.get(subject) != src:
+            result.fail(f"candidate {subject} moved from {src} but was {last.get(subject)}")
+        if src is not None and src != dst and dst not in CANDIDATE_TRANSITIONS[src]:
+            result.fail(f"candidate {subject}: illegal transition {src} -> {dst}")
+        last[subject] = dst
+    for cid, status, decision in rows:
+        result.candidates[status] += 1
+        if status not in set(CandidateStatus):
+            result.fail(f"candidate {cid} is in an illegal status {status!r}")
+        elif last.get(cid) != CandidateStatus(status):
+            result.fail(f"candidate {cid} is {status} but its events say {last.get(cid)}")
+        if status == CandidateStatus.PROMOTED and decision is None:
+            result.fail(f"candidate {cid} is promoted without a decision")

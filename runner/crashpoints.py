@@ -13,7 +13,7 @@ Arming, for a whole process:
 * ``RUNNER_CRASH_AT=<point>`` (and optionally ``RUNNER_CRASH_AFTER=<n>``: fire at the
   n-th hit, default 1), read once at import;
 * ``--fault crash-at:<point>`` (or ``crash-at:<point>@<n>``) on ``once``, ``start`` and
-  ``poll-status``.
+  ``poll-status`` (``$RUNNER_CRASH_AT`` reaches ``accept`` and ``sweep`` too).
 
 Unset, a point costs one function call and one comparison.  Tests that simulate a crash
 in process use :func:`armed` with an ``action`` that raises instead of exiting.
@@ -47,6 +47,8 @@ POINTS: Mapping[str, str] = {
     "dispatch.after-confirm": "the send's outcome (confirmed or other) committed",
     "poll.before-apply": "status reads returned; the pass (observations, health) not stored",
     "poll.after-apply": "a poll pass's observations and poll health committed",
+    "sweep.before-commit": "a candidate sweep's updates are written, not committed",
+    "sweep.after-commit": "a candidate sweep committed; its result not reported",
 }
 
 Action = Callable[[str], object]

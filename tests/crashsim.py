@@ -9,12 +9,14 @@ hold one send "on the wire" so the test can cancel the worker while it is out.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.invariants import DELETED_TABLE
 from runner.io.synthetic_target import SyntheticTarget
 from runner.models import CRMRecord
 from runner.port import BeforeWriteError, Observation, TargetReadError, TargetRow
@@ -84,7 +86,34 @@ class ModelTarget:
             raise TargetReadError("readback failed")
         return self.sheet.read_back(write_id)
 
+    def crm_change(self, key: str, delete: bool) -> None:
+        """The CRM changes a row's status, or deletes it (kept aside for the auditor)."""
+        with self.sheet._mutex:
+            conn = self.sheet._connect()
+            if not delete:
+                conn.execute("UPDATE sheet SET status = 'contacted' WHERE source_lead_id = ?",
+                             (key,))
+                return
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {DELETED_TABLE} AS "
+                         "SELECT * FROM sheet WHERE 0")
+            conn.execute(f"INSERT INTO {DELETED_TABLE} SELECT * FROM sheet "
+                         "WHERE source_lead_id = ?", (key,))
+            conn.execute("DELETE FROM sheet WHERE source_lead_id = ?", (key,))
+
     def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]:
         if self.status_fails:
             raise TargetReadError("status read failed")
         return self.sheet.observe_status(write_ids)
+
+
+def read_store(db: Path, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+    """Rows of a read-only query on the store, from outside; none if it has no such table."""
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        conn.close()

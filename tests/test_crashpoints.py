@@ -114,3 +114,20 @@ def test_unknown_or_repeated_crash_points_exit_2(env: Env, how: str):
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
     assert not env.db.exists()
+
+
+def test_a_sweep_dying_before_its_commit_changes_nothing(env: Env) -> None:
+    add = run_cli("candidate", "add", "--db", env.db, "--id", "cand-1", "--ttl-minutes", "1",
+                  "--now", "2026-01-01T00:00:00Z")
+    assert add.returncode == 0, add.stderr
+    sweep = ("sweep", "--db", env.db, "--now", "2026-01-01T00:10:00Z")
+    crashed = run_cli(*sweep, env={"RUNNER_CRASH_AT": "sweep.before-commit"})
+    assert crashed.returncode == 73 and crashed.stdout == ""
+    listed = run_cli("candidate", "list", "--db", env.db)
+    assert [c["status"] for c in json.loads(listed.stdout)] == ["discovered"]  # rolled back
+    after = run_cli(*sweep, env={"RUNNER_CRASH_AT": "sweep.after-commit"})
+    assert after.returncode == 73 and after.stdout == ""
+    listed = run_cli("candidate", "list", "--db", env.db)
+    assert [c["status"] for c in json.loads(listed.stdout)] == ["expired"]  # committed
+    again = run_cli(*sweep)
+    assert again.returncode == 0 and last_json(again.stdout) == {"expired": 0, "reconciled": 0}

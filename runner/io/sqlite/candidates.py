@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from runner import crashpoints
 from runner.clock import from_text, to_text
 from runner.errors import RuleViolation, StoreError
 from runner.io.sqlite import connection
@@ -256,6 +257,8 @@ class CandidateQueries(SQLiteBase):
             expired = await self._expire(now)
             result = SweepResult(expired=expired, reconciled=await self._reconcile(now))
             await self._record_sweep("sweepCandidates", now, result)
+            crashpoints.hit("sweep.before-commit")  # written, not committed
+        crashpoints.hit("sweep.after-commit")
         return result
 
     # -- for status -----------------------------------------------------------------------
