@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                              "to --leads, about the time a start needs to send them all)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    max_delay = args.max_delay or 0.4 + args.leads * 0.003
+    max_delay = args.max_delay or 0.3 + args.leads * 0.001
     root = Path(tempfile.mkdtemp(prefix="runner-kill9-"))
     results = [one_run(i, args.leads, args.seed, max_delay, root) for i in range(args.runs)]
     text, ok = table(results, args.seed)
