@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "runner.commands.leads",
     "runner.commands.delivery",
     "runner.commands.candidates",
+    "runner.commands.pipeline",
 )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from runner.ids import WriteId
 from runner.lifecycle.port import CandidateStore
+from runner.pipeline.port import PipelineStore
 from runner.states import LeadState
 
 if TYPE_CHECKING:
@@ -106,10 +107,11 @@ class StoreSummary:
     poll_health: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Store(CandidateStore, Protocol):
+class Store(CandidateStore, PipelineStore, Protocol):
     """A durable store.  Use as ``async with await open_store(...) as store``.
 
-    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``."""
+    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``, the staged
+    processing operations (SPEC P) from ``PipelineStore``."""
 
     backend: str
 

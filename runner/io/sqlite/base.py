@@ -9,7 +9,7 @@ different transactions.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -57,13 +57,17 @@ class SQLiteBase:
         # inside reading() the lock is already ours (anyio.Lock is not reentrant)
         return nullcontext() if self._reading else self._lock
 
-    async def _fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+    async def _fetchall(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
+    ) -> list[sqlite3.Row]:
         try:
             return list(await self._conn.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
             raise connection.translate(exc, "reading or writing the store") from None
 
-    async def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+    async def _executemany(
+        self, sql: str, rows: Sequence[Sequence[Any] | Mapping[str, Any]]
+    ) -> int:
         """Run one statement for many rows; returns the rows it changed (not counting
         rows written by triggers)."""
         try:
