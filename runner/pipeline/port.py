@@ -111,7 +111,8 @@ class PipelineStore(Protocol):
     async def outbox_last_seq(self) -> int: ...
 
     async def outbox_pending(self, after_seq: int, kinds: Sequence[str]) -> int:
-        """Outbox events of ``kinds`` after ``after_seq`` (the raw ingestion backlog)."""
+        """Outbox events of ``kinds`` after ``after_seq`` that have no D1 record yet (the
+        raw ingestion backlog, counted from the records, not from a cursor)."""
         ...
 
     # -- configuration, levels, funnel ---------------------------------------------------

@@ -107,8 +107,10 @@ class PipelineLevelQueries(SQLiteBase):
             return 0
         async with self._guard():
             rows = await self._fetchall(
-                f"SELECT count(*) FROM outbox WHERE seq > ? "
-                f"AND kind IN ({','.join('?' * len(kinds))})", (after_seq, *kinds))
+                f"SELECT count(*) FROM outbox o WHERE o.seq > ? "
+                f"AND o.kind IN ({','.join('?' * len(kinds))}) "
+                "AND NOT EXISTS (SELECT 1 FROM pipeline_records r "
+                "WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)", (after_seq, *kinds))
         return int(rows[0][0])
 
     async def record_worker_config(self, view: WorkerConfigView) -> None:

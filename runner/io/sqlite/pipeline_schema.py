@@ -181,8 +181,9 @@ BEGIN
     WHERE pipeline_work.state = 'done';
 END;
 
+-- only a completion sets done_ms: it fires once per recorded outcome that replaces one
 CREATE TRIGGER pipeline_work_outcome_replaced AFTER UPDATE OF done_ms ON pipeline_work
-WHEN OLD.outcome IS NOT NULL AND NEW.done_ms IS NOT OLD.done_ms
+WHEN OLD.outcome IS NOT NULL
 BEGIN
     INSERT INTO pipeline_outcome_history
         (work_id, processor, version, input_id, input_rev, outcome, error, retryable,

@@ -94,15 +94,18 @@ async def run_cycle(store: PipelineStore, settings: IngestSettings, clock: Clock
 async def backfill(store: PipelineStore, settings: IngestSettings, clock: Clock, *,
                    from_seq: int, to_seq: int,
                    on_batch: Callable[[RoundResult, int], None]) -> RoundResult:
-    """Re-read the outbox range ``(from_seq, to_seq]`` into D1; the cursor is left alone
-    (what exists stays as it is).  ``on_batch(result, last_seq)`` after each batch."""
+    """Re-read the outbox range ``(from_seq, to_seq]`` into D1 (what exists stays as it
+    is).  A range that starts at or before the retriever's cursor moves it forward past
+    what it read; one that starts after it leaves it alone (it would skip the gap).
+    ``on_batch(result, last_seq)`` after each batch."""
     total = RoundResult()
     after = from_seq
+    cursor = CURSOR if from_seq <= await store.cursor_position(CURSOR) else None
     while after < to_seq:
         events = await store.read_outbox(after, settings.batch_size, to_seq)
         if not events:
             break
-        result = await ingest_events(store, events, settings.kinds, clock, cursor=None)
+        result = await ingest_events(store, events, settings.kinds, clock, cursor=cursor)
         total.add(result)
         after = events[-1].seq
         on_batch(result, after)
@@ -110,5 +113,6 @@ async def backfill(store: PipelineStore, settings: IngestSettings, clock: Clock,
 
 
 async def pending(store: PipelineStore, kinds: Sequence[str]) -> int:
-    """The raw ingestion backlog: events of the tailed kinds after the cursor."""
-    return await store.outbox_pending(await store.cursor_position(CURSOR), kinds)
+    """The raw ingestion backlog: events of the tailed kinds not in D1 (an event skipped
+    while its kind was not tailed stays pending until a backfill reads it)."""
+    return await store.outbox_pending(0, kinds)

@@ -1,0 +1,71 @@
+"""Shared helpers for the pipeline tests: real lead histories written through the store's
+own operations, draining the stages, and reading the pipeline tables on either backend."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from runner.clock import Clock, FixedClock
+from runner.intake import prepare
+from runner.models import Scope, WriteId
+from runner.pipeline.engine import Registry, WorkerSettings, default_registry
+from runner.pipeline.jobs import run_job
+from runner.states import LeadState
+from runner.store import AcceptItem, ObservationWrite, Store, is_postgres
+from tests.helpers import event
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+REPLAYS = ("replay-core", "replay-generic-materialization", "replay-domain-projection")
+
+
+async def lead_history(store: Store, scope: Scope, n: int, *, confirm: Sequence[int] = (),
+                       statuses: dict[int, str] | None = None, start: int = 0) -> None:
+    """Accept leads ``start..start+n-1``; deliver those in ``confirm``; observe
+    ``statuses`` (index -> status) on confirmed ones.  Every step writes its outbox
+    event through the store, as the lead workload does."""
+    items = []
+    for i in range(start, start + n):
+        ev, text = prepare(event(i), scope)
+        items.append(AcceptItem(ev, text, WriteId(f"w-{i}")))
+    await store.accept_many(items, NOW)
+    for i in confirm:
+        await store.mark_in_flight(WriteId(f"w-{i}"), NOW)
+        await store.finish_send(WriteId(f"w-{i}"), LeadState.CONFIRMED, NOW)
+    writes = [ObservationWrite(WriteId(f"w-{i}"), "changed", f'{{"status":"{status}"}}')
+              for i, status in (statuses or {}).items()]
+    if writes:
+        await store.apply_observations(writes, NOW)
+
+
+async def drain(store: Store, registry: Registry | None = None, clock: Clock | None = None,
+                *, force: bool = False, batch_size: int = 100) -> list[dict[str, Any]]:
+    """Backfill the outbox into D1, then run the three replays to the end."""
+    registry = registry or default_registry()
+    clock = clock or FixedClock(NOW)
+    settings = WorkerSettings(batch_size=batch_size, poll_interval=0.01)
+    results = [await run_job(store, "backfill", registry=registry, clock=clock,
+                             settings=settings)]
+    for name in REPLAYS:
+        results.append(await run_job(store, name, registry=registry, clock=clock,
+                                     settings=settings, force=force))
+    return results
+
+
+async def level(store: Store, n: int) -> dict[str, Any]:
+    return {key: dict(payload) async for key, payload, _rev in store.iter_level(n)}
+
+
+def query(location: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Read the store's tables directly (to prove what no port operation shows)."""
+    if is_postgres(location):
+        from tests import pg_query  # type: ignore[attr-defined]
+
+        return list(pg_query(location, sql, params))
+    conn = sqlite3.connect(location)
+    try:
+        return [tuple(r) for r in conn.execute(sql, params)]
+    finally:
+        conn.close()
