@@ -218,7 +218,8 @@ def test_status_shows_the_lifecycle_block(db: Path) -> None:
     assert before["last_sweep"] is None
     cli(db, "sweep", f"--now={iso(at(31))}")
     doc = last_json(run_cli("status", "--db", db).stdout)
-    assert list(doc)[-1] == "lifecycle"
+    # appended after the lead blocks (the pipeline blocks follow it)
+    assert list(doc)[list(doc).index("poll_health") + 1] == "lifecycle"
     assert doc["lifecycle"] == {
         "counts": {"discovered": 1, "analyzing": 0, "promoting": 0, "promoted": 0,
                    "rejected": 0, "expired": 1},

@@ -28,7 +28,7 @@ def test_status_shape(db: Path, scope_file: Path) -> None:
     assert proc.stdout.count("\n") == 1
     doc = json.loads(proc.stdout)
     assert list(doc) == ["scope", "schema_version", "counts", "records", "outbox", "poll_health",
-                         "lifecycle"]
+                         "lifecycle", "pipeline", "funnel"]
     assert doc["scope"] == SCOPE
     assert doc["schema_version"] >= 1
     assert doc["counts"] == {s.value: (3 if s is LeadState.PREPARED else 0) for s in LeadState}
@@ -38,6 +38,9 @@ def test_status_shape(db: Path, scope_file: Path) -> None:
     assert doc["records"][0]["state"] == "prepared" and doc["records"][0]["attempts"] == 0
     assert doc["outbox"] == {"count": 3, "last_seq": 3, "by_kind": {"accepted": 3}}
     assert doc["poll_health"] == []
+    assert doc["pipeline"]["backlog"]["stages"]["raw_ingestion"] == {"lead-outbox@1": 3}
+    assert doc["pipeline"]["levels"] == {"D1": 0, "D2": 0, "D3": 0, "D4": 0}
+    assert doc["funnel"] == {}
 
 
 def test_status_changes_nothing(db: Path, scope_file: Path) -> None:
