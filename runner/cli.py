@@ -72,6 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(logs.error_line("interrupted", fmt=fmt, reason="interrupted"), file=sys.stderr)
         return 130
+    except Exception as exc:  # the one boundary: a bug is one line here, not a traceback
+        if os.environ.get("RUNNER_DEBUG"):
+            raise
+        message = f"internal error ({type(exc).__name__}: {exc}); set RUNNER_DEBUG=1 for details"
+        print(logs.error_line(message, fmt=fmt, reason="internal"), file=sys.stderr)
+        return 70
     return code
 
 

@@ -18,7 +18,7 @@ from runner.commands.common import clock_from, common_options, emit
 from runner.errors import StoreNotFound, UsageError
 from runner.jsonio import dumps_line
 from runner.lifecycle import rules
-from runner.lifecycle.model import DEFAULT_QUORUM
+from runner.lifecycle.results import DEFAULT_QUORUM
 from runner.store import is_postgres, open_store
 
 #: 10 years: a bound that keeps every computed time far from datetime's limits
