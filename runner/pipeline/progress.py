@@ -25,9 +25,13 @@ class Progress:
         self.tty = self.stream.isatty() if tty is None else tty
         self._drawn = 0.0
         self._open = False
+        self._last: tuple[int, int, int] | None = None
 
     def update(self, done: int, total: int, pending: int, *, final: bool = False) -> None:
         if not self.tty:
+            if self._last == (done, total, pending):
+                return  # nothing new to say
+            self._last = (done, total, pending)
             self.stream.write(dumps_line({"job": self.job, "done": done, "total": total,
                                           "pending": pending}) + "\n")
             self.stream.flush()
