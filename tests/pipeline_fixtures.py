@@ -61,11 +61,39 @@ async def level(store: Store, n: int) -> dict[str, Any]:
 def query(location: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     """Read the store's tables directly (to prove what no port operation shows)."""
     if is_postgres(location):
-        from tests import pg_query  # type: ignore[attr-defined]
-
-        return list(pg_query(location, sql, params))
+        return _pg_query(location, sql, params)
     conn = sqlite3.connect(location)
     try:
         return [tuple(r) for r in conn.execute(sql, params)]
     finally:
         conn.close()
+
+
+PIPELINE_TABLES = ("pipeline_records", "pipeline_history", "pipeline_work",
+                   "pipeline_outcome_history", "pipeline_cursors", "pipeline_worker_config",
+                   "pipeline_processors")
+
+
+def dump_pipeline(location: str) -> list[str]:
+    """Every row of every pipeline table, as text (to look for what must not be there)."""
+    out = []
+    for table in PIPELINE_TABLES:
+        out += [repr(row) for row in query(location, f"SELECT * FROM {table}")]
+    return out
+
+
+def _pg_query(location: str, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """The same query on PostgreSQL, with the store's schema as the search path."""
+    import asyncpg
+
+    from tests import pg
+
+    async def go() -> list[tuple[Any, ...]]:
+        conn = await asyncpg.connect(pg.dsn(), timeout=10,
+                                     server_settings={"search_path": pg.schema_of(location)})
+        try:
+            return [tuple(r) for r in await conn.fetch(sql, *params)]
+        finally:
+            await conn.close()
+
+    return pg.run(go)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import signal
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -15,23 +14,24 @@ import pytest
 
 from runner.pipeline.progress import Progress
 from tests.helpers import CANARY, SCOPE, Child, event, last_json, run_cli, write_json
+from tests.pipeline_fixtures import dump_pipeline
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def accept(db: Path, scope_file: Path, workdir: Path, first: int, n: int, **kw: Any) -> None:
+def accept(db: str, scope_file: Path, workdir: Path, first: int, n: int, **kw: Any) -> None:
     lines = "".join(json.dumps(event(i, **kw)) + "\n" for i in range(first, first + n))
     proc = run_cli("accept", "--db", db, "--scope", scope_file, "--records", "-", input=lines)
     assert proc.returncode == 0, proc.stderr
 
 
-def status(db: Path) -> dict[str, Any]:
+def status(db: str) -> dict[str, Any]:
     proc = run_cli("status", "--db", db)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
-def wait_status(db: Path, predicate: Any, what: str, timeout: float = 30) -> dict[str, Any]:
+def wait_status(db: str, predicate: Any, what: str, timeout: float = 30) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while not predicate(doc := status(db)):
         assert time.monotonic() < deadline, f"timed out waiting for {what}: {doc}"
@@ -40,13 +40,12 @@ def wait_status(db: Path, predicate: Any, what: str, timeout: float = 30) -> dic
 
 
 @pytest.fixture
-def db(workdir: Path, scope_file: Path) -> Path:
-    path = workdir / "queue.db"
-    accept(path, scope_file, workdir, 0, 3)
-    return path
+def db(db_location: str, workdir: Path, scope_file: Path) -> str:
+    accept(db_location, scope_file, workdir, 0, 3)
+    return db_location
 
 
-def test_workers_jobs_and_backlog_on_the_command_line(db: Path) -> None:
+def test_workers_jobs_and_backlog_on_the_command_line(db: str) -> None:
     before = run_cli("backlog", "--db", db)
     assert before.returncode == 0
     assert json.loads(before.stdout) == {"pending_total": 3, "stages": {
@@ -101,7 +100,7 @@ def test_progress_is_a_bar_on_a_terminal_and_json_lines_otherwise() -> None:
 
 
 def test_the_raw_retriever_takes_hot_reconfiguration(
-    db: Path, workdir: Path, scope_file: Path
+    db: str, workdir: Path, scope_file: Path
 ) -> None:
     config = write_json(workdir / "retriever.json", {"batch_size": 2})
     child = Child("worker", "raw-retriever", "--db", db, "--config", config,
@@ -144,7 +143,7 @@ def test_the_raw_retriever_takes_hot_reconfiguration(
 
 
 def test_start_runs_the_pipeline_workers_as_background_tasks(
-    db: Path, workdir: Path, scope_file: Path
+    db: str, workdir: Path, scope_file: Path
 ) -> None:
     child = Child("start", "--db", db, "--scope", scope_file, "--target",
                   workdir / "target.db", "--interval", "0.2",
@@ -162,8 +161,10 @@ def test_start_runs_the_pipeline_workers_as_background_tasks(
                    workdir / "target.db", "--workers", "bogus").returncode == 2
 
 
-def test_pipeline_levels_never_hold_a_contact_field(workdir: Path, scope_file: Path) -> None:
-    db = workdir / "queue.db"
+def test_pipeline_levels_never_hold_a_contact_field(
+    db_location: str, workdir: Path, scope_file: Path
+) -> None:
+    db = db_location
     accept(db, scope_file, workdir, 0, 3, contact_alias=CANARY)
     assert run_cli("once", "--db", db, "--scope", scope_file, "--target",
                    workdir / "t.db").returncode == 0
@@ -175,10 +176,6 @@ def test_pipeline_levels_never_hold_a_contact_field(workdir: Path, scope_file: P
         assert proc.returncode == 0, proc.stderr
         outputs += [proc.stdout, proc.stderr]
     assert all(CANARY not in text for text in outputs)
-    conn = sqlite3.connect(db)
-    try:
-        dump = "\n".join(line for line in conn.iterdump() if "pipeline_" in line)
-    finally:
-        conn.close()
+    dump = "\n".join(dump_pipeline(db))
     assert "lead-1" in dump and CANARY not in dump
     assert status(db)["funnel"] == {SCOPE["form_id"]: {"new": 3}}
