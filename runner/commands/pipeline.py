@@ -113,16 +113,22 @@ def registry_from(args: argparse.Namespace) -> Registry:
 
 async def cmd_worker(args: argparse.Namespace) -> int:
     from runner.commands.candidates import require_store
+    from runner.pipeline.workers import WorkerCycle
     from runner.tasks.pipeline import retriever_config, run_worker_until_signalled
 
     settings = settings_from(args)
     registry = registry_from(args)
     config = retriever_config(args.config, settings)
     require_store(args.db)
+    def show(cycle: WorkerCycle) -> None:
+        # every cycle of a finite run; an endless one skips idle cycles (no line a second)
+        if args.cycles is not None or cycle.result.claimed or cycle.result.refused:
+            emit(cycle.to_json())
+
     async with await open_store(args.db) as store:
         return await run_worker_until_signalled(
             store, args.name, registry=registry, settings=settings, clock=clock_from(args),
-            cycles=args.cycles, config=config, emit=lambda c: emit(c.to_json()))
+            cycles=args.cycles, config=config, emit=show)
 
 
 def _kinds(value: str | None) -> tuple[str, ...]:
