@@ -59,12 +59,15 @@ async def level(store: Store, n: int) -> dict[str, Any]:
 
 
 def query(location: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """Read the store's tables directly (to prove what no port operation shows)."""
+    """Run SQL on the store's tables directly (to prove what no port operation shows);
+    a write is committed."""
     if is_postgres(location):
         return _pg_query(location, sql, params)
     conn = sqlite3.connect(location)
     try:
-        return [tuple(r) for r in conn.execute(sql, params)]
+        rows = [tuple(r) for r in conn.execute(sql, params)]
+        conn.commit()
+        return rows
     finally:
         conn.close()
 

@@ -251,3 +251,25 @@ async def test_status_counts_the_builtin_backlog_before_any_worker_ran(
     doc = await backlog_document(store, builtin_refs())
     assert doc["stages"]["core_processing"] == {"lead-facts@1": 6}
     assert doc["stages"]["raw_ingestion"] == {"lead-outbox@1": 0}
+
+
+async def test_the_schema_keeps_records_outcomes_and_history(
+    store: Store, scope: Scope, db_location: str
+) -> None:
+    await lead_history(store, scope, 2)
+    seen: list[tuple[int, str]] = []
+    await drain(store, _versioned(1, seen, value=lambda v: "old"))
+    await run_job(store, "replay-core", registry=_versioned(1, seen, value=lambda v: "new"),
+                  clock=CLOCK, force=True)
+    for sql in ("DELETE FROM pipeline_records", "DELETE FROM pipeline_work",
+                "DELETE FROM pipeline_history", "UPDATE pipeline_history SET payload = '{}'",
+                "DELETE FROM pipeline_outcome_history",
+                "UPDATE pipeline_outcome_history SET outcome = 'failed'",
+                "UPDATE pipeline_records SET key = 'other' WHERE level = 2",
+                "UPDATE pipeline_work SET state = 'bogus'"):
+        with pytest.raises(Exception, match=r"(?i)never|constraint|check"):
+            query(db_location, sql)
+    assert len(query(db_location, "SELECT id FROM pipeline_history")) == 2
+    # pipeline bookkeeping wrote no outbox event
+    assert query(db_location, "SELECT DISTINCT kind FROM outbox ORDER BY kind") == [
+        ("accepted",)]
