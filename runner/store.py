@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from runner.errors import ConfigMismatch
 from runner.models import LeadEvent, Scope, WriteId
 from runner.states import LeadState
 
@@ -99,8 +100,9 @@ class Store(Protocol):
 
     def worker_lock(self) -> AbstractAsyncContextManager[object]:
         """The lock that keeps a second worker out (L7): a ``flock`` file beside a SQLite
-        store.  Entering it raises ``LockHeld`` (exit 75) at once if another live worker
-        holds it; it is released when the holder exits or dies."""
+        store, a session advisory lock on PostgreSQL.  Entering it raises ``LockHeld``
+        (exit 75) at once if another live worker holds it; it is released when the holder
+        exits or dies."""
         ...
 
     # -- delivery (L4-L8): every method is one transaction; transitions are guarded by
@@ -145,6 +147,19 @@ class Store(Protocol):
         ...
 
 
+def check_scope(pinned: Scope | None, wanted: Scope | None) -> None:
+    """Refuse a store pinned to another scope (L1), naming the fields that differ."""
+    if wanted is not None and pinned is not None and pinned != wanted:
+        differ = [
+            name for name in type(pinned).model_fields
+            if getattr(pinned, name) != getattr(wanted, name)
+        ]
+        raise ConfigMismatch(
+            "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
+            "nothing was changed"
+        )
+
+
 def is_postgres(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))
 
@@ -160,9 +175,9 @@ async def open_store(
     schema is reported, not migrated.
     """
     if is_postgres(location):
-        from runner.errors import UsageError
+        from runner.io.postgres import open_postgres_store
 
-        raise UsageError("PostgreSQL stores are not available in this version yet")
+        return await open_postgres_store(location, scope=scope, create=create)
     from runner.io.sqlite.store import open_sqlite_store
 
     return await open_sqlite_store(location, scope=scope, create=create)

@@ -29,6 +29,7 @@ from runner.errors import (
 from runner.io import fsguard
 from runner.io.sqlite import schema
 from runner.models import Scope
+from runner.store import check_scope
 
 BUSY_TIMEOUT_MS = 30_000
 MIN_SQLITE = (3, 37, 0)  # STRICT tables; RETURNING needs 3.35
@@ -132,18 +133,6 @@ async def _pinned_scope(conn: aiosqlite.Connection) -> Scope | None:
     if not rows:
         return None
     return Scope.model_validate_json(rows[0][0])
-
-
-def check_scope(pinned: Scope | None, wanted: Scope | None) -> None:
-    if wanted is not None and pinned is not None and pinned != wanted:
-        differ = [
-            name for name in type(pinned).model_fields
-            if getattr(pinned, name) != getattr(wanted, name)
-        ]
-        raise ConfigMismatch(
-            "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
-            "nothing was changed"
-        )
 
 
 async def migrate_and_pin(
