@@ -15,10 +15,12 @@ second sees the first one's committed schema and scope (K9).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
 
+import anyio
 import asyncpg
 
 from runner.errors import (
@@ -36,6 +38,7 @@ from runner.models import Scope
 from runner.store import check_scope
 
 CONNECT_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 5.0
 #: no runner statement should take this long; a dead or partitioned server surfaces as
 #: an error (exit 74) instead of a worker hanging on it
 COMMAND_TIMEOUT = 60.0
@@ -134,10 +137,14 @@ async def connect(loc: PgLocation) -> asyncpg.Connection:
 
 
 async def close_quietly(conn: asyncpg.Connection) -> None:
-    """Close a session that may already be dead; the original error is what matters."""
-    try:
-        await conn.close(timeout=5)
-    except (*TRANSLATED, RunnerError):
+    """Close a session that may already be dead; the original error is what matters.
+
+    Shielded and bounded: a cancelled worker still ends its sessions (so the server
+    releases its lock at once), and a dead server cannot keep it waiting."""
+    with (anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT),
+          contextlib.suppress(*TRANSLATED)):
+        await conn.close(timeout=CLOSE_TIMEOUT)
+    if not conn.is_closed():
         conn.terminate()
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import asyncpg
 
 from runner.errors import LockHeld
@@ -120,7 +121,10 @@ class AdvisoryLock:
             return
         conn, self._conn = self._conn, None
         self._on_change(None)
-        with contextlib.suppress(*connection.TRANSLATED):  # a session gone took it along
+        # shielded: a cancelled worker still lets go at once (bounded, for a dead server)
+        # (a session that is gone took the lock along)
+        with (anyio.CancelScope(shield=True), anyio.move_on_after(connection.CLOSE_TIMEOUT),
+              contextlib.suppress(*connection.TRANSLATED)):
             await conn.execute("SELECT pg_advisory_unlock($1)", self.key)
         await connection.close_quietly(conn)
 
