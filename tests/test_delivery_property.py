@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from runner import DurableWorker
 from runner.states import LeadState
+from tests import pg
 from tests.fakes import BEHAVIOURS, ScriptedAdapter, sheet_rows
 from tests.helpers import SCOPE, event
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
     n_records=st.integers(min_value=1, max_value=12),
     cycles=st.integers(min_value=1, max_value=5),
@@ -25,6 +27,18 @@ from tests.helpers import SCOPE, event
     read_failures=st.lists(st.booleans(), min_size=1, max_size=6),
 )
 def test_never_two_rows_and_only_legal_states(
+    backend: str, n_records: int, cycles: int, behaviours: list[str], read_failures: list[bool]
+) -> None:
+    schema = pg.new_schema()
+    try:
+        _scenario(backend, schema, n_records, cycles, behaviours, read_failures)
+    finally:
+        if backend == "postgres":
+            pg.drop_schemas([schema])
+
+
+def _scenario(
+    backend: str, schema: str,
     n_records: int, cycles: int, behaviours: list[str], read_failures: list[bool]
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -35,7 +49,8 @@ def test_never_two_rows_and_only_legal_states(
         adapter = ScriptedAdapter(target, lambda _w: next(script, "ok"))
 
         async def scenario() -> dict[str, dict]:
-            async with DurableWorker(str(work / "queue.db"), SCOPE, adapter) as worker:
+            db = str(work / "queue.db") if backend == "sqlite" else pg.location(schema)
+            async with DurableWorker(db, SCOPE, adapter) as worker:
                 for i in range(n_records):
                     await worker.accept(event(i))
                 for c in range(cycles):
