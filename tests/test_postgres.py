@@ -21,7 +21,7 @@ import pytest
 from runner.io.postgres import dsn as pg_dsn
 from tests import pg
 from tests.fakes import sheet_rows
-from tests.helpers import RUN, ROOT, event, last_json, run_cli, write_json
+from tests.helpers import ROOT, RUN, event, last_json, run_cli, write_json
 
 
 @pytest.fixture
@@ -345,10 +345,11 @@ def test_a_v1_store_is_upgraded_in_place(db: str, workdir: Path, scope_file: Pat
     from runner.io.postgres import schema
 
     s = f'"{pg.schema_of(db)}"'
+    scope_json = json.dumps(json.loads(scope_file.read_text()))
     pg.execute(
         "BEGIN;" + schema.render(schema.BOOTSTRAP + schema.MIGRATIONS[1], s)
         + f"INSERT INTO {s}.schema_migrations (version) VALUES (1);"
-        + f"INSERT INTO {s}.meta VALUES ('scope', '{json.dumps(json.loads(scope_file.read_text()))}');"
+        + f"INSERT INTO {s}.meta VALUES ('scope', '{scope_json}');"
         + f"INSERT INTO {s}.leads (tenant_id, source_lead_id, canonical, write_id, accepted_at,"
         + f" updated_at) VALUES ('tenant-synthetic-1', 'lead-1', '{json.dumps(event(1))}',"
         + " 'w-1', '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z'); COMMIT;")

@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import anyio
-
 import pytest
 
 from runner.states import LeadState
