@@ -49,7 +49,12 @@ echo "# 6. the restart never resends it: in_flight becomes uncertain, and an exa
 echo "#    by write_id proves the write happened -> confirmed, attempts still 1"
 show "$RUNNER" once --db queue.db --scope scope.json --target target.db
 echo
-echo "# 7. status: every state counted, records by key, the outbox (no contact fields)"
+echo "# 7. the CRM changes a lead's status; the poll pass after each cycle notices it"
+python3 -c "import sqlite3; c = sqlite3.connect('target.db'); \
+c.execute(\"UPDATE sheet SET status = 'qualified' WHERE source_lead_id = 'demo-lead-2'\"); c.commit()"
+show "$RUNNER" start --db queue.db --scope scope.json --target target.db --cycles 1
+echo
+echo "# 8. status: every state counted, records by key, the outbox (no contact fields)"
 printf '\n$ runner status --db queue.db --scope scope.json | python3 -m json.tool\n'
 "$RUNNER" status --db queue.db --scope scope.json | python3 -m json.tool --indent 2
 echo

@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
 """Entry point: ``python run.py COMMAND ...`` (the same as the ``runner`` console script)."""
 
-import sys
-
-from runner.cli import main
+from runner.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -8,7 +8,9 @@ stderr as one clear line (JSON with ``--log-format json``) and map to the exit c
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -58,14 +60,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(fmt)
     handler: Handler = args.handler
     try:
-        return anyio.run(handler, args)
+        code = anyio.run(handler, args)
     except RunnerError as exc:
         print(logs.error_line(exc.message, fmt=fmt, reason=exc.reason), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print(logs.error_line("interrupted", fmt=fmt, reason="interrupted"), file=sys.stderr)
         return 130
+    except BaseExceptionGroup as group:
+        # a task group (the runner loop) wraps what its tasks raised: a store error or a
+        # lost lock inside a cycle is still one line and its exit code, not a traceback
+        error = _sole_runner_error(group)
+        if error is None:
+            raise
+        print(logs.error_line(error.message, fmt=fmt, reason=error.reason), file=sys.stderr)
+        return error.exit_code
+    return code
+
+
+def _sole_runner_error(group: BaseExceptionGroup[BaseException]) -> RunnerError | None:
+    """The first RunnerError of a group whose every leaf is one (else None: a bug, which
+    keeps its traceback)."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            pending[:0] = list(exc.exceptions)
+        else:
+            leaves.append(exc)
+    if leaves and all(isinstance(leaf, RunnerError) for leaf in leaves):
+        first = leaves[0]
+        assert isinstance(first, RunnerError)
+        return first
+    return None
+
+
+def entry() -> None:
+    """The process entry point (``runner`` script, ``python run.py``)."""
+    code = main()
+    if threading.active_count() > 1:
+        # a cancelled target call may still be blocked in its worker thread (a hard stop,
+        # or a read interrupted by a stop): exit now instead of waiting for it.  Its record
+        # is already uncertain or still in flight; nothing else is left to clean up.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -7,7 +7,7 @@ non-empty strings, no field may be added.  Values are never trimmed or case-fold
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, NewType
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -20,8 +20,9 @@ from pydantic import (
 )
 
 from runner.errors import BadInputError
+from runner.ids import WriteId
 
-WriteId = NewType("WriteId", str)
+__all__ = ["CRMRecord", "LeadEvent", "Scope", "WriteId", "validate_event", "validate_scope"]
 
 #: an id from the outside world: non-empty, bounded
 Id = Annotated[StrictStr, Field(min_length=1, max_length=512)]

@@ -27,7 +27,7 @@ def record_json(row: LeadRow) -> dict[str, Any]:
 
 def head_json(summary: StoreSummary) -> dict[str, Any]:
     return {
-        "scope": summary.scope.model_dump() if summary.scope else None,
+        "scope": summary.scope,
         "schema_version": summary.schema_version,
         "counts": {state.value: n for state, n in summary.counts.items()},
     }

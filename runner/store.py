@@ -11,17 +11,23 @@ Adapters are imported lazily, so a command never loads a driver it does not use.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from runner.errors import ConfigMismatch
-from runner.models import LeadEvent, Scope, WriteId
+from runner.ids import WriteId
 from runner.states import LeadState
 
+if TYPE_CHECKING:
+    from runner.models import LeadEvent, Scope
+
 AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
+
+#: a pinned scope as stored: its four fields (no model, so ``status`` stays light)
+ScopeData = dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,35 @@ class LeadWork:
     event: LeadEvent
 
 
+ObservationOutcome = Literal["changed", "unchanged", "missing", "failed"]
+
+
+@dataclass(frozen=True)
+class PollTarget:
+    """A confirmed record due for a status poll, with its last snapshot (canonical JSON)."""
+
+    seq: int
+    source_lead_id: str
+    write_id: WriteId
+    snapshot: str | None
+
+
+@dataclass(frozen=True)
+class ObservationWrite:
+    """What to store for one observation (L11): ``changed`` stores ``snapshot`` (canonical
+    JSON) and writes a ``status_changed`` event; ``unchanged`` and ``failed`` only move the
+    poll time; ``missing`` makes the record ``confirmed_then_missing``."""
+
+    write_id: WriteId
+    outcome: ObservationOutcome
+    snapshot: str | None = None
+
+
 @dataclass(frozen=True)
 class StoreSummary:
     """Everything ``status`` shows except the record list (which is streamed)."""
 
-    scope: Scope | None
+    scope: ScopeData | None  # the pinned scope's fields (no model: status stays light)
     schema_version: int
     counts: dict[LeadState, int]
     outbox_count: int
@@ -138,6 +168,31 @@ class Store(Protocol):
         ``target_ambiguous`` outbox event."""
         ...
 
+    # -- status observations (L11, L12) --------------------------------------------------
+
+    async def poll_page(self, limit: int) -> list[PollTarget]:
+        """Up to ``limit`` confirmed records, oldest poll first (never polled first, then
+        accept order)."""
+        ...
+
+    async def find_lead(self, tenant_id: str, source_lead_id: str) -> LeadRow | None: ...
+
+    async def lead_snapshot(self, write_id: WriteId) -> tuple[LeadState, str | None] | None:
+        """A record's state and its last snapshot (canonical JSON), or None if unknown."""
+        ...
+
+    async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
+        """Store a pass's observations in one transaction; only confirmed records change.
+        Returns how many snapshots really changed (each wrote one event)."""
+        ...
+
+    async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
+        """Note a pass's read failure (or ``None`` for a healthy pass).  A failure that
+        differs from the open run starts a new run with one ``poll_health`` event; the same
+        failure only extends the run; a healthy pass closes it.  Returns True if an event
+        was written.  Safe across processes (one transaction)."""
+        ...
+
     async def summary(self) -> StoreSummary:
         """Counts, outbox figures and poll health, from one consistent read."""
         ...
@@ -147,13 +202,13 @@ class Store(Protocol):
         ...
 
 
-def check_scope(pinned: Scope | None, wanted: Scope | None) -> None:
-    """Refuse a store pinned to another scope (L1), naming the fields that differ."""
-    if wanted is not None and pinned is not None and pinned != wanted:
-        differ = [
-            name for name in type(pinned).model_fields
-            if getattr(pinned, name) != getattr(wanted, name)
-        ]
+def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
+    """Refuse (exit 78) a scope that differs from the pinned one; change nothing."""
+    if wanted is None or pinned is None:
+        return
+    want = wanted.model_dump()
+    if pinned != want:
+        differ = [name for name in want if pinned.get(name) != want[name]]
         raise ConfigMismatch(
             "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
             "nothing was changed"

@@ -19,12 +19,13 @@ from typing import Any
 
 from runner import intake
 from runner.clock import Clock, SystemClock
-from runner.errors import UsageError
+from runner.errors import RuleViolation, UsageError
 from runner.models import LeadEvent, Scope
-from runner.port import CRMAdapter, CRMRecordPort
+from runner.port import CRMAdapter, CRMRecordPort, Missing
+from runner.states import LeadState
 from runner.status import status_document
 from runner.store import Store, open_store
-from runner.tasks import deliver
+from runner.tasks import deliver, poll
 
 
 class DurableWorker:
@@ -99,14 +100,44 @@ class DurableWorker:
         *,
         dispatch_limit: int | None = None,
         guard: deliver.SendGuard | None = None,
+        summary: deliver.CycleSummary | None = None,
     ) -> deliver.CycleSummary:
         """One cycle: recover -> reconcile -> dispatch (L8), under the worker lock."""
+        summary = summary if summary is not None else deliver.CycleSummary()
         async with self.hold_lock() as recovered:
-            summary = await deliver.run_cycle(
-                self.store, self.port, self.clock, guard=guard, dispatch_limit=dispatch_limit
-            )
-        summary.recovered += recovered
+            summary.recovered += recovered
+            await deliver.run_cycle(self.store, self.port, self.clock, guard=guard,
+                                    dispatch_limit=dispatch_limit, summary=summary)
         return summary
+
+    async def poll(self, limit: int = poll.DEFAULT_POLL_LIMIT) -> poll.PollSummary:
+        """One bounded, fair status poll pass over confirmed records (L12).  Takes no lock:
+        observations never risk a duplicate write."""
+        low, high = poll.POLL_LIMIT_RANGE
+        if not low <= limit <= high:
+            raise UsageError(f"poll limit must be between {low} and {high}")
+        return await poll.poll_pass(self.store, self.port, self.clock, limit)
+
+    async def observe(
+        self, record: Mapping[str, Any] | LeadEvent, snapshot: Mapping[str, Any]
+    ) -> str:
+        """Store the latest status observation of a confirmed record (L11).  Returns
+        ``changed``, ``unchanged`` or ``missing``; refuses records that are not confirmed."""
+        event, _ = intake.prepare(record, self.scope)
+        seen = poll.snapshot_from_json(snapshot)
+        row = await self.store.find_lead(event.tenant_id, event.source_lead_id)
+        if row is None:
+            raise RuleViolation("no accepted record with this key", reason="unknown_record")
+        if row.state is LeadState.CONFIRMED_THEN_MISSING and isinstance(seen, Missing):
+            return "missing"
+        if row.state is not LeadState.CONFIRMED:
+            raise RuleViolation(
+                f"only confirmed records are observed; this one is {row.state.value}",
+                reason="not_confirmed")
+        current = await self.store.lead_snapshot(row.write_id)
+        write = poll.decide(row.write_id, current[1] if current else None, seen)
+        await self.store.apply_observations([write], self.clock.now())
+        return write.outcome
 
     async def status(self) -> dict[str, Any]:
         """The status document of SPEC L13."""

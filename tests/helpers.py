@@ -106,3 +106,89 @@ def read_store(location: str | Path) -> tuple[Any, list[Any]]:
             return await store.summary(), [row async for row in store.iter_records()]
 
     return pg.run(read)
+
+
+class Child:
+    """A CLI child process whose stdout/stderr lines are collected as they arrive, so a
+    test can wait for a line (an event) instead of sleeping."""
+
+    def __init__(self, *args: str | Path, env: dict[str, str] | None = None,
+                 preexec_fn: Any = None) -> None:
+        import threading
+
+        self.proc = subprocess.Popen(
+            [sys.executable, RUN, *map(str, args)], env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=preexec_fn,
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._changed = threading.Condition()
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream: Any, into: list[str]) -> None:
+        for line in stream:
+            with self._changed:
+                into.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for(self, predicate: Any, timeout: float = 30, what: str = "a line") -> None:
+        """Wait until ``predicate(self)`` is true (re-checked whenever a line arrives)."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"timed out waiting for {what}: out={self.out} "
+                                         f"err={self.err}")
+                self._changed.wait(min(left, 0.2))
+
+    def wait_err(self, text: str, timeout: float = 30) -> None:
+        self.wait_for(lambda c: any(text in line for line in c.err), timeout, repr(text))
+
+    def wait_out_lines(self, n: int, timeout: float = 30) -> None:
+        self.wait_for(lambda c: len(c.out) >= n, timeout, f"{n} stdout lines")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def finish(self, timeout: float = 30) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._close()
+        return code
+
+    def _close(self) -> None:
+        for reader in self._readers:
+            reader.join(timeout=5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def kill(self) -> None:
+        """Make sure the child is gone (a test's ``finally``)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._close()
+
+
+def wait_path(path: Path, child: Child | None = None, timeout: float = 30) -> None:
+    """Wait until a file exists (a hang fault announcing itself), polling its directory."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if child is not None and child.proc.poll() is not None:
+            raise AssertionError(f"child exited early: out={child.out} err={child.err}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {path}")
+        time.sleep(0.01)

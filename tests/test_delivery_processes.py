@@ -167,3 +167,20 @@ def test_once_usage_errors(env: Env) -> None:
     if not env.db.startswith("postgres"):
         same = run_cli("once", "--db", env.db, "--scope", env.scope, "--target", env.db)
         assert same.returncode == 2
+
+
+@pytest.mark.usefixtures("sqlite_only")
+def test_lock_file_is_private_and_never_a_symlink(env: Env, workdir: Path) -> None:
+    env.accept(1)
+    old = os.umask(0o022)
+    try:
+        assert env.once().returncode == 0
+    finally:
+        os.umask(old)
+    lock = Path(f"{env.db}.lock")
+    assert oct(lock.stat().st_mode & 0o777) == "0o600"
+    lock.unlink()
+    lock.symlink_to(workdir / "elsewhere")
+    proc = env.once()
+    assert proc.returncode == 77 and "symlink" in proc.stderr
+    assert not (workdir / "elsewhere").exists()

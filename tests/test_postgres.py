@@ -115,13 +115,18 @@ def test_sigkill_of_the_holder_frees_the_lock_and_its_send_becomes_uncertain(env
         time.sleep(0.1)
     assert fresh.returncode == 0, fresh.stderr
     summary = last_json(fresh.stdout)
-    # lead-1 was in flight (hung before the target call): uncertain, never resent;
-    # lead-2 was never marked, so this worker sends it
-    assert (summary["recovered"], summary["dispatched"], summary["confirmed"]) == (1, 1, 1)
+    # lead-1 was in flight (its row written, the answer never came): made uncertain, then
+    # confirmed by readback, never resent; lead-2 was never marked, so this worker sends it
+    assert (summary["recovered"], summary["reconciled"]) == (1, 1)
+    assert (summary["dispatched"], summary["confirmed"]) == (1, 1)
     recs = env.records()
-    assert (recs["lead-1"]["state"], recs["lead-1"]["attempts"]) == ("uncertain", 1)
+    assert (recs["lead-1"]["state"], recs["lead-1"]["attempts"]) == ("confirmed", 1)
     assert recs["lead-2"]["state"] == "confirmed"
-    assert [r[4] for r in sheet_rows(env.target)] == ["lead-2"]
+    assert [r[4] for r in sheet_rows(env.target)] == ["lead-1", "lead-2"]
+    moves = [json.loads(p)["to"] for (p,) in pg.fetch(
+        f'SELECT payload::text FROM "{pg.schema_of(env.db)}".outbox '
+        "WHERE subject = 'lead-1' AND kind = 'state_changed' ORDER BY seq")]
+    assert moves == ["in_flight", "uncertain", "confirmed"]
 
 
 def test_the_lock_names_its_holder_and_ignores_how_the_dsn_is_spelled(env: Env) -> None:

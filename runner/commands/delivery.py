@@ -1,66 +1,153 @@
-"""Delivery commands: ``once`` (SPEC L8, L13)."""
+"""Delivery commands: ``once``, ``start``, ``observe``, ``poll-status`` (SPEC L8-L13)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.commands.common import check_paths, clock_from, common_options, emit
-from runner.commands.leads import load_scope
-from runner.io.faults import FaultyAdapter, parse_faults
-from runner.io.synthetic_target import SyntheticTarget
-from runner.port import CRMAdapter, CRMRecordPort
-from runner.worker import DurableWorker
+from runner.commands.leads import load_scope, read_record
+from runner.jsonio import read_json_object
+from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
+
+if TYPE_CHECKING:
+    from runner import loop
+    from runner.tasks.deliver import CycleSummary
+    from runner.worker import DurableWorker
 
 
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} must be at least 1")
-    return number
+def _number(kind: type[int] | type[float], low: float, high: float | None = None,
+            ) -> Callable[[str], Any]:
+    def parse(value: str) -> int | float:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if number < low or (high is not None and number > high):
+            bound = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+            raise argparse.ArgumentTypeError(f"{value!r} must be {bound}")
+        return number
+    return parse
 
 
-def delivery_options() -> argparse.ArgumentParser:
-    parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--fault", action="append", metavar="F",
-                        help="inject a fault into every target call of the run: outage, "
-                             "timeout, crash-after-write, crash-before-write, read-error")
-    parent.add_argument("--dispatch-limit", type=_positive, metavar="N",
-                        help="send at most N records per cycle (default: all)")
-    return parent
+def _fault_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--fault", action="append", metavar="F", help=help_text)
+
+
+def _poll_option(parser: argparse.ArgumentParser) -> None:
+    low, high = POLL_LIMIT_RANGE
+    parser.add_argument("--poll-limit", type=_number(int, low, high), default=DEFAULT_POLL_LIMIT,
+                        metavar="N", help=f"records per poll pass ({low}-{high}, default "
+                                          f"{DEFAULT_POLL_LIMIT})")
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
+    faults = ("inject a fault into every target call of the run: outage, timeout, "
+              "crash-after-write, crash-before-write, read-error")
     once = sub.add_parser(
-        "once", parents=[common_options(scope="required", target="required"),
-                         delivery_options()],
-        help="run one cycle: recover, reconcile, dispatch; print its summary")
+        "once", parents=[common_options(scope="required", target="required")],
+        help="run one cycle (recover, reconcile, dispatch, poll pass); print its summary")
+    _fault_option(once, faults)
+    _poll_option(once)
+    once.add_argument("--dispatch-limit", type=_number(int, 1), metavar="N",
+                      help="send at most N records per cycle (default: all)")
     once.set_defaults(handler=cmd_once)
+
+    start = sub.add_parser(
+        "start", parents=[common_options(scope="required", target="required")],
+        help="run cycles in the foreground until --cycles or SIGINT/SIGTERM")
+    _fault_option(start, faults)
+    _poll_option(start)
+    start.add_argument("--dispatch-limit", type=_number(int, 1), metavar="N",
+                       help="send at most N records per cycle (default: all)")
+    start.add_argument("--interval", type=_number(float, 0), default=5.0, metavar="S",
+                       help="seconds to wait between cycles (default 5)")
+    start.add_argument("--cycles", type=_number(int, 1), metavar="N",
+                       help="stop after N cycles (default: run until signalled)")
+    start.add_argument("--grace", type=_number(float, 0), default=30.0, metavar="S",
+                       help="seconds a send in flight may take to finish after the first "
+                            "signal (default 30)")
+    start.set_defaults(handler=cmd_start)
+
+    observe = sub.add_parser(
+        "observe", parents=[common_options(scope="required", target="optional")],
+        help="store the latest status snapshot of a confirmed record")
+    observe.add_argument("--record", required=True, help="the record's event.json")
+    observe.add_argument("--snapshot", required=True,
+                         help='snapshot.json: {"status": ...}, or {"missing": true}')
+    observe.set_defaults(handler=cmd_observe)
+
+    poll_status = sub.add_parser(
+        "poll-status", parents=[common_options(scope="required", target="required")],
+        help="run one bounded status poll pass over confirmed records")
+    _fault_option(poll_status, "read-error: make every status read fail")
+    _poll_option(poll_status)
+    poll_status.set_defaults(handler=cmd_poll_status)
 
 
 @asynccontextmanager
 async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     """The store, the synthetic target (with any faults) and the worker, from options."""
+    from runner.io.faults import FaultyAdapter, parse_faults
+    from runner.io.synthetic_target import SyntheticTarget
+    from runner.port import CRMAdapter, CRMRecordPort
+    from runner.worker import DurableWorker
+
     check_paths(args)
     scope = load_scope(args.scope)
-    faults = parse_faults(args.fault)
-    target = SyntheticTarget(args.target)
-    adapter: CRMAdapter = FaultyAdapter(target, faults) if faults else target
+    faults = parse_faults(getattr(args, "fault", None))
+    target = SyntheticTarget(args.target) if args.target else None
+    adapter: CRMAdapter | None = target
+    if target is not None and faults:
+        adapter = FaultyAdapter(target, faults)
     try:
-        async with DurableWorker(args.db, scope, CRMRecordPort(adapter),
-                                 clock=clock_from(args)) as worker:
+        port = CRMRecordPort(adapter) if adapter is not None else None
+        async with DurableWorker(args.db, scope, port, clock=clock_from(args)) as worker:
             yield worker
     finally:
-        target.close()
+        if target is not None:
+            target.close()
+
+
+def _emit_cycle(summary: CycleSummary) -> None:
+    emit(summary.to_json())
+
+
+async def _run(args: argparse.Namespace, settings: loop.LoopSettings) -> int:
+    from runner import loop
+
+    async with open_worker(args) as worker:
+        return await loop.run(worker, settings, _emit_cycle)
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
+    from runner import loop
+
+    return await _run(args, loop.LoopSettings(
+        cycles=1, interval=0, poll_limit=args.poll_limit, dispatch_limit=args.dispatch_limit))
+
+
+async def cmd_start(args: argparse.Namespace) -> int:
+    from runner import loop
+
+    return await _run(args, loop.LoopSettings(
+        cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
+        grace=args.grace, dispatch_limit=args.dispatch_limit))
+
+
+async def cmd_observe(args: argparse.Namespace) -> int:
+    record = read_record(args.record)
+    snapshot = read_json_object(args.snapshot, what="snapshot file")
     async with open_worker(args) as worker:
-        summary = await worker.run_cycle(dispatch_limit=args.dispatch_limit)
+        result = await worker.observe(record, snapshot)
+    emit({"result": result, "source_lead_id": record.get("source_lead_id")})
+    return 0
+
+
+async def cmd_poll_status(args: argparse.Namespace) -> int:
+    async with open_worker(args) as worker:
+        summary = await worker.poll(args.poll_limit)
     emit(summary.to_json())
     return 0

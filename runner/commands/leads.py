@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner import intake
 from runner.commands.common import (
     check_paths,
     clock_from,
@@ -16,9 +15,11 @@ from runner.commands.common import (
 )
 from runner.errors import BadInputError
 from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object, read_json_object
-from runner.models import Scope, validate_scope
-from runner.status import write_status
 from runner.store import open_store
+
+if TYPE_CHECKING:
+    from runner import intake
+    from runner.models import Scope
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -35,6 +36,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def load_scope(path: str) -> Scope:
+    from runner.models import validate_scope
+
     return validate_scope(read_json_object(path, what="scope file"))
 
 
@@ -45,6 +48,8 @@ def read_record(path: str) -> dict[str, Any]:
 
 
 async def cmd_accept(args: argparse.Namespace) -> int:
+    from runner import intake
+
     check_paths(args)
     clock = clock_from(args)
     data: dict[str, Any] | None = None
@@ -69,6 +74,8 @@ def _rejected(args: argparse.Namespace, result: intake.AcceptResult) -> int:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
+    from runner.status import write_status
+
     check_paths(args)
     scope = load_scope(args.scope) if args.scope else None
     async with await open_store(args.db, scope=scope, create=False) as store:

@@ -7,7 +7,9 @@ run; a crash fault fires at the first.  Crashes are ``os._exit(73)``: no cleanup
 
 ``hang`` and ``hang-readback`` are for tests: the call blocks (really blocks, in its
 thread) until a file named ``release`` appears in ``$RUNNER_HANG_DIR``; on entering it
-creates ``entered-<call>`` there, so a test can wait for the moment it is stuck.
+creates ``entered-<call>`` there, so a test can wait for the moment it is stuck.  ``hang``
+blocks after the target has committed the row, like a request whose response never
+comes back: whatever happens to the worker, the row is there to be read back.
 """
 
 from __future__ import annotations
@@ -85,9 +87,9 @@ class FaultyAdapter:
             crash("before the target write")
         if Fault.OUTAGE in self.faults:
             raise BeforeWriteError("simulated outage: the request was not sent")
+        self.inner.write(record, write_id)
         if Fault.HANG in self.faults:
             hang("write")
-        self.inner.write(record, write_id)
         if Fault.CRASH_AFTER_WRITE in self.faults:
             crash("after the target write")
         if Fault.TIMEOUT in self.faults:

@@ -87,11 +87,15 @@ async def recover(store: Store, clock: Clock) -> int:
     return len(keys)
 
 
-async def reconcile_all(store: Store, port: CRMRecordPort, clock: Clock) -> int:
+async def reconcile_all(
+    store: Store, port: CRMRecordPort, clock: Clock, guard: SendGuard | None = None
+) -> int:
     """Read back every uncertain record once; returns how many were confirmed."""
     confirmed, after = 0, 0
     while page := await store.uncertain_page(after, PAGE):
         for work in page:
+            if guard is not None and guard.stopping:
+                return confirmed
             after = work.seq
             confirmed += await reconcile_one(store, port, clock, work)
     return confirmed
@@ -149,20 +153,22 @@ async def dispatch_all(
 async def send_one(
     store: Store, port: CRMRecordPort, clock: Clock, work: LeadWork, guard: SendGuard
 ) -> LeadState | None:
-    attempts = await store.mark_in_flight(work.write_id, clock.now())
-    if attempts is None:
-        return None  # no longer dispatchable: someone else's state, leave it alone
-    log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
-                               "attempts": attempts})
-    outcome = LeadState.UNCERTAIN
-    try:
-        with guard.shield():
+    """One send, from its in-flight mark to its recorded outcome, inside the guard's
+    shield: a graceful stop lets it finish, a hard stop cancels it (-> uncertain)."""
+    with guard.shield():
+        attempts = await store.mark_in_flight(work.write_id, clock.now())
+        if attempts is None:
+            return None  # no longer dispatchable: someone else's state, leave it alone
+        log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
+                                   "attempts": attempts})
+        outcome = LeadState.UNCERTAIN
+        try:
             outcome = await _attempt(port, work)
-    finally:
-        # recorded whatever happened; after a cancellation only within a short window
-        with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
-            await store.finish_send(work.write_id, outcome, clock.now())
-            _log_outcome(work, outcome)
+        finally:
+            # recorded whatever happened; after a cancellation only within a short window
+            with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
+                await store.finish_send(work.write_id, outcome, clock.now())
+                _log_outcome(work, outcome)
     return outcome
 
 
@@ -196,12 +202,14 @@ async def run_cycle(
     *,
     guard: SendGuard | None = None,
     dispatch_limit: int | None = None,
+    summary: CycleSummary | None = None,
 ) -> CycleSummary:
     """recover -> reconcile every uncertain record -> dispatch (L8).  The caller holds the
-    worker lock for the whole cycle."""
+    worker lock for the whole cycle.  ``summary`` is filled as the cycle goes, so a cycle
+    interrupted by a stop still reports what it did."""
     guard = guard or NoGuard()
-    summary = CycleSummary()
-    summary.recovered = await recover(store, clock)
-    summary.reconciled = await reconcile_all(store, port, clock)
+    summary = summary if summary is not None else CycleSummary()
+    summary.recovered += await recover(store, clock)
+    summary.reconciled += await reconcile_all(store, port, clock, guard)
     await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit)
     return summary

@@ -11,6 +11,7 @@ commands never load it, and a missing driver is one clear line instead of a trac
     base.py         one session per store, statement helper, consistent reads
     leads.py        accept, summary, records
     delivery.py     guarded state transitions of the delivery cycle
+    observe.py      status observations and poll health
     store.py        the Store: the mixins together, and opening one
 """
 
@@ -19,10 +20,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from runner.errors import StoreError
-from runner.models import Scope
 
 if TYPE_CHECKING:
     from runner.io.postgres.store import PostgresStore
+    from runner.models import Scope
 
 INSTALL_HINT = "PostgreSQL support is not installed: pip install 'runner[postgres]'"
 

@@ -12,10 +12,10 @@ nothing, so it is simply run again (a few times); every other error is translate
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import asyncpg
@@ -25,7 +25,10 @@ from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
 from runner.io.postgres.lock import AdvisoryLock, Fence
 from runner.io.postgres.schema import render
-from runner.models import Scope
+from runner.store import ScopeData
+
+if TYPE_CHECKING:
+    from runner.models import Scope
 
 _RETRIES = 5
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError,
@@ -36,26 +39,33 @@ class PostgresBase:
     backend = "postgres"
 
     def __init__(
-        self, conn: asyncpg.Connection, loc: PgLocation, scope: Scope | None, version: int
+        self, conn: asyncpg.Connection, loc: PgLocation, scope: ScopeData | None, version: int
     ) -> None:
         self._conn = conn
         self.location = loc
-        self._scope = scope
+        self.scope_data = scope
+        self._scope: Scope | None = None
         self.schema_version = version
         self._lock = anyio.Lock()
-        self._reading = False
+        self._reading = False  # inside reading(): the lock is held, a transaction is open
+        self._in_transaction = False
         #: set while this store's worker lock is held: the in-flight mark checks it
         self._fence: Fence | None = None
 
     @property
     def scope(self) -> Scope | None:
+        """The pinned scope as a model (built on first use)."""
+        if self._scope is None and self.scope_data is not None:
+            from runner.models import Scope
+
+            self._scope = Scope.model_validate(self.scope_data)
         return self._scope
 
     async def aclose(self) -> None:
         await connection.close_quietly(self._conn)
 
     def worker_lock(self) -> AdvisoryLock:
-        return AdvisoryLock(self.location, self._scope, on_change=self._set_fence)
+        return AdvisoryLock(self.location, self.scope_data, on_change=self._set_fence)
 
     def _set_fence(self, fence: Fence | None) -> None:
         self._fence = fence
@@ -64,8 +74,8 @@ class PostgresBase:
         return _qualified(template, self.location.schema_ident)
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
-        # inside reading() the lock is already ours (anyio.Lock is not reentrant)
-        return nullcontext() if self._reading else self._lock
+        # inside reading() or _transaction() the lock is already ours (not reentrant)
+        return nullcontext() if self._reading or self._in_transaction else self._lock
 
     async def _fetch(self, template: str, *args: Any) -> Sequence[asyncpg.Record]:
         sql = self._sql(template)
@@ -73,7 +83,7 @@ class PostgresBase:
             try:
                 return await self._conn.fetch(sql, *args)
             except _RETRYABLE:
-                if self._reading or attempt == _RETRIES - 1:
+                if self._reading or self._in_transaction or attempt == _RETRIES - 1:
                     raise StoreBusy("the store kept aborting a write as a deadlock victim; "
                                     "try again") from None
                 await anyio.sleep(0.01 * (attempt + 1))
@@ -83,16 +93,40 @@ class PostgresBase:
         raise AssertionError("unreachable")
 
     @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[None]:
+        """Several statements as one transaction, under the session lock.  Rolled back on
+        any error, and on cancellation too (shielded and bounded: a half-done transaction
+        must never be left open on the shared session)."""
+        async with self._guard():
+            transaction = self._conn.transaction()
+            await self._call(transaction.start(), "writing the store")
+            self._in_transaction = True
+            try:
+                yield
+            except BaseException:
+                with (anyio.CancelScope(shield=True),
+                      anyio.move_on_after(connection.CLOSE_TIMEOUT),
+                      contextlib.suppress(*connection.TRANSLATED)):
+                    await transaction.rollback()
+                raise
+            else:
+                await self._call(transaction.commit(), "writing the store")
+            finally:
+                self._in_transaction = False
+
+    async def _call(self, step: Awaitable[None], doing: str) -> None:
+        try:
+            await step
+        except connection.TRANSLATED as exc:
+            raise connection.translate(exc, doing, self.location.where) from None
+
+    @asynccontextmanager
     async def reading(self) -> AsyncIterator[None]:
         """One consistent snapshot for several reads (a read-only repeatable-read
         transaction: it takes no locks and never waits for writers)."""
         async with self._lock:
             transaction = self._conn.transaction(isolation="repeatable_read", readonly=True)
-            try:
-                await transaction.start()
-            except connection.TRANSLATED as exc:
-                raise connection.translate(
-                    exc, "reading the store", self.location.where) from None
+            await self._call(transaction.start(), "reading the store")
             self._reading = True
             try:
                 yield

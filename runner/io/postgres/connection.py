@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import socket
+from typing import TYPE_CHECKING
 
 import anyio
 import asyncpg
@@ -34,8 +36,10 @@ from runner.errors import (
 )
 from runner.io.postgres import schema
 from runner.io.postgres.dsn import PgLocation
-from runner.models import Scope
-from runner.store import check_scope
+from runner.store import ScopeData, check_scope
+
+if TYPE_CHECKING:
+    from runner.models import Scope
 
 CONNECT_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
@@ -181,15 +185,17 @@ async def _read_version(conn: asyncpg.Connection, loc: PgLocation) -> int | None
     return version
 
 
-async def _pinned_scope(conn: asyncpg.Connection, loc: PgLocation) -> Scope | None:
+async def _pinned_scope(conn: asyncpg.Connection, loc: PgLocation) -> ScopeData | None:
     sql = schema.render("SELECT value FROM {s}.meta WHERE key = 'scope'", loc.schema_ident)
     value = await conn.fetchval(sql)
-    return None if value is None else Scope.model_validate_json(value)
+    if value is None:
+        return None
+    return {str(k): str(v) for k, v in json.loads(value).items()}
 
 
 async def migrate_and_pin(
     conn: asyncpg.Connection, loc: PgLocation, scope: Scope | None
-) -> tuple[int, Scope | None]:
+) -> tuple[int, ScopeData | None]:
     """Create/upgrade the schema and pin the scope in one transaction (K2, K9)."""
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)",
@@ -208,13 +214,13 @@ async def migrate_and_pin(
             await conn.execute(schema.render(
                 "INSERT INTO {s}.meta (key, value) VALUES ('scope', $1)", loc.schema_ident),
                 scope.model_dump_json())
-            pinned = scope
+            pinned = scope.model_dump()
     return schema.LATEST, pinned
 
 
 async def inspect(
     conn: asyncpg.Connection, loc: PgLocation, scope: Scope | None
-) -> tuple[int, Scope | None]:
+) -> tuple[int, ScopeData | None]:
     """Read-only open: check version and scope, write nothing."""
     version = await _read_version(conn, loc)
     if not version:

@@ -18,9 +18,9 @@ from typing import Any
 
 from runner.clock import to_text
 from runner.errors import LockLost
+from runner.ids import WriteId
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.lock import FENCE_HELD
-from runner.models import LeadEvent, WriteId
 from runner.states import IllegalTransition, LeadState, check_transition
 from runner.store import LeadWork
 
@@ -56,6 +56,8 @@ WHERE write_id = $4 AND state = 'uncertain' RETURNING seq
 
 
 def _work(row: Any) -> LeadWork:
+    from runner.models import LeadEvent  # the model is built only by commands that deliver
+
     return LeadWork(
         seq=int(row["seq"]),
         source_lead_id=str(row["source_lead_id"]),

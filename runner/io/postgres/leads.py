@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.clock import to_text
 from runner.errors import RunnerError
+from runner.ids import WriteId
 from runner.io.postgres.base import PostgresBase
-from runner.models import LeadEvent, WriteId
 from runner.states import LeadState
 from runner.store import AcceptOutcome, LeadRow, StoreSummary
+
+if TYPE_CHECKING:
+    from runner.models import LeadEvent
 
 _ACCEPT = """
 WITH inserted AS (
@@ -44,13 +47,17 @@ SELECT
    FROM (SELECT state, count(*) AS n FROM {s}.leads GROUP BY state) AS by_state) AS states,
   (SELECT coalesce(json_object_agg(kind, n ORDER BY kind), '{}')::text
    FROM (SELECT kind, count(*) AS n FROM {s}.outbox GROUP BY kind) AS by_kind) AS kinds,
-  (SELECT coalesce(max(seq), 0) FROM {s}.outbox) AS last_seq
+  (SELECT coalesce(max(seq), 0) FROM {s}.outbox) AS last_seq,
+  (SELECT coalesce(json_agg(runs ORDER BY runs.run DESC), '[]')::text
+   FROM (SELECT run, failure, first_at AS since, last_at, passes, recovered_at,
+                recovered_at IS NULL AS open
+         FROM {s}.poll_health ORDER BY run DESC LIMIT 20) AS runs) AS poll_health
 """
-_RECORD_PAGE = """
-SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
-       snapshot::text AS snapshot, last_polled_at
-FROM {s}.leads WHERE seq > $1 ORDER BY seq LIMIT $2
-"""
+RECORD_COLUMNS = (
+    "seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts, "
+    "snapshot, last_polled_at"
+)
+_RECORD_PAGE = f"SELECT {RECORD_COLUMNS} FROM {{s}}.leads WHERE seq > $1 ORDER BY seq LIMIT $2"
 
 
 def row_to_lead(row: Any) -> LeadRow:
@@ -92,12 +99,13 @@ class LeadQueries(PostgresBase):
         counts.update({LeadState(state): int(n) for state, n in json.loads(row["states"]).items()})
         by_kind = {str(kind): int(n) for kind, n in json.loads(row["kinds"]).items()}
         return StoreSummary(
-            scope=self._scope,
+            scope=self.scope_data,
             schema_version=self.schema_version,
             counts=counts,
             outbox_count=sum(by_kind.values()),
             outbox_last_seq=int(row["last_seq"]),
             outbox_by_kind=by_kind,
+            poll_health=json.loads(row["poll_health"]),
         )
 
     async def iter_records(self, *, page: int = 1000) -> AsyncIterator[LeadRow]:

@@ -21,6 +21,7 @@ takeover is made uncertain and only ever reconciled.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ import asyncpg
 from runner.errors import LockHeld
 from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
-from runner.models import Scope
+from runner.store import ScopeData
 
 _HOLDER = """
 SELECT a.application_name, a.pid, host(a.client_addr) AS addr
@@ -69,9 +70,9 @@ class Fence:
         return self.backend_pid, self.classid, self.objid
 
 
-def worker_lock_key(schema: str, scope: Scope | None) -> int:
-    return connection.stable_key(
-        "runner.worker-lock", schema, scope.model_dump_json() if scope else "")
+def worker_lock_key(schema: str, scope: ScopeData | None) -> int:
+    pinned = json.dumps(scope, sort_keys=True, separators=(",", ":")) if scope else ""
+    return connection.stable_key("runner.worker-lock", schema, pinned)
 
 
 def split_key(key: int) -> tuple[int, int]:
@@ -84,7 +85,7 @@ class AdvisoryLock:
     """An exclusive, non-blocking lock held by a dedicated session for the whole run."""
 
     def __init__(
-        self, loc: PgLocation, scope: Scope | None,
+        self, loc: PgLocation, scope: ScopeData | None,
         on_change: Callable[[Fence | None], None] | None = None,
     ) -> None:
         self.location = loc

@@ -65,7 +65,7 @@ CREATE TABLE {s}.leads (
     state              text NOT NULL DEFAULT 'prepared' CHECK (state IN ({states})),
     attempts           integer NOT NULL DEFAULT 0,
     reconcile_attempts integer NOT NULL DEFAULT 0,
-    snapshot           jsonb,
+    snapshot           text,  -- canonical JSON, compared as text (as on SQLite)
     last_polled_at     text,
     accepted_at        text NOT NULL,
     updated_at         text NOT NULL,
@@ -195,6 +195,58 @@ FOR EACH ROW WHEN (NEW.reconcile_note IS NOT NULL
 EXECUTE FUNCTION {s}.leads_target_ambiguous();
 """
 
+#: v3, status polling (L11, L12), as on SQLite: when the snapshot last changed, one
+#: ``status_changed`` event per changed snapshot (by trigger, so an unchanged poll can never
+#: write one), the poll order index, and poll-health runs (one ``poll_health`` event per run
+#: of the same failure; at most one run is open, enforced by a unique index)
+V3 = (
+    """
+ALTER TABLE {s}.leads ADD COLUMN snapshot_changed_at text;
+
+CREATE INDEX leads_poll_order ON {s}.leads (state, last_polled_at NULLS FIRST, seq);
+
+CREATE FUNCTION {s}.leads_status_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {s}.outbox_append('status_changed', NEW.source_lead_id,
+        jsonb_build_object('tenant_id', NEW.tenant_id, 'write_id', NEW.write_id,
+                           'snapshot', NEW.snapshot::jsonb, 'previous', OLD.snapshot::jsonb),
+        NEW.updated_at);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER leads_status_changed AFTER UPDATE ON {s}.leads
+FOR EACH ROW WHEN (NEW.snapshot IS DISTINCT FROM OLD.snapshot)
+EXECUTE FUNCTION {s}.leads_status_changed();
+
+CREATE TABLE {s}.poll_health (
+    run          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    failure      text NOT NULL,
+    first_at     text NOT NULL,
+    last_at      text NOT NULL,
+    passes       integer NOT NULL DEFAULT 1,
+    recovered_at text
+);
+CREATE UNIQUE INDEX poll_health_one_open ON {s}.poll_health ((true))
+WHERE recovered_at IS NULL;
+"""
+    + _refuse("poll_health_kept", "poll health runs are kept")
+    + """
+CREATE TRIGGER poll_health_no_delete BEFORE DELETE ON {s}.poll_health
+FOR EACH ROW EXECUTE FUNCTION {s}.poll_health_kept();
+CREATE TRIGGER poll_health_no_truncate BEFORE TRUNCATE ON {s}.poll_health
+FOR EACH STATEMENT EXECUTE FUNCTION {s}.poll_health_kept();
+
+CREATE FUNCTION {s}.poll_health_event() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {s}.outbox_append('poll_health', NULL,
+        jsonb_build_object('run', NEW.run, 'failure', NEW.failure, 'state', 'failing'),
+        NEW.first_at);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER poll_health_event AFTER INSERT ON {s}.poll_health
+FOR EACH ROW EXECUTE FUNCTION {s}.poll_health_event();
+"""
+)
+
 #: the bookkeeping every version relies on; created with the schema, before v1
 BOOTSTRAP = """
 CREATE SCHEMA IF NOT EXISTS {s};
@@ -205,7 +257,7 @@ CREATE TABLE {s}.schema_migrations (
 """
 
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
-MIGRATIONS: dict[int, str] = {1: V1, 2: V2}
+MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3}
 LATEST = max(MIGRATIONS)
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from runner.io.postgres import connection
 from runner.io.postgres.delivery import DeliveryQueries
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadQueries
-from runner.models import Scope
+from runner.io.postgres.observe import ObserveQueries
+
+if TYPE_CHECKING:
+    from runner.models import Scope
 
 
-class PostgresStore(LeadQueries, DeliveryQueries):
+class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries):
     async def __aenter__(self) -> PostgresStore:
         return self
 

@@ -11,31 +11,40 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 import anyio
 
 from runner.io.filelock import FileLock, lock_path_for
 from runner.io.sqlite import connection
-from runner.models import Scope
+from runner.store import ScopeData
+
+if TYPE_CHECKING:
+    from runner.models import Scope
 
 
 class SQLiteBase:
     backend = "sqlite"
 
     def __init__(
-        self, conn: aiosqlite.Connection, path: str, scope: Scope | None, version: int
+        self, conn: aiosqlite.Connection, path: str, scope: ScopeData | None, version: int
     ) -> None:
         self._conn = conn
         self.path = path
-        self._scope = scope
+        self.scope_data = scope
+        self._scope: Scope | None = None
         self.schema_version = version
         self._lock = anyio.Lock()
         self._reading = False
 
     @property
     def scope(self) -> Scope | None:
+        """The pinned scope as a model (built on first use)."""
+        if self._scope is None and self.scope_data is not None:
+            from runner.models import Scope
+
+            self._scope = Scope.model_validate(self.scope_data)
         return self._scope
 
     async def aclose(self) -> None:
@@ -53,6 +62,32 @@ class SQLiteBase:
             return list(await self._conn.execute_fetchall(sql, params))
         except sqlite3.Error as exc:
             raise connection.translate(exc, "reading or writing the store") from None
+
+    async def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        """Run one statement for many rows; returns the rows it changed (not counting
+        rows written by triggers)."""
+        try:
+            cursor = await self._conn.executemany(sql, rows)
+            count = cursor.rowcount
+            await cursor.close()
+        except sqlite3.Error as exc:
+            raise connection.translate(exc, "writing the store") from None
+        return count
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[None]:
+        """``BEGIN IMMEDIATE`` … ``COMMIT`` under the connection lock; rolled back on any
+        error, and on cancellation too (in a shielded scope: a half-done transaction must
+        never be left open on a shared connection)."""
+        async with self._guard():
+            await self._fetchall("BEGIN IMMEDIATE")
+            try:
+                yield
+                await self._fetchall("COMMIT")
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await connection.rollback_quietly(self._conn)
+                raise
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[None]:

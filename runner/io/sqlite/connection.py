@@ -11,9 +11,11 @@ statement outside a transaction is equally safe: SQLite starts it as a write tra
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import aiosqlite
 import anyio
@@ -28,8 +30,11 @@ from runner.errors import (
 )
 from runner.io import fsguard
 from runner.io.sqlite import schema
-from runner.models import Scope
-from runner.store import check_scope
+from runner.store import ScopeData, check_scope
+
+if TYPE_CHECKING:
+    from runner.models import Scope
+
 
 BUSY_TIMEOUT_MS = 30_000
 MIN_SQLITE = (3, 37, 0)  # STRICT tables; RETURNING needs 3.35
@@ -128,16 +133,17 @@ def _check_header(version: int, app_id: int, objects: int, path: str) -> None:
         )
 
 
-async def _pinned_scope(conn: aiosqlite.Connection) -> Scope | None:
+async def _pinned_scope(conn: aiosqlite.Connection) -> ScopeData | None:
     rows = list(await conn.execute_fetchall("SELECT value FROM meta WHERE key = 'scope'"))
     if not rows:
         return None
-    return Scope.model_validate_json(rows[0][0])
+    data = json.loads(rows[0][0])
+    return {str(k): str(v) for k, v in data.items()}
 
 
 async def migrate_and_pin(
     conn: aiosqlite.Connection, path: str, scope: Scope | None
-) -> tuple[int, Scope | None]:
+) -> tuple[int, ScopeData | None]:
     """Create/upgrade the schema and pin the scope in one ``BEGIN IMMEDIATE``."""
     await conn.execute("BEGIN IMMEDIATE")
     try:
@@ -156,7 +162,7 @@ async def migrate_and_pin(
                 "INSERT INTO meta (key, value) VALUES ('scope', ?)",
                 (scope.model_dump_json(),),
             )
-            pinned = scope
+            pinned = scope.model_dump()
         await conn.execute("COMMIT")
     except BaseException:
         await rollback_quietly(conn)
@@ -166,7 +172,7 @@ async def migrate_and_pin(
 
 async def inspect(
     conn: aiosqlite.Connection, path: str, scope: Scope | None
-) -> tuple[int, Scope | None]:
+) -> tuple[int, ScopeData | None]:
     """Read-only open: check version and scope, write nothing."""
     version, app_id, objects = await _read_header(conn)
     _check_header(version, app_id, objects, path)

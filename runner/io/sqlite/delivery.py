@@ -13,8 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from runner.clock import to_text
+from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
-from runner.models import LeadEvent, WriteId
 from runner.states import IllegalTransition, LeadState, check_transition
 from runner.store import LeadWork
 
@@ -22,6 +22,8 @@ _WORK_COLUMNS = "seq, source_lead_id, write_id, state, canonical"
 
 
 def _work(row: Sequence[Any]) -> LeadWork:
+    from runner.models import LeadEvent  # the model is built only by commands that deliver
+
     return LeadWork(
         seq=int(row[0]),
         source_lead_id=str(row[1]),

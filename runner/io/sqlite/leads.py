@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.clock import to_text
 from runner.errors import RunnerError
+from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
-from runner.models import LeadEvent, WriteId
 from runner.states import LeadState
 from runner.store import AcceptOutcome, LeadRow, StoreSummary
+
+if TYPE_CHECKING:
+    from runner.models import LeadEvent
 
 _ACCEPT = """
 INSERT INTO leads (tenant_id, source_lead_id, canonical, write_id, state,
@@ -26,11 +29,11 @@ ON CONFLICT (tenant_id, source_lead_id) DO NOTHING
 RETURNING write_id
 """
 _EXISTING = "SELECT canonical, write_id FROM leads WHERE tenant_id = ? AND source_lead_id = ?"
-_RECORD_COLUMNS = (
+RECORD_COLUMNS = (
     "seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts, "
     "snapshot, last_polled_at"
 )
-_RECORD_PAGE = f"SELECT {_RECORD_COLUMNS} FROM leads WHERE seq > ? ORDER BY seq LIMIT ?"
+_RECORD_PAGE = f"SELECT {RECORD_COLUMNS} FROM leads WHERE seq > ? ORDER BY seq LIMIT ?"
 
 
 def row_to_lead(row: Sequence[Any]) -> LeadRow:
@@ -77,7 +80,7 @@ class LeadQueries(SQLiteBase):
         counts.update({LeadState(state): int(n) for state, n in states})
         by_kind = {str(kind): int(n) for kind, n in kinds}
         return StoreSummary(
-            scope=self._scope,
+            scope=self.scope_data,
             schema_version=self.schema_version,
             counts=counts,
             outbox_count=sum(by_kind.values()),

@@ -122,8 +122,48 @@ BEGIN
 END;
 """
 
+#: v3, status polling (L11, L12): when the snapshot last changed, one ``status_changed``
+#: event per changed snapshot (by trigger, so an unchanged poll can never write one), the
+#: poll order index, and poll-health runs (one ``poll_health`` event per run of the same
+#: failure, deduplicated here so separate processes share it)
+V3 = """
+ALTER TABLE leads ADD COLUMN snapshot_changed_at TEXT;
+
+CREATE INDEX leads_poll_order ON leads (state, last_polled_at, seq);
+
+CREATE TRIGGER leads_status_changed AFTER UPDATE OF snapshot ON leads
+WHEN NEW.snapshot IS NOT OLD.snapshot
+BEGIN
+    INSERT INTO outbox (kind, subject, payload, at)
+    VALUES ('status_changed', NEW.source_lead_id,
+            json_object('tenant_id', NEW.tenant_id, 'write_id', NEW.write_id,
+                        'snapshot', json(NEW.snapshot), 'previous', json(OLD.snapshot)),
+            NEW.updated_at);
+END;
+
+CREATE TABLE poll_health (
+    run          INTEGER PRIMARY KEY,
+    failure      TEXT NOT NULL,
+    first_at     TEXT NOT NULL,
+    last_at      TEXT NOT NULL,
+    passes       INTEGER NOT NULL DEFAULT 1,
+    recovered_at TEXT
+) STRICT;
+
+CREATE TRIGGER poll_health_no_delete BEFORE DELETE ON poll_health
+BEGIN SELECT RAISE(ABORT, 'poll health runs are kept'); END;
+
+CREATE TRIGGER poll_health_event AFTER INSERT ON poll_health
+BEGIN
+    INSERT INTO outbox (kind, subject, payload, at)
+    VALUES ('poll_health', NULL,
+            json_object('run', NEW.run, 'failure', NEW.failure, 'state', 'failing'),
+            NEW.first_at);
+END;
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
-MIGRATIONS: dict[int, str] = {1: V1, 2: V2}
+MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3}
 LATEST = max(MIGRATIONS)
 
 

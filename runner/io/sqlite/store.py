@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from runner.io.sqlite import connection
 from runner.io.sqlite.delivery import DeliveryQueries
 from runner.io.sqlite.leads import LeadQueries
-from runner.models import Scope
+from runner.io.sqlite.observe import ObserveQueries
+from runner.store import StoreSummary
+
+if TYPE_CHECKING:
+    from runner.models import Scope
 
 
-class SQLiteStore(LeadQueries, DeliveryQueries):
+class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries):
+    async def summary(self) -> StoreSummary:
+        lead_summary = await LeadQueries.summary(self)
+        return replace(lead_summary, poll_health=await self.poll_health_runs())
     async def __aenter__(self) -> SQLiteStore:
         return self
 

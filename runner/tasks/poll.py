@@ -1,0 +1,94 @@
+"""Status observations (SPEC L11, L12): ``observe`` one record, or a bounded fair poll pass.
+
+Observations are latest snapshots, not history, not identity, not a sale.  A failed or
+ambiguous read keeps the last snapshot and never means deletion; only an explicit
+``missing`` answer makes a confirmed record ``confirmed_then_missing``, which is never
+dispatched or recreated.  A run of the same read failure is one ``poll_health`` event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from runner.clock import Clock
+from runner.errors import BadInputError
+from runner.jsonio import canonical
+from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
+from runner.models import WriteId
+from runner.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
+from runner.store import ObservationWrite, Store
+
+log = logging.getLogger("runner.poll")
+
+__all__ = ["DEFAULT_POLL_LIMIT", "POLL_LIMIT_RANGE", "PollSummary", "decide", "poll_pass",
+           "snapshot_from_json"]
+
+
+@dataclass
+class PollSummary:
+    polled: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    missing: int = 0
+    failed: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def snapshot_from_json(doc: Mapping[str, Any]) -> Snapshot | Missing:
+    """A snapshot document (L11): ``{"missing": true}`` exactly is an explicit missing
+    observation; any other object without a ``missing`` key is a business snapshot."""
+    if "missing" in doc:
+        if dict(doc) == {"missing": True}:
+            return Missing()
+        raise BadInputError('a snapshot with "missing" must be exactly {"missing": true}',
+                            reason="invalid_snapshot")
+    return Snapshot(dict(doc))
+
+
+def decide(write_id: WriteId, stored: str | None, seen: Observation) -> ObservationWrite:
+    """Pure: what one observation means against the stored snapshot."""
+    if isinstance(seen, Missing):
+        return ObservationWrite(write_id, "missing")
+    if isinstance(seen, ReadFailure):
+        return ObservationWrite(write_id, "failed")
+    text = canonical(dict(seen.data))
+    if text == stored:
+        return ObservationWrite(write_id, "unchanged")
+    return ObservationWrite(write_id, "changed", text)
+
+
+def failure_kind(seen: ReadFailure) -> str:
+    """A stable name for a failure, so a run of the same failure is recognised."""
+    return seen.reason.split(":", 1)[0].strip() or "read_failed"
+
+
+async def poll_pass(store: Store, port: CRMRecordPort, clock: Clock, limit: int) -> PollSummary:
+    """Read the status of at most ``limit`` confirmed records, oldest poll first."""
+    summary = PollSummary()
+    due = await store.poll_page(limit)
+    if not due:
+        return summary
+    try:
+        seen: dict[str, Observation] = await port.observe_status([t.write_id for t in due])
+    except Exception as exc:  # noqa: BLE001 - a failed read keeps every snapshot (L12)
+        failure = ReadFailure(f"read_error:{type(exc).__name__}")
+        seen = {t.write_id: failure for t in due}
+    writes = [decide(t.write_id, t.snapshot, seen[t.write_id]) for t in due]
+    await store.apply_observations(writes, clock.now())
+    failures = sorted({failure_kind(o) for o in seen.values() if isinstance(o, ReadFailure)})
+    if await store.record_poll_health(",".join(failures) or None, clock.now()):
+        log.warning("status reads failing: %s", ",".join(failures),
+                    extra={"action": "poll.health", "reason": ",".join(failures)})
+    keys = {t.write_id: t.source_lead_id for t in due}
+    for write in writes:
+        setattr(summary, write.outcome, getattr(summary, write.outcome) + 1)
+        if write.outcome in ("changed", "missing"):
+            log.info("status %s", write.outcome, extra={
+                "action": f"lead.status_{write.outcome}", "key": keys[write.write_id]})
+    summary.polled = len(due)
+    return summary

@@ -1,0 +1,191 @@
+"""``start`` with real processes and real signals (issue 4 points 1, 2, 6a-c, 6i)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.fakes import sheet_rows
+from tests.helpers import Child, event, last_json, run_cli, wait_path, write_json
+
+
+class Setup:
+    def __init__(self, workdir: Path, scope_file: Path, db: str) -> None:
+        self.dir = workdir
+        self.db = db
+        self.target = workdir / "target.db"
+        self.scope = scope_file
+        self.hang = workdir / "hang"
+        self.hang.mkdir()
+
+    def accept(self, i: int) -> None:
+        rec = write_json(self.dir / f"e{i}.json", event(i))
+        assert run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec
+                       ).returncode == 0
+
+    def args(self, command: str, *extra: str) -> list[str | Path]:
+        return [command, "--db", self.db, "--scope", self.scope, "--target", self.target,
+                *extra]
+
+    def start(self, *extra: str, **kw: object) -> Child:
+        return Child(*self.args("start", *extra), env={"RUNNER_HANG_DIR": str(self.hang)},
+                     **kw)  # type: ignore[arg-type]
+
+    def release(self) -> None:
+        (self.hang / "release").touch()
+
+    def records(self) -> dict[str, dict]:
+        proc = run_cli("status", "--db", self.db)
+        return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
+
+
+@pytest.fixture
+def s(workdir: Path, scope_file: Path, db_location: str) -> Setup:
+    return Setup(workdir, scope_file, db_location)
+
+
+def test_cycles_n_stops_with_exit_0_and_one_line_per_cycle(s: Setup) -> None:
+    s.accept(1)
+    child = s.start("--cycles", "3", "--interval", "0")
+    assert child.finish() == 0, child.err
+    assert len(child.out) == 3
+    lines = [json.loads(line) for line in child.out]
+    assert lines[0]["confirmed"] == 1 and lines[1]["dispatched"] == 0
+    assert all(line["polled"] == 1 for line in lines)
+
+
+def test_a_sigterm_during_a_hanging_send_lets_it_finish(s: Setup) -> None:
+    s.accept(1)
+    child = s.start("--interval", "3600", "--fault", "hang")
+    try:
+        wait_path(s.hang / "entered-write", child)
+        child.signal(signal.SIGTERM)
+        child.wait_err("letting the send in flight finish")
+        assert child.proc.poll() is None  # still waiting for the send
+        s.release()
+        assert child.finish() == 0, child.err
+    finally:
+        child.kill()
+    assert last_json("\n".join(child.out))["confirmed"] == 1
+    rec = s.records()["lead-1"]
+    assert rec["state"] == "confirmed" and rec["attempts"] == 1
+    assert len(sheet_rows(s.target)) == 1
+
+
+def test_b_two_sigterms_stop_at_once_and_the_record_is_reconciled(s: Setup) -> None:
+    s.accept(1)
+    child = s.start("--interval", "3600", "--fault", "hang")
+    try:
+        wait_path(s.hang / "entered-write", child)
+        child.signal(signal.SIGTERM)
+        child.wait_err("letting the send in flight finish")
+        child.signal(signal.SIGTERM)
+        assert child.finish(timeout=15) == 143, child.err  # prompt: the send is still hung
+    finally:
+        child.kill()
+    rec = s.records()["lead-1"]
+    assert rec["state"] in ("uncertain", "in_flight") and rec["attempts"] == 1
+    nxt = run_cli(*s.args("start", "--cycles", "1"))
+    assert nxt.returncode == 0, nxt.stderr
+    assert last_json(nxt.stdout)["reconciled"] == 1
+    rec = s.records()["lead-1"]
+    assert (rec["state"], rec["attempts"]) == ("confirmed", 1)
+    assert len(sheet_rows(s.target)) == 1  # never resent
+
+
+def test_grace_running_out_is_a_hard_stop(s: Setup) -> None:
+    s.accept(1)
+    child = s.start("--interval", "3600", "--fault", "hang", "--grace", "0.5")
+    try:
+        wait_path(s.hang / "entered-write", child)
+        child.signal(signal.SIGINT)
+        assert child.finish(timeout=15) == 130, child.err
+    finally:
+        child.kill()
+    assert any("grace" in line for line in child.err)
+    assert s.records()["lead-1"]["state"] == "uncertain"  # written in the shielded window
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_c_a_signal_during_the_interval_wait_exits_0_promptly(s: Setup, sig: int) -> None:
+    s.accept(1)
+    child = s.start("--interval", "3600")
+    try:
+        child.wait_out_lines(1)
+        child.signal(sig)
+        assert child.finish(timeout=10) == 0, child.err
+    finally:
+        child.kill()
+
+
+def test_c_sigint_stops_a_process_started_with_sigint_ignored(s: Setup) -> None:
+    """A background job of a non-interactive shell inherits SIGINT ignored."""
+    s.accept(1)
+    child = s.start("--interval", "3600",
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        child.wait_out_lines(1)
+        child.signal(signal.SIGINT)
+        assert child.finish(timeout=10) == 0, child.err
+    finally:
+        child.kill()
+
+
+def test_i_no_dispatch_while_a_reconcile_hangs(s: Setup) -> None:
+    s.accept(1)
+    crashed = run_cli(*s.args("once", "--fault", "crash-before-write"))
+    assert crashed.returncode == 73  # lead-1 is now in flight, never sent
+    s.accept(2)
+    child = s.start("--cycles", "1", "--fault", "hang-readback")
+    try:
+        wait_path(s.hang / "entered-read_back", child)
+        recs = s.records()
+        assert recs["lead-2"]["state"] == "prepared" and recs["lead-2"]["attempts"] == 0
+        assert sheet_rows(s.target) == []
+        s.release()
+        assert child.finish() == 0, child.err
+    finally:
+        child.kill()
+    recs = s.records()
+    assert recs["lead-1"]["state"] == "uncertain" and recs["lead-2"]["state"] == "confirmed"
+    assert [r[4] for r in sheet_rows(s.target)] == ["lead-2"]
+
+
+def test_a_signal_during_a_hanging_reconcile_stops_at_once(s: Setup) -> None:
+    s.accept(1)
+    assert run_cli(*s.args("once", "--fault", "crash-before-write")).returncode == 73
+    child = s.start("--fault", "hang-readback", "--interval", "3600")
+    try:
+        wait_path(s.hang / "entered-read_back", child)
+        child.signal(signal.SIGTERM)
+        assert child.finish(timeout=10) == 0, child.err  # a read is not waited for
+    finally:
+        s.release()
+        child.kill()
+    assert s.records()["lead-1"]["state"] == "uncertain"
+
+
+def test_start_refused_while_another_worker_runs(s: Setup) -> None:
+    child = s.start("--interval", "3600")
+    try:
+        child.wait_out_lines(1)
+        second = run_cli(*s.args("start", "--cycles", "1"))
+        assert second.returncode == 75 and f"pid {child.proc.pid}" in second.stderr
+        child.signal(signal.SIGTERM)
+        assert child.finish() == 0
+    finally:
+        child.kill()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--poll-limit", "0"], ["--poll-limit", "1001"], ["--poll-limit", "x"],
+     ["--interval", "-1"], ["--cycles", "0"], ["--grace", "-2"]],
+)
+def test_bad_options_exit_2(s: Setup, bad: list[str]) -> None:
+    proc = run_cli(*s.args("start", *bad))
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
