@@ -241,7 +241,7 @@ def test_authentication_failure_is_one_line_exit_77(workdir: Path, scope_file: P
     assert run_cli("status", "--db", db).returncode == 77
 
 
-def test_missing_privilege_is_exit_77_and_creates_nothing(
+def test_missing_privilege_is_exit_77_until_a_dba_makes_the_schema(
     workdir: Path, scope_file: Path
 ) -> None:
     pg.require()
@@ -250,14 +250,19 @@ def test_missing_privilege_is_exit_77_and_creates_nothing(
         pytest.skip("the test role may not create roles")
     role = "runner_test_limited"
     pg.execute(f"DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN")
+    db = _with_user(role)
     try:
-        db = _with_user(role)
         rec = write_json(workdir / "e.json", event(1))
         proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
         assert proc.returncode == 77, proc.stderr
         assert "permission denied" in one_clean_line(proc)
         assert not pg.exists(db)
+        # a role that may not create schemas can use one a DBA made for it
+        pg.execute(f'CREATE SCHEMA "{pg.schema_of(db)}" AUTHORIZATION {role}')
+        proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
+        assert proc.returncode == 0, proc.stderr
     finally:
+        pg.drop_schemas([pg.schema_of(db)])
         pg.execute(f"DROP ROLE IF EXISTS {role}")
 
 
@@ -352,7 +357,8 @@ def test_a_v1_store_is_upgraded_in_place(db: str, workdir: Path, scope_file: Pat
     s = f'"{pg.schema_of(db)}"'
     scope_json = json.dumps(json.loads(scope_file.read_text()))
     pg.execute(
-        "BEGIN;" + schema.render(schema.BOOTSTRAP + schema.MIGRATIONS[1], s)
+        "BEGIN;"
+        + schema.render(schema.CREATE_SCHEMA + schema.BOOTSTRAP + schema.MIGRATIONS[1], s)
         + f"INSERT INTO {s}.schema_migrations (version) VALUES (1);"
         + f"INSERT INTO {s}.meta VALUES ('scope', '{scope_json}');"
         + f"INSERT INTO {s}.leads (tenant_id, source_lead_id, canonical, write_id, accepted_at,"

@@ -201,6 +201,8 @@ async def migrate_and_pin(
         await conn.execute("SELECT pg_advisory_xact_lock($1)",
                            stable_key("runner.migrate", loc.schema))
         version = await _read_version(conn, loc)
+        if version is None:
+            await conn.execute(schema.render(schema.CREATE_SCHEMA, loc.schema_ident))
         if not version:
             await conn.execute(schema.render(schema.BOOTSTRAP, loc.schema_ident))
         for target, ddl in schema.pending(version or 0):

@@ -247,9 +247,13 @@ FOR EACH ROW EXECUTE FUNCTION {s}.poll_health_event();
 """
 )
 
-#: the bookkeeping every version relies on; created with the schema, before v1
+#: a new store's schema (only when it does not exist yet: CREATE SCHEMA needs the CREATE
+#: privilege on the database even with IF NOT EXISTS, and a DBA may have made the schema
+#: for runner's role beforehand, ``CREATE SCHEMA runner AUTHORIZATION runner``)
+CREATE_SCHEMA = "CREATE SCHEMA {s};"
+
+#: the bookkeeping every version relies on; created before v1
 BOOTSTRAP = """
-CREATE SCHEMA IF NOT EXISTS {s};
 CREATE TABLE {s}.schema_migrations (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT now()
