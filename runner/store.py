@@ -153,7 +153,8 @@ class Store(Protocol):
     async def mark_in_flight(self, write_id: WriteId, now: datetime) -> int | None:
         """prepared/failed_safe -> in_flight with ``attempts + 1``, committed before the
         target is called.  Returns the new attempts, or None if the record is no longer
-        dispatchable."""
+        dispatchable.  While this store holds a PostgreSQL worker lock, the same statement
+        checks that the lock's session still holds it (else ``LockLost``, nothing marked)."""
         ...
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:

@@ -67,7 +67,9 @@ def availability() -> str | None:
     try:
         run(probe)
     except Exception as exc:
-        return f"PostgreSQL at {urlsplit(dsn()).netloc} is unreachable: {exc}"
+        from runner.io.postgres.dsn import describe
+
+        return f"PostgreSQL at {describe(dsn())} is unreachable ({DSN_ENV}): {exc}"
     return None
 
 

@@ -238,3 +238,33 @@ async def test_pg_every_allowed_transition_and_only_those(
             else:
                 with pytest.raises(asyncpg.PostgresError):
                     pg.execute(f"BEGIN; {sql}; ROLLBACK")
+
+
+async def test_tasks_sharing_one_store_never_interleave_transactions(
+    store: Store, scope: Scope
+) -> None:
+    """A status read (one read transaction) while other tasks of the same process accept:
+    the accepts wait for the read instead of running inside it, and none is lost."""
+    import anyio
+
+    seen: list[int] = []
+    reading = anyio.Event()
+
+    async def read() -> None:
+        async with store.reading():
+            seen.append((await store.summary()).counts[LeadState.PREPARED])
+            reading.set()
+            await anyio.sleep(0.05)  # let the accepting tasks try to cut in
+            seen.append(len([r async for r in store.iter_records()]))
+
+    async def accept_later(i: int) -> None:
+        await reading.wait()
+        await accept(store, scope, i)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        for i in range(10):
+            tg.start_soon(accept_later, i)
+    assert seen[0] == seen[1]  # one snapshot
+    doc = await status_document(store)
+    assert doc["counts"]["prepared"] == 10 and doc["outbox"]["count"] == 10

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import asyncpg
+from asyncpg.transaction import Transaction
 
 from runner.errors import StoreBusy
 from runner.io.postgres import connection
@@ -47,8 +48,9 @@ class PostgresBase:
         self._scope: Scope | None = None
         self.schema_version = version
         self._lock = anyio.Lock()
-        self._reading = False  # inside reading(): the lock is held, a transaction is open
-        self._in_transaction = False
+        #: the task inside reading() or _transaction(): it holds the lock already, and its
+        #: statements belong to the open transaction (other tasks still wait for the lock)
+        self._owner: object | None = None
         #: set while this store's worker lock is held: the in-flight mark checks it
         self._fence: Fence | None = None
 
@@ -73,9 +75,12 @@ class PostgresBase:
     def _sql(self, template: str) -> str:
         return _qualified(template, self.location.schema_ident)
 
+    def _inside(self) -> bool:
+        """True in the task that has a transaction open (anyio.Lock is not reentrant)."""
+        return self._owner is not None and self._owner == anyio.get_current_task().id
+
     def _guard(self) -> AbstractAsyncContextManager[Any]:
-        # inside reading() or _transaction() the lock is already ours (not reentrant)
-        return nullcontext() if self._reading or self._in_transaction else self._lock
+        return nullcontext() if self._inside() else self._lock
 
     async def _fetch(self, template: str, *args: Any) -> Sequence[asyncpg.Record]:
         sql = self._sql(template)
@@ -83,7 +88,7 @@ class PostgresBase:
             try:
                 return await self._conn.fetch(sql, *args)
             except _RETRYABLE:
-                if self._reading or self._in_transaction or attempt == _RETRIES - 1:
+                if self._inside() or attempt == _RETRIES - 1:
                     raise StoreBusy("the store kept aborting a write as a deadlock victim; "
                                     "try again") from None
                 await anyio.sleep(0.01 * (attempt + 1))
@@ -100,19 +105,27 @@ class PostgresBase:
         async with self._guard():
             transaction = self._conn.transaction()
             await self._call(transaction.start(), "writing the store")
-            self._in_transaction = True
+            self._owner = anyio.get_current_task().id
             try:
                 yield
             except BaseException:
-                with (anyio.CancelScope(shield=True),
-                      anyio.move_on_after(connection.CLOSE_TIMEOUT),
-                      contextlib.suppress(*connection.TRANSLATED)):
-                    await transaction.rollback()
+                await self._rollback(transaction)
                 raise
             else:
                 await self._call(transaction.commit(), "writing the store")
             finally:
-                self._in_transaction = False
+                self._owner = None
+
+    async def _rollback(self, transaction: Transaction) -> None:
+        """Roll back, shielded and bounded.  A session whose transaction could not be
+        ended is closed rather than reused in an unknown state (later calls fail, 74)."""
+        ended = False
+        with (anyio.CancelScope(shield=True), anyio.move_on_after(connection.CLOSE_TIMEOUT),
+              contextlib.suppress(*connection.TRANSLATED)):
+            await transaction.rollback()
+            ended = True
+        if not ended and not self._conn.is_closed():
+            self._conn.terminate()
 
     async def _call(self, step: Awaitable[None], doing: str) -> None:
         try:
@@ -127,14 +140,12 @@ class PostgresBase:
         async with self._lock:
             transaction = self._conn.transaction(isolation="repeatable_read", readonly=True)
             await self._call(transaction.start(), "reading the store")
-            self._reading = True
+            self._owner = anyio.get_current_task().id
             try:
                 yield
             finally:
-                self._reading = False
-                # the session may be gone: the read already failed or finished
-                with contextlib.suppress(*connection.TRANSLATED):
-                    await transaction.rollback()
+                self._owner = None
+                await self._rollback(transaction)
 
 
 @lru_cache(maxsize=256)
