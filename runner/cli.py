@@ -21,7 +21,11 @@ Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 #: command modules, each with ``register(subparsers)``
-COMMAND_MODULES = ("runner.commands.leads", "runner.commands.delivery")
+COMMAND_MODULES = (
+    "runner.commands.leads",
+    "runner.commands.delivery",
+    "runner.commands.candidates",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

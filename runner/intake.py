@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import anyio
+
 from runner.clock import Clock
-from runner.errors import BadInputError
+from runner.errors import BadInputError, StoreError
 from runner.jsonio import canonical
 from runner.models import LeadEvent, Scope, WriteId, validate_event
-from runner.store import Store
+from runner.store import AcceptItem, AcceptOutcome, Store
 
 log = logging.getLogger("runner.intake")
 
@@ -71,25 +73,117 @@ def prepare(data: Mapping[str, Any] | LeadEvent, scope: Scope) -> tuple[LeadEven
     return event, canonical(raw)
 
 
-async def accept(
-    store: Store, clock: Clock, scope: Scope, data: Mapping[str, Any] | LeadEvent
-) -> AcceptResult:
-    """Validate, then commit, then answer.  Bad input is a ``rejected`` answer, not an
-    exception; store failures raise."""
-    try:
-        event, text = prepare(data, scope)
-    except BadInputError as exc:
-        log.debug("record rejected: %s", exc.message,
-                  extra={"action": "lead.rejected", "reason": exc.reason})
-        return rejected(data, exc)
-    outcome = await store.accept(event, text, WriteId(str(uuid.uuid4())), clock.now())
+def answer(event: LeadEvent, outcome: AcceptOutcome) -> AcceptResult:
+    """The answer to a committed accept (a conflict is a rejection, L3)."""
     key = event.source_lead_id
     if outcome.result == "conflict":
         message = "another record with different content was already accepted under this key"
         log.debug("record rejected: conflict",
                   extra={"action": "lead.rejected", "key": key, "reason": "conflict"})
         return AcceptResult("rejected", key, None, "conflict", message)
-    log.info("record %s", outcome.result,
-             extra={"action": f"lead.{outcome.result}", "key": key,
-                    "write_id": outcome.write_id})
+    log.debug("record %s", outcome.result,
+              extra={"action": f"lead.{outcome.result}", "key": key, "write_id": outcome.write_id})
     return AcceptResult(outcome.result, key, outcome.write_id)
+
+
+@dataclass
+class _Pending:
+    item: AcceptItem
+    outcome: AcceptOutcome | None = None
+    error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None or self.error is not None
+
+
+class Intake:
+    """Validates events and commits them; concurrent callers share commits.
+
+    Group commit: while one caller's transaction is being committed, others queue; the
+    next caller to find no commit running takes everything queued (up to ``max_batch``)
+    into one transaction.  Each caller is answered only after the commit that holds its
+    record, and gets exactly the answer a lone accept would have given.  Sequential
+    callers see no difference (a group of one is one statement).
+    """
+
+    def __init__(self, store: Store, clock: Clock, scope: Scope, max_batch: int = 1000) -> None:
+        self.store, self.clock, self.scope = store, clock, scope
+        self.max_batch = max_batch
+        self._queue: list[_Pending] = []
+        self._flushing = False
+        self._flushed = anyio.Event()
+
+    async def accept(self, data: Mapping[str, Any] | LeadEvent) -> AcceptResult:
+        """Validate, then commit, then answer.  Bad input is a ``rejected`` answer, not
+        an exception; store failures raise."""
+        try:
+            event, text = prepare(data, self.scope)
+        except BadInputError as exc:
+            log.debug("record rejected: %s", exc.message,
+                      extra={"action": "lead.rejected", "reason": exc.reason})
+            return rejected(data, exc)
+        pending = _Pending(AcceptItem(event, text, new_write_id()))
+        self._queue.append(pending)
+        while not pending.done:
+            if self._flushing:
+                await self._flushed.wait()
+            else:
+                await self._flush()
+        if pending.error is not None:
+            raise pending.error
+        assert pending.outcome is not None
+        return answer(event, pending.outcome)
+
+    async def _flush(self) -> None:
+        self._flushing, self._flushed = True, anyio.Event()
+        batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+        try:
+            outcomes = await self.store.accept_many([p.item for p in batch], self.clock.now())
+            for pending, outcome in zip(batch, outcomes, strict=True):
+                pending.outcome = outcome
+        except Exception as exc:  # noqa: BLE001 - every caller in the group gets the error
+            for pending in batch:
+                pending.error = exc
+        finally:
+            for pending in batch:
+                if not pending.done:  # the committing caller was cancelled mid-commit
+                    pending.error = StoreError(
+                        "accept interrupted before its commit was confirmed; accept the "
+                        "record again (a duplicate answer means it was stored)")
+            self._flushing = False
+            self._flushed.set()
+
+    async def accept_batch(
+        self, docs: Sequence[Mapping[str, Any] | BadInputError]
+    ) -> list[AcceptResult]:
+        """Accept a batch in one transaction (bulk intake); ``docs`` may hold parse errors
+        in place of records.  Answers in input order, after the commit."""
+        results: list[AcceptResult | None] = []
+        valid: list[tuple[int, LeadEvent, AcceptItem]] = []
+        for doc in docs:
+            if isinstance(doc, BadInputError):
+                results.append(rejected(None, doc))
+                continue
+            try:
+                event, text = prepare(doc, self.scope)
+            except BadInputError as exc:
+                results.append(rejected(doc, exc))
+                continue
+            valid.append((len(results), event, AcceptItem(event, text, new_write_id())))
+            results.append(None)
+        outcomes = await self.store.accept_many([v[2] for v in valid], self.clock.now())
+        for (index, event, _), outcome in zip(valid, outcomes, strict=True):
+            results[index] = answer(event, outcome)
+        return [r for r in results if r is not None]
+
+
+def new_write_id() -> WriteId:
+    return WriteId(str(uuid.uuid4()))
+
+
+async def accept(
+    store: Store, clock: Clock, scope: Scope, data: Mapping[str, Any] | LeadEvent
+) -> AcceptResult:
+    """Accept one event (no grouping with other callers)."""
+    return await Intake(store, clock, scope).accept(data)

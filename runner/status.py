@@ -10,7 +10,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from runner.lifecycle.model import CandidateSummary
 from runner.store import LeadRow, Store, StoreSummary
+from runner.tasks.sweep import SCHEDULE
 
 
 def record_json(row: LeadRow) -> dict[str, Any]:
@@ -44,6 +46,17 @@ def tail_json(summary: StoreSummary) -> dict[str, Any]:
     }
 
 
+def lifecycle_json(summary: CandidateSummary) -> dict[str, Any]:
+    """The candidate lifecycle (SPEC C5): counts per status, the declared schedule and
+    the last sweep any process ran (``null`` before the first)."""
+    last = summary.last_sweep
+    return {
+        "counts": {status.value: n for status, n in summary.counts.items()},
+        "schedule": SCHEDULE.to_json(),
+        "last_sweep": last.to_json() if last else None,
+    }
+
+
 def _inner(doc: dict[str, Any]) -> str:
     return _dumps(doc)[1:-1]
 
@@ -56,17 +69,21 @@ async def write_status(store: Store, write: Callable[[str], object]) -> None:
     """Write the status document as one JSON line, streaming the records."""
     async with store.reading():
         summary = await store.summary()
+        lifecycle = await store.candidate_summary()
         write("{" + _inner(head_json(summary)) + ',"records":[')
         first = True
         async for row in store.iter_records():
             write(("" if first else ",") + _dumps(record_json(row)))
             first = False
-        write("]," + _inner(tail_json(summary)) + "}\n")
+        write("]," + _inner(tail_json(summary)) + ',"lifecycle":'
+              + _dumps(lifecycle_json(lifecycle)) + "}\n")
 
 
 async def status_document(store: Store) -> dict[str, Any]:
     """The whole status document in memory (the library call; the CLI streams)."""
     async with store.reading():
         summary = await store.summary()
+        lifecycle = await store.candidate_summary()
         records = [record_json(row) async for row in store.iter_records()]
-    return {**head_json(summary), "records": records, **tail_json(summary)}
+    return {**head_json(summary), "records": records, **tail_json(summary),
+            "lifecycle": lifecycle_json(lifecycle)}

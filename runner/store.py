@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from runner.errors import ConfigMismatch
 from runner.ids import WriteId
+from runner.lifecycle.port import CandidateStore
 from runner.states import LeadState
 
 if TYPE_CHECKING:
@@ -33,6 +34,16 @@ ScopeData = dict[str, str]
 @dataclass(frozen=True)
 class AcceptOutcome:
     result: AcceptResultKind
+    write_id: WriteId
+
+
+@dataclass(frozen=True)
+class AcceptItem:
+    """One validated event to accept, with its canonical JSON and a fresh write_id (used
+    only if the key is new)."""
+
+    event: LeadEvent
+    canonical: str
     write_id: WriteId
 
 
@@ -99,8 +110,10 @@ class StoreSummary:
     poll_health: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Store(Protocol):
-    """A durable store.  Use as ``async with await open_store(...) as store``."""
+class Store(CandidateStore, Protocol):
+    """A durable store.  Use as ``async with await open_store(...) as store``.
+
+    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``."""
 
     backend: str
 
@@ -121,6 +134,14 @@ class Store(Protocol):
         """Insert the event if its key is new (with an ``accepted`` outbox event), else
         say ``duplicate`` (same canonical JSON) or ``conflict``; commits before returning.
         """
+        ...
+
+    async def accept_many(
+        self, items: Sequence[AcceptItem], now: datetime
+    ) -> list[AcceptOutcome]:
+        """Accept several events in one transaction (group commit); the outcomes, in
+        order, are exactly those of accepting them one by one in that order (a key that
+        appears twice: the first is accepted, the second is a duplicate or a conflict)."""
         ...
 
     def reading(self) -> AbstractAsyncContextManager[None]:
@@ -218,6 +239,28 @@ def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
 
 def is_postgres(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))
+
+
+def describe_location(location: str) -> str:
+    """A store's location for messages: a path, or ``schema 'x' at host:port/db`` (a DSN
+    is never echoed: it may carry a password)."""
+    if is_postgres(location):
+        from runner.io.postgres.dsn import describe, schema_of
+
+        return f"schema {schema_of(location)!r} at {describe(location)}"
+    return repr(location)
+
+
+async def store_exists(location: str) -> bool:
+    """Whether a store is at ``location`` (a file; on PostgreSQL, runner's schema in the
+    database), without creating anything."""
+    if is_postgres(location):
+        from runner.io.postgres import postgres_store_exists
+
+        return await postgres_store_exists(location)
+    import anyio
+
+    return await anyio.Path(location).exists()
 
 
 async def open_store(

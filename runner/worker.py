@@ -13,13 +13,13 @@ plug in their own target adapter::
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from runner import intake
 from runner.clock import Clock, SystemClock
-from runner.errors import RuleViolation, UsageError
+from runner.errors import BadInputError, RuleViolation, UsageError
 from runner.models import LeadEvent, Scope
 from runner.port import CRMAdapter, CRMRecordPort, Missing
 from runner.states import LeadState
@@ -46,6 +46,7 @@ class DurableWorker:
         self._port = port
         self.clock: Clock = clock or SystemClock()
         self._store: Store | None = None
+        self._intake: intake.Intake | None = None
         self._locked = False
 
     @property
@@ -57,11 +58,12 @@ class DurableWorker:
     async def open(self) -> DurableWorker:
         if self._store is None:
             self._store = await open_store(self.db, scope=self.scope, create=True)
+            self._intake = intake.Intake(self._store, self.clock, self.scope)
         return self
 
     async def aclose(self) -> None:
         if self._store is not None:
-            store, self._store = self._store, None
+            store, self._store, self._intake = self._store, None, None
             await store.aclose()
 
     async def __aenter__(self) -> DurableWorker:
@@ -71,8 +73,20 @@ class DurableWorker:
         await self.aclose()
 
     async def accept(self, record: Mapping[str, Any] | LeadEvent) -> intake.AcceptResult:
-        """Validate and durably accept one event; answers after the commit."""
-        return await intake.accept(self.store, self.clock, self.scope, record)
+        """Validate and durably accept one event; answers after the commit.  Concurrent
+        callers share commits (group commit)."""
+        return await self._open_intake().accept(record)
+
+    async def accept_many(
+        self, records: Sequence[Mapping[str, Any] | BadInputError]
+    ) -> list[intake.AcceptResult]:
+        """Accept a batch in one commit; answers in input order (bulk intake)."""
+        return await self._open_intake().accept_batch(records)
+
+    def _open_intake(self) -> intake.Intake:
+        if self._intake is None:
+            raise UsageError("DurableWorker is not open; use 'async with DurableWorker(...)'")
+        return self._intake
 
     @property
     def port(self) -> CRMRecordPort:

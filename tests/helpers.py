@@ -113,12 +113,13 @@ class Child:
     test can wait for a line (an event) instead of sleeping."""
 
     def __init__(self, *args: str | Path, env: dict[str, str] | None = None,
-                 preexec_fn: Any = None) -> None:
+                 preexec_fn: Any = None, stdin: bool = False) -> None:
         import threading
 
         self.proc = subprocess.Popen(
             [sys.executable, RUN, *map(str, args)], env={**os.environ, **(env or {})},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             preexec_fn=preexec_fn,
         )
         self.out: list[str] = []
@@ -166,7 +167,17 @@ class Child:
         self._close()
         return code
 
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
+
+    def close_stdin(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()
+
     def _close(self) -> None:
+        self.close_stdin()
         for reader in self._readers:
             reader.join(timeout=5)
         for stream in (self.proc.stdout, self.proc.stderr):

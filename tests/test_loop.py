@@ -69,3 +69,30 @@ def test_json_logs_for_machines(workdir: Path, scope_file: Path, db_location: st
     assert ("lead.in_flight", "lead-1") in actions and ("lead.uncertain", "lead-1") in actions
     assert all({"ts", "level", "message", "action"} <= set(d) for d in docs)
     assert CANARY not in proc.stderr
+
+
+def test_start_runs_the_lifecycle_sweep_as_its_own_task(workdir: Path, scope_file: Path) -> None:
+    import signal
+    import time
+
+    from tests.helpers import Child
+
+    db, target = workdir / "q.db", workdir / "t.db"
+    add = run_cli("candidate", "add", "--db", db, "--id", "cand-1", "--ttl-minutes", "1",
+                  "--now", "2026-01-01T00:00:00Z")
+    assert add.returncode == 0, add.stderr
+    child = Child("start", "--db", db, "--scope", scope_file, "--target", target,
+                  "--interval", "3600")
+    try:
+        child.wait_out_lines(1)
+        deadline = time.monotonic() + 30
+        while True:  # the sweep runs beside the lead loop; wait for its recorded result
+            doc = json.loads(run_cli("status", "--db", db).stdout)
+            if doc["lifecycle"]["last_sweep"] is not None or time.monotonic() > deadline:
+                break
+        child.signal(signal.SIGTERM)
+        assert child.finish() == 0, child.err
+    finally:
+        child.kill()
+    assert doc["lifecycle"]["last_sweep"]["result"] == {"expired": 1, "reconciled": 0}
+    assert doc["lifecycle"]["counts"]["expired"] == 1

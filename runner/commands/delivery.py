@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     start.add_argument("--grace", type=_number(float, 0), default=30.0, metavar="S",
                        help="seconds a send in flight may take to finish after the first "
                             "signal (default 30)")
+    start.add_argument("--sweep-interval", type=_number(float, 1), default=300.0, metavar="S",
+                       help="run the candidate lifecycle sweep at start and then every S "
+                            "seconds of UTC wall time (default 300)")
     start.set_defaults(handler=cmd_start)
 
     observe = sub.add_parser(
@@ -115,11 +118,15 @@ def _emit_cycle(summary: CycleSummary) -> None:
     emit(summary.to_json())
 
 
-async def _run(args: argparse.Namespace, settings: loop.LoopSettings) -> int:
+async def _run(
+    args: argparse.Namespace,
+    settings: loop.LoopSettings,
+    background: Sequence[loop.BackgroundTask] = (),
+) -> int:
     from runner import loop
 
     async with open_worker(args) as worker:
-        return await loop.run(worker, settings, _emit_cycle)
+        return await loop.run(worker, settings, _emit_cycle, background)
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
@@ -131,10 +138,12 @@ async def cmd_once(args: argparse.Namespace) -> int:
 
 async def cmd_start(args: argparse.Namespace) -> int:
     from runner import loop
+    from runner.tasks.sweep import sweep_background_task
 
+    sweep = sweep_background_task(args.db, interval=args.sweep_interval, clock=clock_from(args))
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
-        grace=args.grace, dispatch_limit=args.dispatch_limit))
+        grace=args.grace, dispatch_limit=args.dispatch_limit), [sweep])
 
 
 async def cmd_observe(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from runner.store import open_store
 
 if TYPE_CHECKING:
     from runner import intake
+    from runner.clock import Clock
     from runner.models import Scope
 
 
@@ -26,7 +28,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     accept = sub.add_parser(
         "accept", parents=[common_options(scope="required", target="optional")],
         help="durably accept one event (answers after the commit)")
-    accept.add_argument("--record", required=True, help="event.json, or - for stdin")
+    what = accept.add_mutually_exclusive_group(required=True)
+    what.add_argument("--record", help="event.json, or - for stdin")
+    what.add_argument("--records", metavar="FILE",
+                      help="NDJSON, one event per line (- for stdin): one answer per line, "
+                           "in order, each after its commit; records are committed in groups")
     accept.set_defaults(handler=cmd_accept)
 
     status = sub.add_parser(
@@ -52,6 +58,8 @@ async def cmd_accept(args: argparse.Namespace) -> int:
 
     check_paths(args)
     clock = clock_from(args)
+    if args.records is not None:
+        return await _accept_records(args, clock)
     data: dict[str, Any] | None = None
     try:
         scope = load_scope(args.scope)
@@ -65,6 +73,24 @@ async def cmd_accept(args: argparse.Namespace) -> int:
         return _rejected(args, result)
     emit(result.to_json())
     return 0
+
+
+async def _accept_records(args: argparse.Namespace, clock: Clock) -> int:
+    from runner.commands.bulk import accept_records, open_records
+    from runner.intake import Intake
+
+    try:
+        scope = load_scope(args.scope)
+        fd = open_records(args.records)
+    except BadInputError as exc:
+        say_error(args, exc.message, exc.reason)
+        return exc.exit_code
+    try:
+        async with await open_store(args.db, scope=scope) as store:
+            return await accept_records(args, Intake(store, clock, scope), fd)
+    finally:
+        if args.records != "-":
+            os.close(fd)
 
 
 def _rejected(args: argparse.Namespace, result: intake.AcceptResult) -> int:

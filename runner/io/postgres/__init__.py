@@ -12,6 +12,7 @@ commands never load it, and a missing driver is one clear line instead of a trac
     leads.py        accept, summary, records
     delivery.py     guarded state transitions of the delivery cycle
     observe.py      status observations and poll health
+    candidates.py   the candidate lifecycle (candidates_schema.py: its DDL, migration v4)
     store.py        the Store: the mixins together, and opening one
 """
 
@@ -28,13 +29,24 @@ if TYPE_CHECKING:
 INSTALL_HINT = "PostgreSQL support is not installed: pip install 'runner[postgres]'"
 
 
-async def open_postgres_store(
-    location: str, *, scope: Scope | None, create: bool
-) -> PostgresStore:
+def _require_driver() -> None:
     try:
         import asyncpg  # noqa: F401
     except ImportError:
         raise StoreError(INSTALL_HINT) from None
+
+
+async def postgres_store_exists(location: str) -> bool:
+    _require_driver()
+    from runner.io.postgres.store import store_exists
+
+    return await store_exists(location)
+
+
+async def open_postgres_store(
+    location: str, *, scope: Scope | None, create: bool
+) -> PostgresStore:
+    _require_driver()
     from runner.io.postgres.store import open_postgres_store as open_store
 
     return await open_store(location, scope=scope, create=create)

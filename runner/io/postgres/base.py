@@ -97,6 +97,15 @@ class PostgresBase:
                     exc, "reading or writing the store", self.location.where) from None
         raise AssertionError("unreachable")
 
+    async def _count(self, template: str, *args: Any) -> int:
+        """Run one write statement; the number of rows it changed (triggers excluded)."""
+        try:
+            status = await self._conn.execute(self._sql(template), *args)
+        except connection.TRANSLATED as exc:
+            raise connection.translate(
+                exc, "writing the store", self.location.where) from None
+        return int(status.rsplit(" ", 1)[-1])
+
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[None]:
         """Several statements as one transaction, under the session lock.  Rolled back on

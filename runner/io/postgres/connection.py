@@ -53,6 +53,9 @@ _LOST = (
     asyncpg.exceptions.PostgresConnectionError,  # class 08
     asyncpg.exceptions.OperatorInterventionError,  # class 57: terminated, shutting down
     asyncpg.exceptions.InterfaceError,  # "connection is closed" and its kin
+    # a session the server ended while it was idle can leave the driver's protocol in a
+    # state it refuses to leave: the session is gone all the same
+    asyncpg.exceptions.InternalClientError,
 )
 _DENIED = (
     asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # 28000: no such role, hba
@@ -89,8 +92,10 @@ def translate(exc: BaseException, doing: str, where: str) -> RunnerError:
     if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
         return UsageError(f"bad PostgreSQL DSN: {_one_line(str(exc))}")
     if isinstance(exc, _LOST):
+        detail = ("the session has ended" if isinstance(
+            exc, asyncpg.exceptions.InternalClientError) else _one_line(str(exc)))
         return StoreError(f"lost the connection to PostgreSQL at {where} while {doing}: "
-                          f"{_one_line(str(exc))}")
+                          f"{detail}")
     if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
         return StoreError(f"PostgreSQL at {where} has no free connection slot; try again")
     if isinstance(exc, asyncpg.exceptions.PostgresError):
@@ -111,7 +116,7 @@ def translate(exc: BaseException, doing: str, where: str) -> RunnerError:
 
 
 TRANSLATED = (OSError, TimeoutError, ValueError, asyncpg.exceptions.PostgresError,
-              asyncpg.exceptions.InterfaceError)
+              asyncpg.exceptions.InterfaceError, asyncpg.exceptions.InternalClientError)
 
 
 async def connect(loc: PgLocation) -> asyncpg.Connection:
@@ -160,6 +165,11 @@ SELECT n.oid IS NOT NULL AS has_schema,
 FROM (SELECT 1) AS one
 LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = $1
 """
+
+
+async def schema_exists(conn: asyncpg.Connection, loc: PgLocation) -> bool:
+    probe = await conn.fetchrow(_PROBE, loc.schema)
+    return bool(probe is not None and probe["has_schema"])
 
 
 async def _read_version(conn: asyncpg.Connection, loc: PgLocation) -> int | None:
@@ -226,7 +236,7 @@ async def inspect(
     """Read-only open: check version and scope, write nothing."""
     version = await _read_version(conn, loc)
     if not version:
-        raise StoreNotFound(f"no runner store in schema {loc.schema!r} at {loc.where}")
+        raise StoreNotFound(f"no store in schema {loc.schema!r} at {loc.where}")
     if version < schema.LATEST:
         raise ConfigMismatch(
             f"store schema v{version} is older than this runner's v{schema.LATEST}; "

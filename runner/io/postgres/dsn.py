@@ -53,6 +53,12 @@ def parse(location: str) -> PgLocation:
     return PgLocation(dsn=dsn, schema=schema, where=describe(location))
 
 
+def schema_of(location: str) -> str:
+    """The schema a location names (default ``runner``), without validating it."""
+    names = [v for k, v in parse_qsl(urlsplit(location).query) if k == "schema"]
+    return names[0] if names else DEFAULT_SCHEMA
+
+
 def describe(location: str) -> str:
     """``host:port/dbname`` (never user or password), for error messages."""
     try:

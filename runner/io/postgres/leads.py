@@ -10,7 +10,7 @@ it, so that rare case costs one more read.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from runner.errors import RunnerError
 from runner.ids import WriteId
 from runner.io.postgres.base import PostgresBase
 from runner.states import LeadState
-from runner.store import AcceptOutcome, LeadRow, StoreSummary
+from runner.store import AcceptItem, AcceptOutcome, LeadRow, StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import LeadEvent
@@ -40,6 +40,25 @@ WHERE tenant_id = $1 AND source_lead_id = $2 AND NOT EXISTS (SELECT 1 FROM inser
 _EXISTING = """
 SELECT false AS new, write_id, canonical FROM {s}.leads
 WHERE tenant_id = $1 AND source_lead_id = $2
+"""
+# a group in one statement (one transaction, one commit): the rows go in in the group's
+# order, and a key that appears twice is inserted once, first (ON CONFLICT DO NOTHING
+# also skips a row that conflicts with one the same statement inserted)
+_INSERT_MANY = """
+INSERT INTO {s}.leads (tenant_id, source_lead_id, canonical, write_id, accepted_at,
+                       updated_at)
+SELECT tenant_id, source_lead_id, canonical, write_id, $5, $5
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY
+     AS item(tenant_id, source_lead_id, canonical, write_id, n)
+ORDER BY n
+ON CONFLICT (tenant_id, source_lead_id) DO NOTHING
+RETURNING write_id
+"""
+_EXISTING_MANY = """
+SELECT l.tenant_id, l.source_lead_id, l.canonical, l.write_id
+FROM {s}.leads l
+JOIN unnest($1::text[], $2::text[]) AS k(tenant_id, source_lead_id)
+  ON l.tenant_id = k.tenant_id AND l.source_lead_id = k.source_lead_id
 """
 _SUMMARY = """
 SELECT
@@ -74,6 +93,20 @@ def row_to_lead(row: Any) -> LeadRow:
     )
 
 
+def _outcome(
+    item: AcceptItem, inserted: set[str], stored: dict[tuple[str, str], tuple[str, str]]
+) -> AcceptOutcome:
+    if item.write_id in inserted:
+        return AcceptOutcome("accepted", item.write_id)
+    key = (item.event.tenant_id, item.event.source_lead_id)
+    if key not in stored:  # records are never deleted, so this cannot happen
+        raise RunnerError("accept found neither a new nor an existing record")
+    canonical, write_id = stored[key]
+    if canonical == item.canonical:
+        return AcceptOutcome("duplicate", WriteId(write_id))
+    return AcceptOutcome("conflict", WriteId(write_id))
+
+
 class LeadQueries(PostgresBase):
     async def accept(
         self, event: LeadEvent, canonical: str, write_id: WriteId, now: datetime
@@ -91,6 +124,27 @@ class LeadQueries(PostgresBase):
         if row["canonical"] == canonical:
             return AcceptOutcome("duplicate", WriteId(row["write_id"]))
         return AcceptOutcome("conflict", WriteId(row["write_id"]))
+
+    async def accept_many(
+        self, items: Sequence[AcceptItem], now: datetime
+    ) -> list[AcceptOutcome]:
+        if not items:
+            return []
+        events = [it.event for it in items]
+        async with self._guard():
+            rows = await self._fetch(
+                _INSERT_MANY, [e.tenant_id for e in events], [e.source_lead_id for e in events],
+                [it.canonical for it in items], [it.write_id for it in items], to_text(now))
+            inserted = {str(r["write_id"]) for r in rows}
+            rest = [it for it in items if it.write_id not in inserted]
+            stored: dict[tuple[str, str], tuple[str, str]] = {}
+            if rest:  # a new statement: it sees what this one and others committed
+                found = await self._fetch(
+                    _EXISTING_MANY, [it.event.tenant_id for it in rest],
+                    [it.event.source_lead_id for it in rest])
+                stored = {(r["tenant_id"], r["source_lead_id"]): (r["canonical"], r["write_id"])
+                          for r in found}
+        return [_outcome(it, inserted, stored) for it in items]
 
     async def summary(self) -> StoreSummary:
         async with self._guard():

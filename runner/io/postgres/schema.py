@@ -16,6 +16,9 @@ The database enforces the invariants itself, as the SQLite triggers do:
 * every insert and every state change writes its outbox event from a trigger, in the same
   transaction, so no code path can forget it.
 
+Times are fixed-width UTC text (``runner.clock.to_text``) compared byte-wise
+(``COLLATE "C"``): text order is time order whatever the database's collation.
+
 Why a counter row and not a SEQUENCE for the outbox: ``nextval`` is not transactional, so
 a rolled-back transaction leaves a hole, and two concurrent transactions can commit their
 numbers out of order (a reader tailing the outbox would skip the lower one for good).
@@ -28,6 +31,7 @@ transaction; every runner write is one statement, so the queue is short.
 
 from __future__ import annotations
 
+from runner.io.postgres.candidates_schema import CANDIDATES_V1
 from runner.states import LeadState, allowed_pairs
 
 
@@ -66,9 +70,9 @@ CREATE TABLE {s}.leads (
     attempts           integer NOT NULL DEFAULT 0,
     reconcile_attempts integer NOT NULL DEFAULT 0,
     snapshot           text,  -- canonical JSON, compared as text (as on SQLite)
-    last_polled_at     text,
-    accepted_at        text NOT NULL,
-    updated_at         text NOT NULL,
+    last_polled_at     text COLLATE "C",
+    accepted_at        text COLLATE "C" NOT NULL,
+    updated_at         text COLLATE "C" NOT NULL,
     UNIQUE (tenant_id, source_lead_id)
 );
 
@@ -201,7 +205,7 @@ EXECUTE FUNCTION {s}.leads_target_ambiguous();
 #: of the same failure; at most one run is open, enforced by a unique index)
 V3 = (
     """
-ALTER TABLE {s}.leads ADD COLUMN snapshot_changed_at text;
+ALTER TABLE {s}.leads ADD COLUMN snapshot_changed_at text COLLATE "C";
 
 CREATE INDEX leads_poll_order ON {s}.leads (state, last_polled_at NULLS FIRST, seq);
 
@@ -261,7 +265,7 @@ CREATE TABLE {s}.schema_migrations (
 """
 
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
-MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3}
+MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1}
 LATEST = max(MIGRATIONS)
 
 

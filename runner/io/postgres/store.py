@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from runner.io.postgres import connection
+from runner.io.postgres.candidates import CandidateQueries
 from runner.io.postgres.delivery import DeliveryQueries
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadQueries
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries):
+class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries):
     async def __aenter__(self) -> PostgresStore:
         return self
 
@@ -38,3 +39,15 @@ async def open_postgres_store(
             raise connection.translate(exc, "opening the store", loc.where) from None
         raise
     return PostgresStore(conn, loc, pinned, version)
+
+
+async def store_exists(location: str) -> bool:
+    """Whether runner's schema exists in the database (nothing is created)."""
+    loc = parse(location)
+    conn = await connection.connect(loc)
+    try:
+        return await connection.schema_exists(conn, loc)
+    except connection.TRANSLATED as exc:
+        raise connection.translate(exc, "looking for the store", loc.where) from None
+    finally:
+        await connection.close_quietly(conn)

@@ -88,7 +88,7 @@ class SQLiteBase:
                 yield
                 await self._fetchall("COMMIT")
             except BaseException:
-                with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await connection.rollback_quietly(self._conn)
                 raise
 

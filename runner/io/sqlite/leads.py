@@ -1,7 +1,9 @@
 """Lead queries for SQLite (SPEC L3, L13).
 
-Accept is one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` whose outbox row is written by
-a trigger: one awaited call per new record (a duplicate costs one more read).
+Accept is one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` whose outbox rows are written
+by a trigger: one awaited call (and one commit) for a whole group of records, since a
+multi-row INSERT is one statement; duplicates cost one more read.  SQLite applies the
+VALUES rows in order, so a key that appears twice in a group is inserted once, first.
 """
 
 from __future__ import annotations
@@ -16,19 +18,19 @@ from runner.errors import RunnerError
 from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.states import LeadState
-from runner.store import AcceptOutcome, LeadRow, StoreSummary
+from runner.store import AcceptItem, AcceptOutcome, LeadRow, StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import LeadEvent
 
-_ACCEPT = """
-INSERT INTO leads (tenant_id, source_lead_id, canonical, write_id, state,
-                   accepted_at, updated_at)
-VALUES (?, ?, ?, ?, 'prepared', ?, ?)
-ON CONFLICT (tenant_id, source_lead_id) DO NOTHING
-RETURNING write_id
-"""
-_EXISTING = "SELECT canonical, write_id FROM leads WHERE tenant_id = ? AND source_lead_id = ?"
+_INSERT = (
+    "INSERT INTO leads (tenant_id, source_lead_id, canonical, write_id, accepted_at, updated_at)"
+    " VALUES {rows} ON CONFLICT (tenant_id, source_lead_id) DO NOTHING RETURNING write_id"
+)
+_ROW = "(?, ?, ?, ?, ?, ?)"
+Key = tuple[str, str]  # (tenant_id, source_lead_id)
+#: rows per INSERT statement (6 parameters each, under SQLite's 32,766 limit)
+CHUNK = 5000
 RECORD_COLUMNS = (
     "seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts, "
     "snapshot, last_polled_at"
@@ -57,19 +59,63 @@ class LeadQueries(SQLiteBase):
     async def accept(
         self, event: LeadEvent, canonical: str, write_id: WriteId, now: datetime
     ) -> AcceptOutcome:
+        return (await self.accept_many([AcceptItem(event, canonical, write_id)], now))[0]
+
+    async def accept_many(
+        self, items: Sequence[AcceptItem], now: datetime
+    ) -> list[AcceptOutcome]:
+        if not items:
+            return []
         at = to_text(now)
-        key = (event.tenant_id, event.source_lead_id)
+        inserted: set[str] = set()
         async with self._guard():
-            inserted = await self._fetchall(_ACCEPT, (*key, canonical, write_id, at, at))
-            if inserted:
-                return AcceptOutcome("accepted", WriteId(inserted[0][0]))
-            existing = await self._fetchall(_EXISTING, key)
-        if not existing:  # records are never deleted, so this cannot happen
+            chunks = [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+            if len(chunks) == 1:  # one statement: its own transaction, one awaited call
+                inserted = await self._insert(chunks[0], at)
+            else:
+                async with self._transaction():
+                    for chunk in chunks:
+                        inserted |= await self._insert(chunk, at)
+            rest = [it for it in items if it.write_id not in inserted]
+            stored = await self._existing(rest) if rest else {}
+        return [self._outcome(it, inserted, stored) for it in items]
+
+    async def _insert(self, chunk: Sequence[AcceptItem], at: str) -> set[str]:
+        params: list[Any] = []
+        for it in chunk:
+            params += (it.event.tenant_id, it.event.source_lead_id, it.canonical, it.write_id,
+                       at, at)
+        rows = await self._fetchall(_INSERT.format(rows=",".join([_ROW] * len(chunk))), params)
+        return {str(r[0]) for r in rows}
+
+    async def _existing(self, items: Sequence[AcceptItem]) -> dict[Key, tuple[str, str]]:
+        """The stored (canonical, write_id) of the items' keys."""
+        found: dict[Key, tuple[str, str]] = {}
+        keys = sorted({(it.event.tenant_id, it.event.source_lead_id) for it in items})
+        for start in range(0, len(keys), 10000):
+            chunk = keys[start : start + 10000]
+            pairs = ",".join(["(?, ?)"] * len(chunk))
+            rows = await self._fetchall(
+                "SELECT tenant_id, source_lead_id, canonical, write_id FROM leads "
+                f"WHERE (tenant_id, source_lead_id) IN (VALUES {pairs})",
+                [part for key in chunk for part in key],
+            )
+            found.update({(r[0], r[1]): (r[2], r[3]) for r in rows})
+        return found
+
+    @staticmethod
+    def _outcome(
+        item: AcceptItem, inserted: set[str], stored: dict[Key, tuple[str, str]]
+    ) -> AcceptOutcome:
+        if item.write_id in inserted:
+            return AcceptOutcome("accepted", item.write_id)
+        key = (item.event.tenant_id, item.event.source_lead_id)
+        if key not in stored:  # records are never deleted, so this cannot happen
             raise RunnerError("accept found neither a new nor an existing record")
-        stored, stored_write_id = existing[0]
-        if stored == canonical:
-            return AcceptOutcome("duplicate", WriteId(stored_write_id))
-        return AcceptOutcome("conflict", WriteId(stored_write_id))
+        canonical, write_id = stored[key]
+        if canonical == item.canonical:
+            return AcceptOutcome("duplicate", WriteId(write_id))
+        return AcceptOutcome("conflict", WriteId(write_id))
 
     async def summary(self) -> StoreSummary:
         async with self._guard():

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.io.sqlite import connection
+from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.delivery import DeliveryQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries):
+class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         return replace(lead_summary, poll_health=await self.poll_health_runs())

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Benchmark: one sweepCandidates over N candidates (default 100,000) in a mix of states,
+against a plain stdlib ``sqlite3`` UPDATE of the same rows, measured in the same run.
+
+Both databases are files in the same private temporary directory with the same pragmas
+(WAL, ``synchronous=FULL``), hold the same rows, and are checkpointed before timing.  The
+runner side is the real thing: ``Store.sweep_candidates`` through aiosqlite, with its
+guarded UPDATEs, its triggers (transition table, immutability, one ``candidate_changed``
+outbox event per changed row) and the last-sweep record.  The plain side is the two bare
+UPDATE statements on a table without triggers or indexes.  The ratio is the price of the
+guarantees.
+
+    python bench/sweep.py            # N = 100,000, median of 3 fresh runs
+    python bench/sweep.py --quick    # N = 5,000, one run (CI)
+
+Prints a short report and, last, one line of JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from runner.clock import to_text
+from runner.lifecycle.rules import stuck_cutoff
+from runner.store import open_store
+
+T0 = datetime(2026, 8, 11, 12, 0, tzinfo=UTC)
+NOW = T0 + timedelta(minutes=60)
+
+#: bucket (i % 20) -> what the candidate is when the sweep runs
+MIX = {
+    **dict.fromkeys(range(0, 5), "discovered, past expires_at (T3)"),
+    **dict.fromkeys(range(5, 8), "analyzing 1/2, past analysis_deadline (T4)"),
+    **dict.fromkeys(range(8, 12), "analyzing 2/2, in time"),
+    **dict.fromkeys(range(12, 14), "discovered, in time"),
+    14: "promoting 90 s, decision recorded",
+    15: "promoting 90 s, no decision",
+    16: "promoting 30 s",
+    **dict.fromkeys(range(17, 19), "promoted"),
+    19: "expired earlier",
+}
+
+
+def m(minutes: float) -> str:
+    return to_text(T0 + timedelta(minutes=minutes))
+
+
+def plan(i: int) -> tuple[str, str, str, str, int]:
+    """(id, created_at, expires_at, analysis_deadline, analyses) for candidate ``i``."""
+    bucket = i % 20
+    cid = f"c{bucket:02d}-{i:07d}"
+    if bucket < 5 or bucket == 19:
+        return cid, m(0), m(30), m(30), 0
+    if bucket < 8:
+        return cid, m(10), m(130), m(40), 1
+    if bucket < 12:
+        return cid, m(30), m(90), m(90), 2
+    if bucket < 14:
+        return cid, m(45), m(75), m(75), 0
+    return cid, m(50), m(80), m(80), 2          # promoting / promoted
+
+
+def seed(path: Path, n: int) -> None:
+    """Fill the runner store through its own triggers (every row a legal history)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        rows = [plan(i) for i in range(n)]
+        conn.executemany(
+            "INSERT INTO candidates (id, created_at, expires_at, analysis_deadline, quorum, "
+            "updated_at) VALUES (?, ?, ?, ?, 2, ?)",
+            [(cid, c, e, d, c) for cid, c, e, d, _ in rows])
+        conn.executemany(
+            "INSERT INTO candidate_analyses (candidate_id, analyst, analyzed_at) "
+            "VALUES (?, ?, ?)",
+            [(cid, f"analyst-{k}", c) for cid, c, _, _, a in rows for k in range(a)])
+
+        def ids(*buckets: int) -> list[tuple[str]]:
+            return [(r[0],) for i, r in enumerate(rows) if i % 20 in buckets]
+
+        conn.executemany("UPDATE candidates SET status = 'promoting', promotion_locked_at "
+                         f"= '{to_text(NOW - timedelta(seconds=90))}' WHERE id = ?",
+                         ids(14, 15, 17, 18))
+        conn.executemany("UPDATE candidates SET status = 'promoting', promotion_locked_at "
+                         f"= '{to_text(NOW - timedelta(seconds=30))}' WHERE id = ?",
+                         ids(16))
+        conn.executemany("UPDATE candidates SET decision_id = 'decision-' || id "
+                         "WHERE id = ?", ids(14, 17, 18))
+        conn.executemany("UPDATE candidates SET status = 'promoted' WHERE id = ?",
+                         ids(17, 18))
+        conn.executemany("UPDATE candidates SET status = 'expired', reason = 'T3' "
+                         "WHERE id = ?", ids(19))
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+def plain_copy(store: Path, plain: Path) -> None:
+    """The same rows in a plain table: no triggers, no indexes, no outbox."""
+    conn = sqlite3.connect(plain, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(
+            "CREATE TABLE candidates (seq INTEGER PRIMARY KEY, id TEXT, status TEXT, "
+            "created_at TEXT, expires_at TEXT, analysis_deadline TEXT, quorum INTEGER, "
+            "analyses INTEGER, promotion_locked_at TEXT, decision_id TEXT, reason TEXT, "
+            "updated_at TEXT)")
+        conn.execute("ATTACH DATABASE ? AS src", (str(store),))
+        conn.execute("INSERT INTO candidates SELECT seq, id, status, created_at, expires_at, "
+                     "analysis_deadline, quorum, analyses, promotion_locked_at, "
+                     "decision_id, reason, updated_at FROM src.candidates")
+        conn.execute("DETACH DATABASE src")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+
+
+async def time_runner(path: Path) -> tuple[float, dict[str, int]]:
+    async with await open_store(str(path)) as store:
+        started = time.perf_counter()
+        result = await store.sweep_candidates(NOW)
+        elapsed = time.perf_counter() - started
+    return elapsed, dict(result)
+
+
+def time_plain(path: Path) -> tuple[float, dict[str, int]]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA synchronous = FULL")
+        now, cutoff = to_text(NOW), to_text(stuck_cutoff(NOW))
+        started = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        expired = conn.execute(
+            "UPDATE candidates SET status = 'expired', updated_at = ? "
+            "WHERE status IN ('discovered', 'analyzing') "
+            "AND (expires_at < ? OR (analysis_deadline < ? AND analyses < quorum))",
+            (now, now, now)).rowcount
+        reconciled = conn.execute(
+            "UPDATE candidates SET status = CASE WHEN decision_id IS NOT NULL "
+            "THEN 'promoted' ELSE 'rejected' END, updated_at = ? "
+            "WHERE status = 'promoting' AND promotion_locked_at < ?", (now, cutoff)).rowcount
+        conn.execute("COMMIT")
+        elapsed = time.perf_counter() - started
+    finally:
+        conn.close()
+    return elapsed, {"expired": expired, "reconciled": reconciled}
+
+
+def run_once(n: int) -> tuple[float, float, dict[str, int], float]:
+    """Seed both databases afresh (a sweep changes them) and time one sweep of each."""
+    work = Path(tempfile.mkdtemp(prefix="runner-bench-"))   # mode 0700
+    try:
+        store, plain = work / "store.db", work / "plain.db"
+
+        async def create() -> None:
+            async with await open_store(str(store)):
+                pass
+
+        asyncio.run(create())
+        started = time.perf_counter()
+        seed(store, n)
+        plain_copy(store, plain)
+        setup = time.perf_counter() - started
+        runner_s, runner_result = asyncio.run(time_runner(store))
+        plain_s, plain_result = time_plain(plain)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if runner_result != plain_result:
+        raise SystemExit(f"mismatch: runner {runner_result} vs plain {plain_result}")
+    return runner_s, plain_s, runner_result, setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=100_000, help="candidates (default 100,000)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="fresh runs; medians are reported (default 3)")
+    parser.add_argument("--quick", action="store_true", help="N = 5,000 and one run, for CI")
+    args = parser.parse_args(argv)
+    n, repeat = (5_000, 1) if args.quick else (args.n, max(1, args.repeat))
+    runs = [run_once(n) for _ in range(repeat)]
+    runner_s = statistics.median(r[0] for r in runs)
+    plain_s = statistics.median(r[1] for r in runs)
+    ratio = statistics.median(r[0] / r[1] for r in runs)
+    result = runs[0][2]
+    changed = result["expired"] + result["reconciled"]
+    print(f"{n:,} candidates, {changed:,} change {result}; "
+          f"median of {repeat} run(s), setup {runs[0][3]:.1f} s each")
+    print(f"runner sweepCandidates  {runner_s * 1000:9.1f} ms")
+    print(f"plain sqlite3 UPDATEs   {plain_s * 1000:9.1f} ms")
+    print(f"ratio                   {ratio:9.1f} x   (per run: "
+          + ", ".join(f"{r[0] / r[1]:.1f}" for r in runs) + ")")
+    print(json.dumps({
+        "n": n, "result": result, "runs": repeat, "runner_seconds": round(runner_s, 4),
+        "plain_seconds": round(plain_s, 4), "ratio": round(ratio, 2),
+        "sqlite": sqlite3.sqlite_version,
+    }, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Bulk intake: ``accept --records FILE`` (NDJSON, ``-`` for stdin).
+
+One JSON answer per record, in input order, each printed only after the commit that holds
+its record.  Records are committed in groups: whatever has arrived while the previous
+group was being committed forms the next group (up to ``MAX_GROUP``), so a fast file is
+committed a thousand records at a time and a slow producer on a pipe is answered line by
+line, without waiting for a batch to fill.
+
+The input is read in a worker thread with ``os.read``, which returns what is available
+instead of waiting for a full buffer; lines are split here, and a line longer than the
+document limit is answered ``too_large`` without being held in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from runner.commands.common import say_error
+from runner.errors import BadInputError
+from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object
+
+if TYPE_CHECKING:
+    from runner.intake import AcceptResult, Intake
+
+MAX_GROUP = 1000
+CHUNK = 1 << 16
+Line = bytes | BadInputError
+
+
+def split_lines(fd: int, deliver: Callable[[list[Line]], None]) -> None:
+    """Read ``fd`` to its end, delivering complete lines in groups as they arrive."""
+    pending = b""
+    oversized = False
+    while True:
+        chunk = os.read(fd, CHUNK)
+        if not chunk:
+            break
+        *complete, pending = (pending + chunk).split(b"\n")
+        lines: list[Line] = []
+        for line in complete:
+            if oversized:
+                lines.append(_too_large())
+                oversized = False
+            else:
+                lines.append(line)
+        if len(pending) > MAX_DOCUMENT_BYTES:
+            pending, oversized = b"", True  # drop it; answer it when its line ends
+        for start in range(0, len(lines), MAX_GROUP):
+            deliver(lines[start : start + MAX_GROUP])
+    if oversized:
+        deliver([_too_large()])
+    elif pending.strip():
+        deliver([pending])
+
+
+def _too_large() -> BadInputError:
+    return BadInputError(f"record is larger than {MAX_DOCUMENT_BYTES} bytes", reason="too_large")
+
+
+def _parse(line: Line) -> dict[str, Any] | BadInputError:
+    if isinstance(line, BadInputError):
+        return line
+    try:
+        return parse_object(line, what="record")
+    except BadInputError as exc:
+        return exc
+
+
+async def _read(fd: int, send: MemoryObjectSendStream[list[Line]]) -> None:
+    def deliver(lines: list[Line]) -> None:
+        anyio.from_thread.run(send.send, lines)
+
+    async with send:
+        await anyio.to_thread.run_sync(split_lines, fd, deliver, abandon_on_cancel=True)
+
+
+def open_records(path: str) -> int:
+    if path == "-":
+        return sys.stdin.fileno()
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BadInputError(f"cannot read records file {path!r}: {exc.strerror}",
+                            reason="unreadable") from None
+
+
+async def accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> int:
+    """Answer every record of ``fd``; exit 65 if any was rejected, else 0."""
+    send, receive = anyio.create_memory_object_stream[list[Line]](max_buffer_size=4)
+    rejected = 0
+    number = 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_read, fd, send)
+        async with receive:
+            async for lines in receive:
+                while True:  # take whatever else has arrived meanwhile
+                    try:
+                        more = receive.receive_nowait()
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                    lines += more
+                    if len(lines) >= MAX_GROUP:
+                        break
+                docs = [_parse(line) for line in lines if not _blank(line)]
+                results = await intake.accept_batch(docs)
+                for result in results:
+                    number += 1
+                    rejected += _answer(args, result, number)
+                sys.stdout.flush()
+    return 65 if rejected else 0
+
+
+def _blank(line: Line) -> bool:
+    return isinstance(line, bytes) and not line.strip()
+
+
+def _answer(args: argparse.Namespace, result: AcceptResult, number: int) -> int:
+    sys.stdout.write(_line(result.to_json()))
+    if result.ok:
+        return 0
+    say_error(args, f"record {number}: rejected: {result.message}", result.reason or "rejected")
+    return 1
+
+
+def _line(doc: dict[str, Any]) -> str:
+    from runner.jsonio import dumps_line
+
+    return dumps_line(doc) + "\n"
+
+
+

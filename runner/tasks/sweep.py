@@ -1,0 +1,148 @@
+"""The candidate lifecycle sweep on its schedule (SPEC C5; seed ``001_*``, M3).
+
+Declared as data, the way the seed's workflow file declares it, so ``status`` can show
+it: ``Candidate Lifecycle Sweep`` runs ``sweepCandidates`` every 5 minutes of UTC wall
+time, in *shadow* mode (additive and non-blocking).
+
+Why a loop of its own: ``start`` runs :func:`run_sweep_schedule` as its own task in its
+task group, so a slow, hung or failing sweep never delays the lead cycle.  Shadow mode
+means a failing sweep is logged (logger ``runner.sweep``, action ``sweep.failed``) and the
+loop goes on to the next run; only cancellation ends it.  Give it a store of its own (its
+own connection) so a long sweep never holds the connection the lead cycle uses.
+
+Runs are aligned to UTC wall-clock multiples of the interval (12:00, 12:05, …), not to
+"5 minutes after the last run", so every process agrees on when a sweep is due.  The
+first run is at start.  A run that overruns one or more boundaries is followed by one
+late run at once, never by a burst of catch-up runs.  Time comes from the injected clock
+and waiting from the injected ``sleep``, so tests never really sleep.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, NoReturn
+
+import anyio
+from anyio.abc import TaskStatus
+
+from runner.clock import Clock, SystemClock
+from runner.lifecycle.model import SweepResult
+from runner.lifecycle.port import CandidateSweeper
+
+log = logging.getLogger("runner.sweep")
+
+Sleep = Callable[[float], Awaitable[None]]
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A scheduled workflow, as the seed's ``.jsonc`` workflow file declares one."""
+
+    name: str
+    function: str
+    schedule: str  # cron syntax, read in ``timezone``
+    timezone: str
+    interval_seconds: int
+    mode: Literal["shadow"]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SCHEDULE = Workflow(
+    name="Candidate Lifecycle Sweep",
+    function="sweepCandidates",
+    schedule="*/5 * * * *",
+    timezone="UTC",
+    interval_seconds=300,
+    mode="shadow",
+)
+DEFAULT_INTERVAL = SCHEDULE.interval_seconds
+
+
+def next_run(now: datetime, interval: float) -> datetime:
+    """The first UTC wall-clock multiple of ``interval`` seconds strictly after ``now``.
+
+    Computed in whole microseconds (no float rounding): with 300 s, 12:03:17 -> 12:05:00
+    and 12:05:00 -> 12:10:00.
+    """
+    step = round(interval * 1_000_000)
+    if step <= 0:
+        raise ValueError("the sweep interval must be positive")
+    elapsed = (now.astimezone(UTC) - _EPOCH) // _MICROSECOND
+    return _EPOCH + (elapsed // step + 1) * step * _MICROSECOND
+
+
+async def sweep_once(store: CandidateSweeper, now: datetime) -> SweepResult | None:
+    """Run sweepCandidates once; a failure is logged and answered with None (shadow)."""
+    try:
+        result = await store.sweep_candidates(now)
+    except Exception as exc:  # noqa: BLE001 - shadow mode: a failing sweep never stops the loop
+        log.error("%s failed: %s", SCHEDULE.function, exc,
+                  extra={"action": "sweep.failed", "task": SCHEDULE.function,
+                         "error": type(exc).__name__})
+        return None
+    log.info("%s: expired=%d reconciled=%d", SCHEDULE.function,
+             result["expired"], result["reconciled"],
+             extra={"action": "sweep.done", "task": SCHEDULE.function,
+                    "count": result["expired"] + result["reconciled"]})
+    return result
+
+
+async def sleep_until(target: datetime, clock: Clock, sleep: Sleep) -> None:
+    """Wait until the clock reads ``target`` (sleeping again if woken early)."""
+    while (remaining := (target - clock.now()).total_seconds()) > 0:
+        await sleep(remaining)
+
+
+async def run_sweep_schedule(
+    store: CandidateSweeper,
+    clock: Clock,
+    *,
+    interval: float = DEFAULT_INTERVAL,
+    sleep: Sleep = anyio.sleep,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Run sweepCandidates at start, then at every UTC multiple of ``interval`` seconds.
+
+    Never returns; never raises except on cancellation.  ``task_status.started()`` is
+    called before the first run, so ``await tg.start(run_sweep_schedule, …)`` does not
+    wait for a sweep.
+    """
+    next_run(clock.now(), interval)  # refuse a bad interval before reporting started
+    task_status.started()
+    while True:
+        started = clock.now()
+        await sweep_once(store, started)
+        await sleep_until(next_run(started, interval), clock, sleep)
+
+
+def sweep_background_task(
+    db: str,
+    *,
+    interval: float = DEFAULT_INTERVAL,
+    clock: Clock | None = None,
+    sleep: Sleep = anyio.sleep,
+) -> tuple[str, Callable[[], Awaitable[None]]]:
+    """``(name, task)`` for the worker loop's background tasks: the schedule over a store
+    connection of its own, so a long sweep never holds the lead cycle's connection."""
+    next_run(datetime.now(UTC), interval)  # refuse a bad interval when the task is built
+
+    async def task() -> None:
+        from runner.store import open_store
+
+        store = await open_store(db)
+        try:
+            await run_sweep_schedule(store, clock or SystemClock(), interval=interval,
+                                     sleep=sleep)
+        finally:
+            # the task ends by cancellation: close the connection all the same
+            with anyio.CancelScope(shield=True):
+                await store.aclose()
+
+    return SCHEDULE.name, task

@@ -1,0 +1,21 @@
+"""The sweep benchmark keeps working (``bench/sweep.py --quick``, as CI runs it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.helpers import ROOT
+
+
+def test_the_quick_sweep_benchmark_runs_and_both_sides_change_the_same_rows() -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "sweep.py"), "--quick"],
+                          capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.splitlines()[-1])
+    # 5,000 candidates: 40 % expire (T3, T4), 10 % stuck promotions are reconciled;
+    # the script exits 1 if the plain UPDATEs changed other rows than the runner's sweep
+    assert doc["n"] == 5000 and doc["result"] == {"expired": 2000, "reconciled": 500}
+    assert doc["runner_seconds"] > 0 and doc["plain_seconds"] > 0 and doc["ratio"] > 0
+    assert "ratio" in proc.stdout

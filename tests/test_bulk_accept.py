@@ -1,0 +1,161 @@
+"""Bulk and concurrent accept (issue 9 point 3): one answer per record, in order, each
+after its commit, exactly the answers single accepts would give."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import anyio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner import DurableWorker
+from runner.jsonio import MAX_DOCUMENT_BYTES
+from runner.store import Store
+from tests import pg
+from tests.helpers import SCOPE, Child, dump_store, event, run_cli
+
+
+def strip_ids(results: list[dict]) -> list[tuple]:
+    return [(r["result"], r["source_lead_id"], r.get("reason")) for r in results]
+
+
+async def single_answers(db: str, docs: list[object]) -> list[dict]:
+    async with DurableWorker(db, SCOPE) as worker:
+        return [(await worker.accept(d)).to_json() for d in docs]  # type: ignore[arg-type]
+
+
+variant = st.sampled_from(["ok", "ok", "ok", "changed", "bad_type", "out_of_scope"])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 6), variant), min_size=1, max_size=40))
+def test_bulk_answers_equal_single_answers(backend: str, plan: list[tuple[int, str]]) -> None:
+    docs: list[dict] = []
+    for key, kind in plan:
+        doc = event(key)
+        if kind == "changed":
+            doc["contact_alias"] = "changed"
+        elif kind == "bad_type":
+            doc["synthetic"] = "true"
+        elif kind == "out_of_scope":
+            doc["page_id"] = "elsewhere"
+        docs.append(doc)
+    schemas = [pg.new_schema(), pg.new_schema()]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        work.chmod(0o700)
+        single_db, bulk_db = (
+            [str(work / "single.db"), str(work / "bulk.db")] if backend == "sqlite"
+            else [pg.location(name) for name in schemas])
+        try:
+            expected = anyio.run(single_answers, single_db, docs)
+
+            async def bulk() -> list[dict]:
+                async with DurableWorker(bulk_db, SCOPE) as worker:
+                    return [r.to_json() for r in await worker.accept_many(docs)]
+
+            got = anyio.run(bulk)
+        finally:
+            if backend == "postgres":
+                pg.drop_schemas(schemas)
+    assert strip_ids(got) == strip_ids(expected)
+    first_id: dict[str, str] = {}
+    for r in got:  # a duplicate answers with the write_id of the first accept
+        if r["result"] == "accepted":
+            first_id[r["source_lead_id"]] = r["write_id"]
+        elif r["result"] == "duplicate":
+            assert r["write_id"] == first_id[r["source_lead_id"]]
+
+
+def test_records_file_answers_in_order(workdir: Path, scope_file: Path, db_location: str) -> None:
+    db = db_location
+    lines = [json.dumps(event(1)), "", "not json", json.dumps(event(2)), json.dumps(event(1)),
+             json.dumps(event(1, contact_alias="other")), '"x"', json.dumps(event(3))]
+    records = workdir / "in.ndjson"
+    records.write_text("\n".join(lines) + "\n")
+    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--records", records)
+    assert proc.returncode == 65
+    got = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert strip_ids(got) == [
+        ("accepted", "lead-1", None), ("rejected", None, "invalid_json"),
+        ("accepted", "lead-2", None), ("duplicate", "lead-1", None),
+        ("rejected", "lead-1", "conflict"), ("rejected", None, "not_an_object"),
+        ("accepted", "lead-3", None),
+    ]
+    assert len(proc.stderr.strip().splitlines()) == 3  # one line per rejected record
+    all_ok = workdir / "ok.ndjson"
+    all_ok.write_text(json.dumps(event(4)))  # no trailing newline
+    again = run_cli("accept", "--db", db, "--scope", scope_file, "--records", all_ok)
+    assert again.returncode == 0 and json.loads(again.stdout)["result"] == "accepted"
+
+
+def test_an_oversized_line_is_answered_and_reading_goes_on(
+    workdir: Path, scope_file: Path, db_location: str
+) -> None:
+    huge = '{"source_lead_id": "' + "x" * (MAX_DOCUMENT_BYTES + 10) + '"}'
+    records = workdir / "in.ndjson"
+    records.write_text("\n".join([json.dumps(event(1)), huge, json.dumps(event(2))]) + "\n")
+    proc = run_cli("accept", "--db", db_location, "--scope", scope_file,
+                   "--records", records)
+    got = [json.loads(line)["result"] for line in proc.stdout.splitlines()]
+    reasons = [json.loads(line).get("reason") for line in proc.stdout.splitlines()]
+    assert got == ["accepted", "rejected", "accepted"] and reasons[1] == "too_large"
+
+
+def test_each_answer_comes_after_its_commit_even_from_a_slow_pipe(
+    workdir: Path, scope_file: Path, db_location: str
+) -> None:
+    db = db_location
+    child = Child("accept", "--db", db, "--scope", scope_file, "--records", "-", stdin=True)
+    try:
+        for i in range(3):
+            child.send(json.dumps(event(i)) + "\n")
+            child.wait_out_lines(i + 1)  # answered before the next line is even written
+            status = json.loads(run_cli("status", "--db", db).stdout)
+            assert status["counts"]["prepared"] == i + 1  # committed when answered
+        child.close_stdin()
+        assert child.finish() == 0, child.err
+    finally:
+        child.kill()
+
+
+def test_unreadable_records_file_changes_nothing(
+    workdir: Path, scope_file: Path, db_location: str
+) -> None:
+    db = db_location
+    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--records", workdir / "none")
+    assert proc.returncode == 65 and "cannot read" in proc.stderr
+    assert dump_store(db) == ["<absent>"]
+    both = run_cli("accept", "--db", db, "--scope", scope_file, "--records", "-",
+                   "--record", "-")
+    assert both.returncode == 2
+
+
+async def test_concurrent_callers_share_commits(db_location: str) -> None:
+    calls: list[int] = []
+    async with DurableWorker(db_location, SCOPE) as worker:
+        store: Store = worker.store
+        real = store.accept_many
+
+        async def counting(items, now):  # type: ignore[no-untyped-def]
+            calls.append(len(items))
+            return await real(items, now)
+
+        store.accept_many = counting  # type: ignore[method-assign]
+        results: dict[int, str] = {}
+
+        async def one(i: int) -> None:
+            results[i] = (await worker.accept(event(i % 100))).result
+
+        async with anyio.create_task_group() as tg:
+            for i in range(128):
+                tg.start_soon(one, i)
+        doc = await worker.status()
+    assert sorted(results.values()).count("accepted") == 100
+    assert sorted(results.values()).count("duplicate") == 28
+    assert sum(calls) == 128 and len(calls) < 128  # grouped into fewer commits
+    assert doc["counts"]["prepared"] == 100
