@@ -6,10 +6,12 @@ store exactly as it was (not even created).  The answer is given only after the 
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
@@ -43,6 +45,15 @@ class AcceptResult:
     def exit_code(self) -> int:
         return 0 if self.ok else BadInputError.exit_code
 
+    def to_line(self) -> str:
+        """``to_json()`` as one line of compact JSON (formatted directly: bulk intake
+        writes one per record)."""
+        key = "null" if self.source_lead_id is None else _string(self.source_lead_id)
+        write_id = "null" if self.write_id is None else _string(self.write_id)
+        reason = "" if self.reason is None else f',"reason":{_string(self.reason)}'
+        return (f'{{"result":"{self.result}","source_lead_id":{key},'
+                f'"write_id":{write_id}{reason}}}')
+
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "result": self.result,
@@ -52,6 +63,9 @@ class AcceptResult:
         if self.reason is not None:
             doc["reason"] = self.reason
         return doc
+
+
+_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def rejected(data: Any, error: BadInputError) -> AcceptResult:
@@ -81,8 +95,9 @@ def answer(event: LeadEvent, outcome: AcceptOutcome) -> AcceptResult:
         log.debug("record rejected: conflict",
                   extra={"action": "lead.rejected", "key": key, "reason": "conflict"})
         return AcceptResult("rejected", key, None, "conflict", message)
-    log.debug("record %s", outcome.result,
-              extra={"action": f"lead.{outcome.result}", "key": key, "write_id": outcome.write_id})
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("record %s", outcome.result, extra={
+            "action": f"lead.{outcome.result}", "key": key, "write_id": outcome.write_id})
     return AcceptResult(outcome.result, key, outcome.write_id)
 
 
@@ -159,27 +174,58 @@ class Intake:
     ) -> list[AcceptResult]:
         """Accept a batch in one transaction (bulk intake); ``docs`` may hold parse errors
         in place of records.  Answers in input order, after the commit."""
-        results: list[AcceptResult | None] = []
-        valid: list[tuple[int, LeadEvent, AcceptItem]] = []
-        for doc in docs:
+        return await self.commit_batch(self.prepare_batch(docs))
+
+    def prepare_batch(self, docs: Sequence[Mapping[str, Any] | BadInputError]) -> Batch:
+        """Validate a batch (pure: no I/O), so the next batch can be validated while the
+        previous one is being committed."""
+        batch = Batch()
+        ids = new_write_ids(len(docs))
+        for doc, write_id in zip(docs, ids, strict=True):
             if isinstance(doc, BadInputError):
-                results.append(rejected(None, doc))
+                batch.results.append(rejected(None, doc))
                 continue
             try:
                 event, text = prepare(doc, self.scope)
             except BadInputError as exc:
-                results.append(rejected(doc, exc))
+                batch.results.append(rejected(doc, exc))
                 continue
-            valid.append((len(results), event, AcceptItem(event, text, new_write_id())))
-            results.append(None)
-        outcomes = await self.store.accept_many([v[2] for v in valid], self.clock.now())
-        for (index, event, _), outcome in zip(valid, outcomes, strict=True):
+            batch.valid.append((len(batch.results), event, AcceptItem(event, text, write_id)))
+            batch.results.append(None)
+        return batch
+
+    async def commit_batch(self, batch: Batch) -> list[AcceptResult]:
+        """Commit a prepared batch in one transaction; answers in input order."""
+        items = [v[2] for v in batch.valid]
+        outcomes = await self.store.accept_many(items, self.clock.now())
+        results = list(batch.results)
+        for (index, event, _), outcome in zip(batch.valid, outcomes, strict=True):
             results[index] = answer(event, outcome)
         return [r for r in results if r is not None]
 
 
+@dataclass
+class Batch:
+    """A validated batch: answers for rejected inputs, and the valid ones to commit."""
+
+    results: list[AcceptResult | None] = field(default_factory=list)
+    valid: list[tuple[int, LeadEvent, AcceptItem]] = field(default_factory=list)
+
+
 def new_write_id() -> WriteId:
     return WriteId(str(uuid.uuid4()))
+
+
+def new_write_ids(n: int) -> list[WriteId]:
+    """``n`` random (version 4) UUIDs from one read of the OS's random source, formatted
+    directly (bulk intake makes one per record)."""
+    text = os.urandom(16 * n).hex()
+    return [WriteId(f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}")
+            for h in (text[i : i + 32] for i in range(0, 32 * n, 32))]
+
+
+#: the RFC 4122 variant bits (10xx) applied to a random hex digit
+_VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 async def accept(

@@ -12,6 +12,7 @@ records are "the same" exactly when their canonical forms are byte-equal.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,9 @@ def _reject_constant(name: str) -> Any:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise BadInputError("JSON object has a duplicate key", reason="invalid_json")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise BadInputError("JSON object has a duplicate key", reason="invalid_json")
     return out
 
 
@@ -54,6 +53,17 @@ def _check_tree(value: Any, what: str) -> None:
             _check_text(item, what)
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _might_need_checking(text: str) -> bool:
+    """Cheap pre-check: a document can hold a lone surrogate only through a ``\\uD800``-
+    style escape (valid UTF-8 cannot encode one), and can be nested deeper than
+    ``MAX_DEPTH`` only if it has that many brackets."""
+    brackets = text.count("{") + text.count("[")
+    return brackets > MAX_DEPTH or _SURROGATE_ESCAPE.search(text) is not None
+
+
 def _check_text(text: str, what: str) -> None:
     try:
         text.encode("utf-8")
@@ -61,6 +71,9 @@ def _check_text(text: str, what: str) -> None:
         raise BadInputError(
             f"{what} has a string that is not valid Unicode", reason="invalid_json"
         ) from None
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
 
 
 def parse_json(data: bytes | str, *, what: str = "document") -> Any:
@@ -76,9 +89,7 @@ def parse_json(data: bytes | str, *, what: str = "document") -> Any:
     except UnicodeDecodeError:
         raise BadInputError(f"{what} is not valid UTF-8", reason="invalid_json") from None
     try:
-        value = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-        )
+        value = _DECODER.decode(text)
     except RecursionError:
         raise BadInputError(f"{what} is nested too deeply", reason="invalid_json") from None
     except json.JSONDecodeError as exc:
@@ -86,7 +97,8 @@ def parse_json(data: bytes | str, *, what: str = "document") -> Any:
             f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
             reason="invalid_json",
         ) from None
-    _check_tree(value, what)
+    if _might_need_checking(text):
+        _check_tree(value, what)
     return value
 
 
@@ -109,12 +121,16 @@ def read_json_object(path: str | Path, *, what: str) -> dict[str, Any]:
     return parse_object(data, what=what)
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
+_LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical(value: Any) -> str:
     """The canonical JSON text of ``value``: sorted keys, compact, non-ASCII kept."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def dumps_line(value: Any) -> str:
     """One line of compact JSON for stdout (K8)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _LINE.encode(value)

@@ -71,6 +71,10 @@ class LeadEvent(_Strict):
 
     def scope_mismatches(self, scope: Scope) -> list[str]:
         """Names of the scope fields that differ from ``scope`` (exact comparison)."""
+        if (self.tenant_id, self.account_id, self.page_id, self.form_id) == (
+            scope.tenant_id, scope.account_id, scope.page_id, scope.form_id
+        ):
+            return []  # the common case, without a loop
         return [name for name in SCOPE_FIELDS if getattr(self, name) != getattr(scope, name)]
 
 

@@ -120,6 +120,14 @@ def classify_readback(rows: Sequence[TargetRow], expected: CRMRecord, write_id: 
     return "match" if dict(mine[0].fields) == expected.model_dump() else "mismatch"
 
 
+@dataclass(frozen=True)
+class SendResult:
+    """What a send proved: see :meth:`CRMRecordPort.send`."""
+
+    verdict: Literal["not_sent", "failed", "unproven"] | Readback
+    error: str | None = None
+
+
 class CRMRecordPort:
     """The bridge between validated events and an adapter (L9, L14)."""
 
@@ -139,6 +147,30 @@ class CRMRecordPort:
         rows = await anyio.to_thread.run_sync(self.adapter.read_back, write_id,
                                               abandon_on_cancel=True)
         return list(rows)
+
+    async def send(self, event: LeadEvent, write_id: str) -> SendResult:
+        """Write, then read back, in one trip to a worker thread (the L5 protocol).
+
+        ``not_sent`` only for ``BeforeWriteError``; ``failed`` for any other write error;
+        ``unproven`` when the write returned but the readback failed; otherwise the
+        readback's verdict.  Only ``match`` confirms.
+        """
+        record = self.map(event)
+        return await anyio.to_thread.run_sync(self._send, record, write_id,
+                                              abandon_on_cancel=True)
+
+    def _send(self, record: CRMRecord, write_id: str) -> SendResult:
+        try:
+            self.adapter.write(record, write_id)
+        except BeforeWriteError:
+            return SendResult("not_sent")
+        except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
+            return SendResult("failed", type(exc).__name__)
+        try:
+            rows = self.adapter.read_back(write_id)
+        except Exception as exc:  # noqa: BLE001 - written, but not proven
+            return SendResult("unproven", type(exc).__name__)
+        return SendResult(classify_readback(rows, record, write_id))
 
     async def confirm(self, event: LeadEvent, write_id: str) -> Readback:
         """Read back and classify (raises what the adapter raises)."""

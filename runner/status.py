@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from runner.lifecycle.model import CandidateSummary
+from runner.lifecycle.results import CandidateSummary
 from runner.store import LeadRow, Store, StoreSummary
 from runner.tasks.sweep import SCHEDULE
 

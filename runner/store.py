@@ -182,6 +182,19 @@ class Store(CandidateStore, Protocol):
         """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain)."""
         ...
 
+    async def finish_and_mark(
+        self,
+        done: tuple[WriteId, LeadState] | None,
+        next_write_id: WriteId,
+        now: datetime,
+    ) -> int | None:
+        """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``),
+        and ``next_write_id`` -> in_flight with ``attempts + 1`` (as ``mark_in_flight``).
+        Returns the next record's attempts, or None if it is no longer dispatchable (the
+        outcome is committed either way).  On PostgreSQL with the worker lock held, a lock
+        whose session has ended raises ``LockLost`` and changes nothing."""
+        ...
+
     async def record_reconcile(
         self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
     ) -> None:
@@ -206,6 +219,13 @@ class Store(CandidateStore, Protocol):
     async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
         """Store a pass's observations in one transaction; only confirmed records change.
         Returns how many snapshots really changed (each wrote one event)."""
+        ...
+
+    async def record_poll_pass(
+        self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
+    ) -> tuple[int, bool]:
+        """``apply_observations`` and ``record_poll_health`` in one transaction (one
+        commit per poll pass); returns (snapshots changed, health event written)."""
         ...
 
     async def record_poll_health(self, failure: str | None, now: datetime) -> bool:

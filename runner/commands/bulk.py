@@ -20,14 +20,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from runner.commands.common import say_error
 from runner.errors import BadInputError
 from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object
 
 if TYPE_CHECKING:
-    from runner.intake import AcceptResult, Intake
+    from runner.intake import AcceptResult, Batch, Intake
 
 MAX_GROUP = 1000
 CHUNK = 1 << 16
@@ -92,29 +92,44 @@ def open_records(path: str) -> int:
 
 
 async def accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> int:
-    """Answer every record of ``fd``; exit 65 if any was rejected, else 0."""
-    send, receive = anyio.create_memory_object_stream[list[Line]](max_buffer_size=4)
+    """Answer every record of ``fd``; exit 65 if any was rejected, else 0.
+
+    Three stages, so that the work overlaps: a thread reads lines; the next group is
+    parsed and validated while the previous one is being committed (SQLite releases the
+    GIL while it writes); answers are printed, in order, after each commit.
+    """
+    from runner.intake import Batch
+
+    lines_in, lines_out = anyio.create_memory_object_stream[list[Line]](max_buffer_size=4)
+    ready_in, ready_out = anyio.create_memory_object_stream[Batch](max_buffer_size=1)
     rejected = 0
     number = 0
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_read, fd, send)
-        async with receive:
-            async for lines in receive:
-                while True:  # take whatever else has arrived meanwhile
-                    try:
-                        more = receive.receive_nowait()
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                    lines += more
-                    if len(lines) >= MAX_GROUP:
-                        break
-                docs = [_parse(line) for line in lines if not _blank(line)]
-                results = await intake.accept_batch(docs)
-                for result in results:
+        tg.start_soon(_read, fd, lines_in)
+        tg.start_soon(_prepare, intake, lines_out, ready_in)
+        async with ready_out:
+            async for batch in ready_out:
+                for result in await intake.commit_batch(batch):
                     number += 1
                     rejected += _answer(args, result, number)
                 sys.stdout.flush()
     return 65 if rejected else 0
+
+
+async def _prepare(
+    intake: Intake,
+    lines_out: MemoryObjectReceiveStream[list[Line]],
+    ready_in: MemoryObjectSendStream[Batch],
+) -> None:
+    async with lines_out, ready_in:
+        async for lines in lines_out:
+            while len(lines) < MAX_GROUP:  # take whatever else has arrived meanwhile
+                try:
+                    lines += lines_out.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            docs = [_parse(line) for line in lines if not _blank(line)]
+            await ready_in.send(intake.prepare_batch(docs))
 
 
 def _blank(line: Line) -> bool:
@@ -122,17 +137,12 @@ def _blank(line: Line) -> bool:
 
 
 def _answer(args: argparse.Namespace, result: AcceptResult, number: int) -> int:
-    sys.stdout.write(_line(result.to_json()))
+    sys.stdout.write(result.to_line() + "\n")
     if result.ok:
         return 0
     say_error(args, f"record {number}: rejected: {result.message}", result.reason or "rejected")
     return 1
 
-
-def _line(doc: dict[str, Any]) -> str:
-    from runner.jsonio import dumps_line
-
-    return dumps_line(doc) + "\n"
 
 
 

@@ -17,7 +17,7 @@ from runner.commands.common import clock_from, common_options, emit
 from runner.errors import StoreNotFound, UsageError
 from runner.jsonio import dumps_line
 from runner.lifecycle import rules
-from runner.lifecycle.model import DEFAULT_QUORUM
+from runner.lifecycle.results import DEFAULT_QUORUM
 from runner.store import describe_location, open_store, store_exists
 
 #: 10 years: a bound that keeps every computed time far from datetime's limits

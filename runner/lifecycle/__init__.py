@@ -9,16 +9,41 @@ store operations it needs.  Pure: no I/O here; adapters live in ``runner.io``.
     port.py     CandidateStore: the domain operations a Store implements
 """
 
-from runner.lifecycle.model import (
-    Candidate,
-    CandidateSummary,
-    ExpireResult,
-    ReconcileResult,
-    SweepResult,
-    SweepRun,
-)
-from runner.lifecycle.port import CandidateStore, CandidateSweeper
-from runner.lifecycle.states import CandidateStatus
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runner.lifecycle.model import Candidate
+    from runner.lifecycle.port import CandidateStore, CandidateSweeper
+    from runner.lifecycle.results import (
+        CandidateSummary,
+        ExpireResult,
+        ReconcileResult,
+        SweepResult,
+        SweepRun,
+    )
+    from runner.lifecycle.states import CandidateStatus
+
+_WHERE = {
+    "Candidate": "runner.lifecycle.model",
+    "CandidateStatus": "runner.lifecycle.states",
+    "CandidateStore": "runner.lifecycle.port",
+    "CandidateSummary": "runner.lifecycle.results",
+    "CandidateSweeper": "runner.lifecycle.port",
+    "ExpireResult": "runner.lifecycle.results",
+    "ReconcileResult": "runner.lifecycle.results",
+    "SweepResult": "runner.lifecycle.results",
+    "SweepRun": "runner.lifecycle.results",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Names load on first use: importing the package must not build pydantic models."""
+    import importlib
+
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'runner.lifecycle' has no attribute {name!r}")
+
 
 __all__ = [
     "Candidate",

@@ -7,18 +7,24 @@ sweep compares it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from runner.clock import to_text
+from runner.lifecycle.results import (  # re-exported: these are light on purpose
+    DEFAULT_QUORUM,
+    CandidateSummary,
+    ExpireResult,
+    ReconcileResult,
+    SweepFunction,
+    SweepResult,
+    SweepRun,
+)
 from runner.lifecycle.states import CandidateStatus
 from runner.models import Id
 
-#: analyses needed before a candidate may be promoted, unless given (C1)
-DEFAULT_QUORUM = 2
 Quorum = Annotated[int, Field(ge=1, le=1000)]
 
 
@@ -74,46 +80,6 @@ def _text_or_none(at: datetime | None) -> str | None:
     return None if at is None else to_text(at)
 
 
-# -- the exact return shapes of C4 ------------------------------------------------------
 
-
-class ExpireResult(TypedDict):
-    """``sweepExpired`` → ``{"expired": n}``"""
-
-    expired: int
-
-
-class ReconcileResult(TypedDict):
-    """``reconcileStuckPromoting`` → ``{"reconciled": n}``"""
-
-    reconciled: int
-
-
-class SweepResult(TypedDict):
-    """``sweepCandidates`` → ``{"expired": n, "reconciled": m}``"""
-
-    expired: int
-    reconciled: int
-
-
-SweepFunction = Literal["sweepExpired", "reconcileStuckPromoting", "sweepCandidates"]
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    """The last sweep a store ran: which function, at what ``now``, and what it returned."""
-
-    function: SweepFunction
-    at: datetime
-    result: dict[str, int]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"function": self.function, "at": to_text(self.at), "result": self.result}
-
-
-@dataclass(frozen=True)
-class CandidateSummary:
-    """What ``status`` shows of the lifecycle: counts per status and the last sweep."""
-
-    counts: dict[CandidateStatus, int]
-    last_sweep: SweepRun | None = None
+__all__ = ["DEFAULT_QUORUM", "Candidate", "CandidateSummary", "ExpireResult",
+           "ReconcileResult", "SweepFunction", "SweepResult", "SweepRun"]

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from runner.lifecycle.model import (
-    Candidate,
+from runner.lifecycle.results import (
     CandidateSummary,
     ExpireResult,
     ReconcileResult,
     SweepResult,
     SweepRun,
 )
+
+if TYPE_CHECKING:
+    from runner.lifecycle.model import Candidate
 
 
 class CandidateSweeper(Protocol):

@@ -12,15 +12,17 @@ instant of its deadline it is still in time.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Literal
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Literal
 
 from runner.clock import to_text
 from runner.errors import RuleViolation
-from runner.lifecycle.model import DEFAULT_QUORUM, Candidate
+from runner.lifecycle.results import DEFAULT_QUORUM
 from runner.lifecycle.states import ACTIVE, CandidateStatus
-from runner.models import describe_validation_error
+
+if TYPE_CHECKING:
+    # the model is imported where a candidate is built, so that reading a store (status)
+    # never builds pydantic models
+    from runner.lifecycle.model import Candidate
 
 #: T1: a candidate expires this long after it was created, unless told otherwise
 DEFAULT_TTL = timedelta(minutes=30)
@@ -45,6 +47,11 @@ def new_candidate(
     analysis_deadline: datetime | None = None,
 ) -> Candidate:
     """A discovered candidate created at ``now`` (T1), refused if it breaks T2."""
+    from pydantic import ValidationError
+
+    from runner.lifecycle.model import Candidate
+    from runner.models import describe_validation_error
+
     ttl = DEFAULT_TTL if ttl is None else ttl
     if ttl <= timedelta(0):
         raise RuleViolation("the time to live must be positive", reason="invalid_ttl")

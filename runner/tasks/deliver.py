@@ -27,7 +27,7 @@ from typing import Protocol
 import anyio
 
 from runner.clock import Clock
-from runner.port import BeforeWriteError, CRMRecordPort
+from runner.port import CRMRecordPort
 from runner.states import LeadState
 from runner.store import LeadWork, Store
 
@@ -131,61 +131,69 @@ async def dispatch_all(
     guard: SendGuard,
     limit: int | None = None,
 ) -> None:
-    """Send prepared and failed-safe records in accept order, each at most once here."""
-    after = 0
-    while not guard.stopping and (page := await store.dispatchable_page(after, PAGE)):
-        for work in page:
-            after = work.seq
-            if guard.stopping or (limit is not None and summary.dispatched >= limit):
-                return
-            outcome = await send_one(store, port, clock, work, guard)
-            if outcome is None:
-                continue
-            summary.dispatched += 1
-            if outcome is LeadState.CONFIRMED:
-                summary.confirmed += 1
-            elif outcome is LeadState.FAILED_SAFE:
-                summary.failed_safe += 1
-            else:
-                summary.uncertain += 1
+    """Send prepared and failed-safe records in accept order, each at most once here.
 
-
-async def send_one(
-    store: Store, port: CRMRecordPort, clock: Clock, work: LeadWork, guard: SendGuard
-) -> LeadState | None:
-    """One send, from its in-flight mark to its recorded outcome, inside the guard's
-    shield: a graceful stop lets it finish, a hard stop cancels it (-> uncertain)."""
-    with guard.shield():
-        attempts = await store.mark_in_flight(work.write_id, clock.now())
-        if attempts is None:
-            return None  # no longer dispatchable: someone else's state, leave it alone
-        log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
-                                   "attempts": attempts})
-        outcome = LeadState.UNCERTAIN
-        try:
-            outcome = await _attempt(port, work)
-        finally:
+    Two commits per record instead of three: a send's outcome is committed in the same
+    statement as the next record's in-flight mark.  Every guarantee holds: the in-flight
+    mark still commits before its send, and an outcome not yet committed when the process
+    dies leaves its record in flight, which the next start makes uncertain and reconciles
+    (a confirmed one is read back and confirmed again, never resent).  Each record runs
+    in the guard's shield from its in-flight mark to its outcome; the last outcome is
+    committed on the way out, also after a stop (then within a short shielded window).
+    """
+    pending: tuple[LeadWork, LeadState] | None = None  # an outcome not yet committed
+    try:
+        after = 0
+        while not guard.stopping and (page := await store.dispatchable_page(after, PAGE)):
+            for work in page:
+                after = work.seq
+                if guard.stopping or (limit is not None and summary.dispatched >= limit):
+                    return
+                with guard.shield():
+                    done = (pending[0].write_id, pending[1]) if pending else None
+                    attempts = await store.finish_and_mark(done, work.write_id, clock.now())
+                    if pending is not None:
+                        _log_outcome(*pending)
+                        pending = None
+                    if attempts is None:
+                        continue  # no longer dispatchable: someone else's state
+                    log.info("sending", extra={"action": "lead.in_flight",
+                                               "key": work.source_lead_id, "attempts": attempts})
+                    summary.dispatched += 1
+                    pending = (work, LeadState.UNCERTAIN)  # until the attempt says more
+                    outcome = await _attempt(port, work)
+                    pending = (work, outcome)
+                    _count(summary, outcome)
+    finally:
+        if pending is not None:
             # recorded whatever happened; after a cancellation only within a short window
             with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
-                await store.finish_send(work.write_id, outcome, clock.now())
-                _log_outcome(work, outcome)
-    return outcome
+                await store.finish_send(pending[0].write_id, pending[1], clock.now())
+                _log_outcome(*pending)
+
+
+def _count(summary: CycleSummary, outcome: LeadState) -> None:
+    if outcome is LeadState.CONFIRMED:
+        summary.confirmed += 1
+    elif outcome is LeadState.FAILED_SAFE:
+        summary.failed_safe += 1
+    else:
+        summary.uncertain += 1
 
 
 async def _attempt(port: CRMRecordPort, work: LeadWork) -> LeadState:
-    try:
-        await port.write(work.event, work.write_id)
-    except BeforeWriteError:
+    """One send (L5): only a typed "not sent" is failed-safe, only an exact readback is
+    confirmed; everything else — another error, a failed or inexact readback — is
+    uncertain.  A cancellation propagates (the caller records uncertain)."""
+    result = await port.send(work.event, work.write_id)
+    if result.verdict == "not_sent":
         return LeadState.FAILED_SAFE
-    except Exception as exc:  # noqa: BLE001 - anything but "not sent" may have been sent
-        log.warning("send failed: %s", type(exc).__name__, extra={
-            "action": "lead.send_failed", "key": work.source_lead_id, "error": type(exc).__name__})
-        return LeadState.UNCERTAIN
-    try:
-        verdict = await port.confirm(work.event, work.write_id)
-    except Exception:  # noqa: BLE001 - written, not proven: reconcile reads it back
-        return LeadState.UNCERTAIN
-    return LeadState.CONFIRMED if verdict == "match" else LeadState.UNCERTAIN
+    if result.verdict == "match":
+        return LeadState.CONFIRMED
+    if result.error is not None:
+        log.warning("send %s: %s", result.verdict, result.error, extra={
+            "action": "lead.send_failed", "key": work.source_lead_id, "error": result.error})
+    return LeadState.UNCERTAIN
 
 
 def _log_outcome(work: LeadWork, outcome: LeadState) -> None:

@@ -79,9 +79,10 @@ async def poll_pass(store: Store, port: CRMRecordPort, clock: Clock, limit: int)
         failure = ReadFailure(f"read_error:{type(exc).__name__}")
         seen = {t.write_id: failure for t in due}
     writes = [decide(t.write_id, t.snapshot, seen[t.write_id]) for t in due]
-    await store.apply_observations(writes, clock.now())
     failures = sorted({failure_kind(o) for o in seen.values() if isinstance(o, ReadFailure)})
-    if await store.record_poll_health(",".join(failures) or None, clock.now()):
+    _, new_failure = await store.record_poll_pass(writes, ",".join(failures) or None,
+                                                  clock.now())
+    if new_failure:
         log.warning("status reads failing: %s", ",".join(failures),
                     extra={"action": "poll.health", "reason": ",".join(failures)})
     keys = {t.write_id: t.source_lead_id for t in due}

@@ -29,8 +29,8 @@ import anyio
 from anyio.abc import TaskStatus
 
 from runner.clock import Clock, SystemClock
-from runner.lifecycle.model import SweepResult
 from runner.lifecycle.port import CandidateSweeper
+from runner.lifecycle.results import SweepResult
 
 log = logging.getLogger("runner.sweep")
 

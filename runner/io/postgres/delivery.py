@@ -13,6 +13,7 @@ the send does not start.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +21,7 @@ from runner.clock import to_text
 from runner.errors import LockLost
 from runner.ids import WriteId
 from runner.io.postgres.base import PostgresBase
-from runner.io.postgres.lock import FENCE_HELD
+from runner.io.postgres.lock import fence_held
 from runner.states import IllegalTransition, LeadState, check_transition
 from runner.store import LeadWork
 
@@ -34,7 +35,7 @@ WHERE write_id = $2 AND state IN ('prepared', 'failed_safe')
 RETURNING attempts
 """
 _MARK_FENCED = f"""
-WITH fence AS (SELECT {FENCE_HELD} AS held),
+WITH fence AS (SELECT {fence_held("$3", "$4", "$5")} AS held),
 marked AS (
     UPDATE {{s}}.leads SET state = 'in_flight', attempts = attempts + 1, updated_at = $1
     WHERE write_id = $2 AND state IN ('prepared', 'failed_safe')
@@ -47,12 +48,39 @@ _FINISH = """
 UPDATE {s}.leads SET state = $1, updated_at = $2
 WHERE write_id = $3 AND state = 'in_flight' RETURNING seq
 """
+# one statement, so one commit, for both rows: the outcome of the send that finished and
+# the in-flight mark of the next one; each row guarded by the state it must be in; the
+# triggers write both events.  With the worker lock held, nothing at all changes once the
+# lock's session is gone (the caller then records the outcome alone, with finish_send)
+_FINISH_AND_MARK = """
+WITH fence AS (SELECT {fence} AS held),
+changed AS (
+    UPDATE {{s}}.leads SET
+        state = CASE WHEN write_id = $2 THEN 'in_flight' ELSE $4 END,
+        attempts = attempts + CASE WHEN write_id = $2 THEN 1 ELSE 0 END,
+        updated_at = $1
+    WHERE (SELECT held FROM fence)
+      AND ((write_id = $3 AND state = 'in_flight')
+           OR (write_id = $2 AND state IN ('prepared', 'failed_safe')))
+    RETURNING write_id, attempts
+)
+SELECT (SELECT held FROM fence) AS held,
+       (SELECT coalesce(json_object_agg(write_id, attempts), '{{}}')::text FROM changed)
+       AS changed
+"""
+_FINISH_AND_MARK_PLAIN = _FINISH_AND_MARK.format(fence="true")
+_FINISH_AND_MARK_FENCED = _FINISH_AND_MARK.format(fence=fence_held("$5", "$6", "$7"))
 _RECONCILE = """
 UPDATE {s}.leads SET reconcile_attempts = reconcile_attempts + 1,
     state = CASE WHEN $1 THEN 'confirmed' ELSE state END,
     reconcile_note = coalesce($2, reconcile_note), updated_at = $3
 WHERE write_id = $4 AND state = 'uncertain' RETURNING seq
 """
+
+
+def _lock_lost(where: str) -> LockLost:
+    return LockLost(f"the worker lock's session at {where} has ended (terminated or timed "
+                    "out); not sending, a new run recovers")
 
 
 def _work(row: Any) -> LeadWork:
@@ -96,9 +124,7 @@ class DeliveryQueries(PostgresBase):
                 return int(rows[0]["attempts"]) if rows else None
             (row,) = await self._fetch(_MARK_FENCED, to_text(now), write_id, *fence.args())
         if not row["held"]:
-            raise LockLost(
-                f"the worker lock's session at {self.location.where} has ended (terminated "
-                "or timed out); not sending, a new run recovers")
+            raise _lock_lost(self.location.where)
         return None if row["attempts"] is None else int(row["attempts"])
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
@@ -107,6 +133,30 @@ class DeliveryQueries(PostgresBase):
             rows = await self._fetch(_FINISH, outcome.value, to_text(now), write_id)
         if not rows:
             raise IllegalTransition(f"record {write_id} was not in flight")
+
+    async def finish_and_mark(
+        self,
+        done: tuple[WriteId, LeadState] | None,
+        next_write_id: WriteId,
+        now: datetime,
+    ) -> int | None:
+        if done is None:
+            return await self.mark_in_flight(next_write_id, now)
+        done_id, outcome = done
+        check_transition(LeadState.IN_FLIGHT, outcome)
+        fence = self._fence
+        args = (to_text(now), next_write_id, done_id, outcome.value)
+        async with self._guard():
+            if fence is None:
+                (row,) = await self._fetch(_FINISH_AND_MARK_PLAIN, *args)
+            else:
+                (row,) = await self._fetch(_FINISH_AND_MARK_FENCED, *args, *fence.args())
+        if not row["held"]:  # nothing changed: the next send must not start
+            raise _lock_lost(self.location.where)
+        changed = {str(k): int(v) for k, v in json.loads(row["changed"]).items()}
+        if done_id not in changed:
+            raise IllegalTransition(f"record {done_id} was not in flight")
+        return changed.get(next_write_id)
 
     async def record_reconcile(
         self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime

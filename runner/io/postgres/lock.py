@@ -45,22 +45,25 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 LIMIT 1
 """
 
-#: true while the session ``$3`` holds the advisory lock ``($4, $5)`` (see ``Fence``)
-FENCE_HELD = """
+def fence_held(pid: str, classid: str, objid: str) -> str:
+    """SQL that is true while session ``pid`` holds the advisory lock ``(classid, objid)``
+    in this database (the arguments are the statement's placeholders; see ``Fence``)."""
+    return f"""
 EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-          AND l.pid = $3 AND l.classid = $4 AND l.objid = $5
+          AND l.pid = {pid} AND l.classid = {classid} AND l.objid = {objid}
           AND l.database = (SELECT oid FROM pg_catalog.pg_database
                             WHERE datname = current_database()))
 """
+
 
 _APP_NAME = re.compile(r"runner pid=(\d+)(?: host=(\S+))?")
 
 
 @dataclass(frozen=True)
 class Fence:
-    """Which session holds the worker lock: the in-flight mark proceeds only while it
-    still does (a statement-level check; ``FENCE_HELD`` takes these as $3-$5)."""
+    """Which session holds the worker lock: an in-flight mark proceeds only while it
+    still does (a check in the same statement, ``fence_held``)."""
 
     backend_pid: int
     classid: int

@@ -78,36 +78,50 @@ class ObserveQueries(PostgresBase):
     async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
         if not writes:
             return 0
-        at = to_text(now)
-        changed = [w for w in writes if w.outcome == "changed"]
-        missing = [w.write_id for w in writes if w.outcome == "missing"]
         async with self._transaction():
-            really_changed = 0
-            if changed:
-                really_changed = len(await self._fetch(
-                    _CHANGED, at, [w.write_id for w in changed], [w.snapshot for w in changed]))
-            await self._fetch(_POLLED, at, [w.write_id for w in writes], missing,
-                              MISSING_SNAPSHOT)
-        return really_changed
+            return await self._observations(writes, to_text(now))
 
     async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
+        async with self._transaction():
+            return await self._poll_health(failure, to_text(now))
+
+    async def record_poll_pass(
+        self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
+    ) -> tuple[int, bool]:
         at = to_text(now)
         async with self._transaction():
-            await self._fetch("SELECT pg_advisory_xact_lock($1)",
-                              stable_key("runner.poll-health", self.location.schema))
-            open_runs = await self._fetch(_OPEN_RUN)
-            current = open_runs[0] if open_runs else None
-            if current is not None and current["failure"] == failure:
-                await self._fetch(
-                    "UPDATE {s}.poll_health SET last_at = $1, passes = passes + 1 "
-                    "WHERE run = $2", at, current["run"])
-                return False
-            if current is not None:
-                await self._fetch("UPDATE {s}.poll_health SET recovered_at = $1 WHERE run = $2",
-                                  at, current["run"])
-            if failure is None:
-                return False
+            changed = await self._observations(writes, at) if writes else 0
+            return changed, await self._poll_health(failure, at)
+
+    async def _observations(self, writes: Sequence[ObservationWrite], at: str) -> int:
+        """Inside a transaction: the changed snapshots, then every polled record's poll
+        time with the explicit missing ones.  Returns how many snapshots really changed."""
+        changed = [w for w in writes if w.outcome == "changed"]
+        missing = [w.write_id for w in writes if w.outcome == "missing"]
+        really_changed = 0
+        if changed:
+            really_changed = len(await self._fetch(
+                _CHANGED, at, [w.write_id for w in changed], [w.snapshot for w in changed]))
+        await self._fetch(_POLLED, at, [w.write_id for w in writes], missing, MISSING_SNAPSHOT)
+        return really_changed
+
+    async def _poll_health(self, failure: str | None, at: str) -> bool:
+        """Inside a transaction, under the store's poll-health lock (see the module)."""
+        await self._fetch("SELECT pg_advisory_xact_lock($1)",
+                          stable_key("runner.poll-health", self.location.schema))
+        open_runs = await self._fetch(_OPEN_RUN)
+        current = open_runs[0] if open_runs else None
+        if current is not None and current["failure"] == failure:
             await self._fetch(
-                "INSERT INTO {s}.poll_health (failure, first_at, last_at) VALUES ($1, $2, $2)",
-                failure, at)
-            return True
+                "UPDATE {s}.poll_health SET last_at = $1, passes = passes + 1 WHERE run = $2",
+                at, current["run"])
+            return False
+        if current is not None:
+            await self._fetch("UPDATE {s}.poll_health SET recovered_at = $1 WHERE run = $2",
+                              at, current["run"])
+        if failure is None:
+            return False
+        await self._fetch(
+            "INSERT INTO {s}.poll_health (failure, first_at, last_at) VALUES ($1, $2, $2)",
+            failure, at)
+        return True

@@ -17,9 +17,7 @@ import json
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any
 
 from runner.clock import from_text, to_text
 from runner.errors import RuleViolation, StoreError
@@ -27,8 +25,7 @@ from runner.io.sqlite import connection
 from runner.io.sqlite.base import SQLiteBase
 from runner.io.sqlite.candidates_schema import ACTIVE_TERM
 from runner.lifecycle import rules
-from runner.lifecycle.model import (
-    Candidate,
+from runner.lifecycle.results import (
     CandidateSummary,
     ExpireResult,
     ReconcileResult,
@@ -38,8 +35,11 @@ from runner.lifecycle.model import (
 )
 from runner.lifecycle.states import CandidateStatus
 
+if TYPE_CHECKING:
+    from runner.lifecycle.model import Candidate
+
 #: given the candidate as it is now (None: unknown), why the guarded write matched nothing
-Refusal = Callable[[Candidate | None], RuleViolation | None]
+Refusal = Callable[["Candidate | None"], RuleViolation | None]
 
 _SELECT = """
 SELECT c.seq, c.id, c.status, c.created_at, c.expires_at, c.analysis_deadline, c.quorum,
@@ -111,6 +111,10 @@ _COUNTS = "SELECT status, count(*) FROM candidates GROUP BY status"
 
 
 def row_to_candidate(row: Sequence[Any]) -> Candidate:
+    from pydantic import ValidationError  # built only by commands that read candidates
+
+    from runner.lifecycle.model import Candidate
+
     try:
         return Candidate(
             id=row[1],
@@ -179,8 +183,8 @@ class CandidateQueries(SQLiteBase):
                 f"candidate {c.id!r} already exists; candidate ids are unique",
                 reason="duplicate_candidate",
             )
-        return Candidate(id=c.id, created_at=c.created_at, expires_at=c.expires_at,
-                         analysis_deadline=c.analysis_deadline, quorum=c.quorum)
+        return type(c)(id=c.id, created_at=c.created_at, expires_at=c.expires_at,
+                       analysis_deadline=c.analysis_deadline, quorum=c.quorum)
 
     async def analyze_candidate(
         self, candidate_id: str, analyst: str, now: datetime

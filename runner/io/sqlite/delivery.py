@@ -78,6 +78,34 @@ class DeliveryQueries(SQLiteBase):
         if not rows:
             raise IllegalTransition(f"record {write_id} was not in flight")
 
+    async def finish_and_mark(
+        self,
+        done: tuple[WriteId, LeadState] | None,
+        next_write_id: WriteId,
+        now: datetime,
+    ) -> int | None:
+        if done is None:
+            return await self.mark_in_flight(next_write_id, now)
+        done_id, outcome = done
+        check_transition(LeadState.IN_FLIGHT, outcome)
+        async with self._guard():
+            # one statement, so one commit, for both rows; each row is guarded by the
+            # state it must be in, and the triggers write both state_changed events
+            rows = await self._fetchall(
+                "UPDATE leads SET "
+                "state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END, "
+                "attempts = attempts + (write_id = :next), updated_at = :now "
+                "WHERE (write_id = :done AND state = 'in_flight') "
+                "OR (write_id = :next AND state IN ('prepared', 'failed_safe')) "
+                "RETURNING write_id, attempts",
+                {"next": next_write_id, "done": done_id, "outcome": outcome.value,
+                 "now": to_text(now)},
+            )
+        changed = {str(r[0]): int(r[1]) for r in rows}
+        if done_id not in changed:
+            raise IllegalTransition(f"record {done_id} was not in flight")
+        return changed.get(next_write_id)
+
     async def record_reconcile(
         self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
     ) -> None:

@@ -52,57 +52,68 @@ class ObserveQueries(SQLiteBase):
     async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
         if not writes:
             return 0
+        async with self._transaction():
+            return await self._observations(writes, to_text(now))
+
+    async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
+        async with self._transaction():
+            return await self._poll_health(failure, to_text(now))
+
+    async def record_poll_pass(
+        self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
+    ) -> tuple[int, bool]:
         at = to_text(now)
+        async with self._transaction():
+            changed = await self._observations(writes, at) if writes else 0
+            return changed, await self._poll_health(failure, at)
+
+    async def _observations(self, writes: Sequence[ObservationWrite], at: str) -> int:
         changed = [(w.snapshot, at, at, w.write_id, w.snapshot)
                    for w in writes if w.outcome == "changed"]
         missing = [(MISSING_SNAPSHOT, at, at, w.write_id) for w in writes if w.outcome == "missing"]
         ids = [w.write_id for w in writes]
         really_changed = 0
-        async with self._transaction():
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                await self._fetchall(
-                    f"UPDATE leads SET last_polled_at = ? WHERE state = 'confirmed' "
-                    f"AND write_id IN ({','.join('?' * len(chunk))})",
-                    (at, *chunk),
-                )
-            if changed:
-                cursor = await self._executemany(
-                    "UPDATE leads SET snapshot = ?, snapshot_changed_at = ?, updated_at = ? "
-                    "WHERE write_id = ? AND state = 'confirmed' AND snapshot IS NOT ?",
-                    changed,
-                )
-                really_changed = max(cursor, 0)
-            if missing:
-                await self._executemany(
-                    "UPDATE leads SET state = 'confirmed_then_missing', snapshot = ?, "
-                    "snapshot_changed_at = ?, updated_at = ? "
-                    "WHERE write_id = ? AND state = 'confirmed'",
-                    missing,
-                )
+        for start in range(0, len(ids), 5000):
+            chunk = ids[start : start + 5000]
+            await self._fetchall(
+                f"UPDATE leads SET last_polled_at = ? WHERE state = 'confirmed' "
+                f"AND write_id IN ({','.join('?' * len(chunk))})",
+                (at, *chunk),
+            )
+        if changed:
+            really_changed = max(await self._executemany(
+                "UPDATE leads SET snapshot = ?, snapshot_changed_at = ?, updated_at = ? "
+                "WHERE write_id = ? AND state = 'confirmed' AND snapshot IS NOT ?",
+                changed,
+            ), 0)
+        if missing:
+            await self._executemany(
+                "UPDATE leads SET state = 'confirmed_then_missing', snapshot = ?, "
+                "snapshot_changed_at = ?, updated_at = ? "
+                "WHERE write_id = ? AND state = 'confirmed'",
+                missing,
+            )
         return really_changed
 
-    async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
-        at = to_text(now)
-        async with self._transaction():
-            open_runs = await self._fetchall(
-                "SELECT run, failure FROM poll_health WHERE recovered_at IS NULL "
-                "ORDER BY run DESC LIMIT 1")
-            current = open_runs[0] if open_runs else None
-            if current is not None and current[1] == failure:
-                await self._fetchall(
-                    "UPDATE poll_health SET last_at = ?, passes = passes + 1 WHERE run = ?",
-                    (at, current[0]))
-                return False
-            if current is not None:
-                await self._fetchall(
-                    "UPDATE poll_health SET recovered_at = ? WHERE run = ?", (at, current[0]))
-            if failure is None:
-                return False
+    async def _poll_health(self, failure: str | None, at: str) -> bool:
+        open_runs = await self._fetchall(
+            "SELECT run, failure FROM poll_health WHERE recovered_at IS NULL "
+            "ORDER BY run DESC LIMIT 1")
+        current = open_runs[0] if open_runs else None
+        if current is not None and current[1] == failure:
             await self._fetchall(
-                "INSERT INTO poll_health (failure, first_at, last_at) VALUES (?, ?, ?)",
-                (failure, at, at))
-            return True
+                "UPDATE poll_health SET last_at = ?, passes = passes + 1 WHERE run = ?",
+                (at, current[0]))
+            return False
+        if current is not None:
+            await self._fetchall(
+                "UPDATE poll_health SET recovered_at = ? WHERE run = ?", (at, current[0]))
+        if failure is None:
+            return False
+        await self._fetchall(
+            "INSERT INTO poll_health (failure, first_at, last_at) VALUES (?, ?, ?)",
+            (failure, at, at))
+        return True
 
     async def poll_health_runs(self) -> list[dict[str, Any]]:
         async with self._guard():

@@ -1,0 +1,1 @@
+"""runner's benchmarks: ``python -m bench`` (or ``python bench/run.py``)."""

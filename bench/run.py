@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Run every benchmark of issue 9 and print one table: figure, baseline, ratio, target.
+
+    python -m bench            # full sizes (a few minutes)
+    python -m bench --quick    # small sizes, for CI (which runs it but does not judge it)
+
+Seeded; every ratio is against a baseline measured in the same run on the same disk.
+The last line is the table as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import leads, sweep
+from bench.common import Row, machine, print_table
+
+FULL = {"single": 3000, "bulk": 100_000, "concurrent": 10_000, "dispatch": 2000,
+        "sweep": 100_000, "scale": 100_000}
+QUICK = {"single": 300, "bulk": 5000, "concurrent": 1000, "dispatch": 300,
+         "sweep": 5000, "scale": 5000}
+
+
+def sweep_row(n: int) -> list[Row]:
+    runner_s, plain_s, result, _ = sweep.run_once(n)
+    ratio = runner_s / plain_s
+    return [Row(f"sweep, {n:,} candidates", runner_s * 1000, "ms", plain_s * 1000, "ms",
+                ratio, "<= 2", ratio <= 2, f"changes {result}; baseline: plain UPDATEs")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
+    parser.add_argument("--seed", type=int, default=20261130)
+    parser.add_argument("--only", help="comma-separated: accept,dispatch,poll,sweep,startup,scale")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    rng = random.Random(args.seed)
+    wanted = set(args.only.split(",")) if args.only else None
+    plan = [
+        ("accept", lambda: leads.accept(sizes["single"], sizes["bulk"], sizes["concurrent"], rng)),
+        ("dispatch", lambda: leads.dispatch(sizes["dispatch"])),
+        ("poll", lambda: leads.poll(1000)),
+        ("sweep", lambda: sweep_row(sizes["sweep"])),
+        ("startup", lambda: leads.startup()),
+        ("scale", lambda: leads.scale(sizes["scale"])),
+    ]
+    rows: list[Row] = []
+    started = time.perf_counter()
+    for name, bench in plan:
+        if wanted is None or name in wanted:
+            rows += bench()
+    print(f"runner benchmarks ({'quick' if args.quick else 'full'}, seed {args.seed}; "
+          f"{machine()}; {time.perf_counter() - started:.0f} s)\n")
+    print_table(rows)
+    print(json.dumps([asdict(r) for r in rows], separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The exact return shapes of the lifecycle operations (SPEC C4) and what ``status`` shows.
+
+Kept apart from the pydantic ``Candidate`` so that ``status`` never builds a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, TypedDict
+
+from runner.clock import to_text
+from runner.lifecycle.states import CandidateStatus
+
+#: analyses needed before a candidate may be promoted, unless given (C1)
+DEFAULT_QUORUM = 2
+
+
+# -- the exact return shapes of C4 ------------------------------------------------------
+
+
+class ExpireResult(TypedDict):
+    """``sweepExpired`` → ``{"expired": n}``"""
+
+    expired: int
+
+
+class ReconcileResult(TypedDict):
+    """``reconcileStuckPromoting`` → ``{"reconciled": n}``"""
+
+    reconciled: int
+
+
+class SweepResult(TypedDict):
+    """``sweepCandidates`` → ``{"expired": n, "reconciled": m}``"""
+
+    expired: int
+    reconciled: int
+
+
+SweepFunction = Literal["sweepExpired", "reconcileStuckPromoting", "sweepCandidates"]
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """The last sweep a store ran: which function, at what ``now``, and what it returned."""
+
+    function: SweepFunction
+    at: datetime
+    result: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"function": self.function, "at": to_text(self.at), "result": self.result}
+
+
+@dataclass(frozen=True)
+class CandidateSummary:
+    """What ``status`` shows of the lifecycle: counts per status and the last sweep."""
+
+    counts: dict[CandidateStatus, int]
+    last_sweep: SweepRun | None = None
