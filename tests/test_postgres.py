@@ -248,7 +248,7 @@ def test_missing_privilege_is_exit_77_until_a_dba_makes_the_schema(
     if not pg.fetch("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"
                     )[0][0]:
         pytest.skip("the test role may not create roles")
-    role = "runner_test_limited"
+    role = f"runner_test_limited_{os.getpid()}"  # roles are per cluster: one per run
     pg.execute(f"DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN")
     db = _with_user(role)
     try:
