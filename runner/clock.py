@@ -52,12 +52,12 @@ def from_text(text: str) -> datetime:
     return datetime.strptime(text, _FORMAT).replace(tzinfo=UTC)
 
 
-def parse_now(value: str) -> datetime:
-    """Parse a ``--now`` argument: ISO-8601 with a timezone (``Z`` allowed)."""
+def parse_now(value: str, option: str = "--now") -> datetime:
+    """Parse a time option (``--now`` …): ISO-8601 with a timezone (``Z`` allowed)."""
     try:
         at = datetime.fromisoformat(value)
     except ValueError:
-        raise UsageError(f"--now {value!r} is not an ISO-8601 time") from None
+        raise UsageError(f"{option} {value!r} is not an ISO-8601 time") from None
     if at.tzinfo is None:
-        raise UsageError(f"--now {value!r} has no timezone (add Z or +00:00)")
+        raise UsageError(f"{option} {value!r} has no timezone (add Z or +00:00)")
     return at.astimezone(UTC)

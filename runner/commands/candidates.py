@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from runner.clock import parse_now
 from runner.commands.common import clock_from, common_options, emit
-from runner.errors import StoreNotFound, UsageError
+from runner.errors import StoreNotFound
 from runner.jsonio import dumps_line
 from runner.lifecycle import rules
 from runner.lifecycle.results import DEFAULT_QUORUM
@@ -83,13 +84,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def parse_time(value: str, option: str) -> datetime:
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        raise UsageError(f"{option} {value!r} is not an ISO-8601 time") from None
-    if at.tzinfo is None:
-        raise UsageError(f"{option} {value!r} has no timezone (add Z or +00:00)")
-    return at.astimezone(UTC)
+    return parse_now(value, option)
 
 
 async def require_store(location: str) -> None:
