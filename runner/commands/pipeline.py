@@ -119,7 +119,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     registry = registry_from(args)
     config = retriever_config(args.config, settings)
-    require_store(args.db)
+    await require_store(args.db)
     def show(cycle: WorkerCycle) -> None:
         # every cycle of a finite run; an endless one skips idle cycles (no line a second)
         if args.cycles is not None or cycle.result.claimed or cycle.result.refused:
@@ -151,7 +151,7 @@ async def cmd_job(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     registry = registry_from(args)
     span = BackfillRange(args.from_seq, args.to_seq, _kinds(args.kinds))
-    require_store(args.db)
+    await require_store(args.db)
     async with await open_store(args.db) as store:
         result = await run_job(store, args.name, registry=registry, clock=clock_from(args),
                                settings=settings, force=args.force,
