@@ -10,12 +10,15 @@ from runner.io.postgres.delivery import DeliveryQueries
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadQueries
 from runner.io.postgres.observe import ObserveQueries
+from runner.io.postgres.pipeline_levels import PipelineLevelQueries
+from runner.io.postgres.pipeline_work import PipelineWorkQueries
 
 if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries):
+class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
+                    PipelineWorkQueries, PipelineLevelQueries):
     async def __aenter__(self) -> PostgresStore:
         return self
 
