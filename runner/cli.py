@@ -72,6 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(logs.error_line("interrupted", fmt=fmt, reason="interrupted"), file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (``runner status | head``): stop quietly, as a
+        # pipeline expects; what was committed stays committed
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except BaseExceptionGroup as group:
         # a task group (the runner loop) wraps what its tasks raised: a store error or a
         # lost lock inside a cycle is still one line and its exit code, not a traceback

@@ -125,3 +125,20 @@ def test_status_json_log_format_errors(db_location: str) -> None:
     proc = run_cli("status", "--db", db_location, "--log-format", "json")
     line = json.loads(proc.stderr.strip())
     assert line["level"] == "error" and line["reason"] == "store_not_found"
+
+
+def test_status_into_a_closed_pipe_stops_quietly(db: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.helpers import RUN
+
+    reader = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(10)"],
+                              stdin=subprocess.PIPE)
+    assert reader.stdin is not None
+    proc = subprocess.run([sys.executable, RUN, "status", "--db", str(db)],
+                          stdout=reader.stdin, stderr=subprocess.PIPE, timeout=60, check=False)
+    reader.stdin.close()
+    reader.wait(timeout=30)
+    assert proc.returncode in (0, 141)  # 0 if it all fitted in the pipe before it closed
+    assert b"Traceback" not in proc.stderr and b"internal error" not in proc.stderr
