@@ -58,6 +58,19 @@ echo "# 8. status: every state counted, records by key, the outbox (no contact f
 printf '\n$ runner status --db queue.db --scope scope.json | python3 -m json.tool\n'
 "$RUNNER" status --db queue.db --scope scope.json | python3 -m json.tool --indent 2
 echo
+echo "# 9. staged processing: the backlog per stage, then the four workers (one cycle each)"
+echo "#    turn the outbox into D1 -> D2 -> D3 -> D4, and status shows the lead funnel"
+show "$RUNNER" backlog --db queue.db
+for w in raw-retriever core-processor generic-materializer domain-projector; do
+  show "$RUNNER" worker "$w" --db queue.db --cycles 1
+done
+show "$RUNNER" backlog --db queue.db
+printf '\n$ runner status --db queue.db | (the funnel)\n'
+"$RUNNER" status --db queue.db | python3 -c "import json, sys; print(json.dumps(json.load(sys.stdin)['funnel']))"
+echo
+echo "# a forced replay recomputes terminal inputs; the previous results stay as history"
+show "$RUNNER" job replay-core --db queue.db --force
+echo
 echo "# the target holds exactly one row per lead:"
 python3 - <<'PY'
 import sqlite3

@@ -41,7 +41,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.chaos_lane import RUN, SCOPE, SWEEP_AT, WORKER_POINTS, Episode, Lane  # noqa: E402
+from bench.chaos_lane import (  # noqa: E402
+    RUN,
+    SCOPE,
+    SWEEP_AT,
+    WORKER_POINTS,
+    Episode,
+    Lane,
+    drop_postgres_schema,
+    postgres_location,
+)
 from runner.crashpoints import POINTS  # noqa: E402
 
 
@@ -96,13 +105,15 @@ def _crash_worker(lane: Lane, point: str, rng: random.Random) -> None:
     lane.ep.fired = crashed.returncode == 73
 
 
-def run_episode(seed: int, index: int, point: str, root: Path) -> Episode:
+def run_episode(seed: int, index: int, point: str, root: Path, pg_dsn: str | None = None,
+                ) -> Episode:
     rng = random.Random(f"{seed}:{index}")
     ep = Episode(index, point)
     directory = root / f"run-{index:05d}"
     directory.mkdir(mode=0o700)
     ep.directory = str(directory)
-    lane = Lane(directory, ep)
+    db = postgres_location(pg_dsn, f"chaos_{seed}_{index}_{os.getpid()}") if pg_dsn else None
+    lane = Lane(directory, ep, db)
     lane.setup(f"c{index}", rng.randint(6, 12),
                [rng.randint(0, 2), rng.randint(0, 3), rng.randint(1, 2)],
                "".join(rng.choice("dapql") for _ in range(rng.randint(2, 6))))
@@ -131,6 +142,8 @@ def run_episode(seed: int, index: int, point: str, root: Path) -> Episode:
             ep.violations.append(f"after the clean restart: {final.states[state]} {state}")
     ep.states, ep.rows, ep.recovered = final.states, sum(final.rows.values()), len(final.recovered)
     ep.candidates = final.candidates
+    if db is not None and not ep.violations:
+        drop_postgres_schema(db)
     return ep
 
 
@@ -191,14 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=int, help="replay one run of the deck")
     parser.add_argument("--keep", action="store_true", help="keep every run's directory")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--pg-dsn", default=os.environ.get(
+        "RUNNER_TEST_PG_DSN", "postgresql://root@127.0.0.1:5432/test"),
+        help="the PostgreSQL server for --backend postgres (one schema per run)")
     args = parser.parse_args(argv)
+    pg_dsn = args.pg_dsn if args.backend == "postgres" else None
     points = deck(args.seed, args.runs)
     indices = [args.only] if args.only is not None else list(range(args.runs))
     root = Path(tempfile.mkdtemp(prefix="runner-chaos-"))
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        episodes = list(pool.map(lambda i: run_episode(args.seed, i, points[i], root), indices))
+        episodes = list(pool.map(
+            lambda i: run_episode(args.seed, i, points[i], root, pg_dsn), indices))
     text, ok = summarize(episodes, args.seed, args.jobs, time.monotonic() - started)
+    text = text.replace("chaos:", f"chaos ({args.backend}):", 1)
     print(text, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({

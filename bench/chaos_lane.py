@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.invariants import DELETED_TABLE, Audit, audit
+from bench.invariants import DELETED_TABLE, Audit, audit, is_postgres, query
 from runner.crashpoints import POINTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,9 +43,9 @@ class Episode:
 class Lane:
     """One episode's directory, processes and audits."""
 
-    def __init__(self, directory: Path, episode: Episode) -> None:
+    def __init__(self, directory: Path, episode: Episode, db: str | None = None) -> None:
         self.dir = directory
-        self.db = directory / "queue.db"
+        self.db = db or str(directory / "queue.db")  # a file, or a postgresql:// location
         self.target = directory / "target.db"
         self.scope = directory / "scope.json"
         self.scope.write_text(json.dumps(SCOPE), encoding="utf-8")
@@ -91,22 +91,14 @@ class Lane:
 
     def unswept(self) -> int:
         """Candidates a completed sweep at ``SWEEP_AT`` would have moved."""
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            return int(conn.execute(
-                "SELECT count(*) FROM candidates WHERE status = 'promoting' OR (status IN "
-                "('discovered', 'analyzing') AND expires_at < ?)",
-                (SWEEP_AT.replace("Z", ".000000Z"),)).fetchone()[0])
-        finally:
-            conn.close()
+        rows = query(self.db, "SELECT count(*) FROM {t}candidates WHERE status = 'promoting' "
+                     "OR (status IN ('discovered', 'analyzing') AND expires_at < ?)",
+                     SWEEP_AT.replace("Z", ".000000Z"))
+        return int(rows[0][0]) if rows else 0
 
     def confirmed_keys(self) -> list[str]:
-        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            return [k for (k,) in conn.execute(
-                "SELECT source_lead_id FROM leads WHERE state = 'confirmed' ORDER BY seq")]
-        finally:
-            conn.close()
+        return [k for (k,) in query(self.db, "SELECT source_lead_id FROM {t}leads "
+                                             "WHERE state = 'confirmed' ORDER BY seq")]
 
     def play_crm(self, rng: random.Random) -> None:
         """Statuses change; sometimes the CRM deletes a confirmed lead (kept aside)."""
@@ -130,3 +122,32 @@ class Lane:
                 conn.execute("COMMIT")
         finally:
             conn.close()
+
+
+def postgres_location(dsn: str, schema: str) -> str:
+    """A store location in its own schema on the server at ``dsn``."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(query=urlencode([*parse_qsl(parts.query),
+                                                      ("schema", schema)])))
+
+
+def drop_postgres_schema(location: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    from runner.io.postgres.dsn import parse
+
+    where = parse(location)
+
+    async def go() -> None:
+        conn = await asyncpg.connect(where.dsn, timeout=30)
+        try:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {where.schema_ident} CASCADE")
+        finally:
+            await conn.close()
+
+    if is_postgres(location):
+        asyncio.run(go())

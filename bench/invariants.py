@@ -23,12 +23,15 @@ event follows the transition table from the record's previous state.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import sqlite3
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from runner.lifecycle.states import TRANSITIONS as CANDIDATE_TRANSITIONS
 from runner.lifecycle.states import CandidateStatus
@@ -84,15 +87,98 @@ def integrity(path: Path) -> str:
         conn.close()
 
 
+QUERIES = {
+    "records": "SELECT source_lead_id, write_id, state, attempts FROM {t}leads",
+    "outbox": "SELECT seq, kind, subject, payload::text FROM {t}outbox ORDER BY seq",
+    "candidates": "SELECT id, status, decision_id FROM {t}candidates",
+    "candidate_events": "SELECT subject, payload::text FROM {t}outbox "
+                        "WHERE kind = 'candidate_changed' ORDER BY seq",
+}
+
+
+Rows = list[tuple[Any, ...]]
+
+
+def is_postgres(db: Path | str) -> bool:
+    return str(db).startswith(("postgresql://", "postgres://"))
+
+
+def read_store(db: Path | str) -> dict[str, Rows | None]:
+    """The rows the checks need, read with the store's own driver."""
+    return fetch(db, QUERIES)
+
+
+def query(db: Path | str, sql: str, *params: Any) -> Rows:
+    """One query on either backend (``{t}`` before a table name; ``?`` placeholders)."""
+    return fetch(db, {"q": sql}, params)["q"] or []
+
+
+def fetch(db: Path | str, queries: dict[str, str], params: tuple[Any, ...] = (),
+          ) -> dict[str, Rows | None]:
+    """Run read queries with the store's own driver (sqlite3 for a file, asyncpg for a
+    ``postgresql://`` location); None for a query on a table the store does not have."""
+    if is_postgres(db):
+        return _fetch_postgres(str(db), queries, params)
+    out: dict[str, Rows | None] = dict.fromkeys(queries)
+    if not Path(db).exists():
+        return out
+    conn = _connect(Path(db))
+    try:
+        for name, sql in queries.items():
+            # a missing table: a store from before it, or whose creation never committed
+            with contextlib.suppress(sqlite3.OperationalError):
+                out[name] = conn.execute(sql.format(t="").replace("::text", ""),
+                                         params).fetchall()
+    finally:
+        conn.close()
+    return out
+
+
+def _fetch_postgres(location: str, queries: dict[str, str], params: tuple[Any, ...],
+                    ) -> dict[str, Rows | None]:
+    import asyncio
+
+    import asyncpg
+
+    from runner.io.postgres.dsn import parse
+
+    where = parse(location)
+
+    async def go() -> dict[str, Rows | None]:
+        out: dict[str, Rows | None] = dict.fromkeys(queries)
+        conn = await asyncpg.connect(where.dsn, timeout=30)
+        try:
+            for name, sql in queries.items():
+                numbered = sql.format(t=where.schema_ident + ".")
+                for n in range(1, len(params) + 1):
+                    numbered = numbered.replace("?", f"${n}", 1)
+                try:
+                    rows = await conn.fetch(numbered, *params)
+                except asyncpg.exceptions.UndefinedTableError:
+                    continue
+                out[name] = [tuple(r) for r in rows]
+        finally:
+            await conn.close()
+        return out
+
+    # on a loop of its own in a helper thread: callers may be inside an event loop
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
+
+
 def audit(
-    db: Path,
+    db: Path | str,
     target: Path,
     *,
     accepted: Iterable[str] = (),
     in_flight_ok: bool = False,
 ) -> Audit:
-    """Check every invariant; ``accepted`` are the keys whose accept was acknowledged."""
+    """Check every invariant; ``accepted`` are the keys whose accept was acknowledged.
+    ``db`` is a SQLite file or a ``postgresql://`` location (integrity_check is SQLite's;
+    PostgreSQL checks its own pages)."""
     result = Audit()
+    if not is_postgres(db):
+        db = Path(db)
     rows = target_rows(target)
     result.rows = Counter(key for key, _ in rows)
     row_ids: dict[str, set[str]] = {}
@@ -101,23 +187,14 @@ def audit(
     for key, n in result.rows.items():
         if n > 1:
             result.fail(f"duplicated: {key} has {n} target rows")
-    if not db.exists():
-        for key in accepted:
-            result.fail(f"lost: {key} was acknowledged but there is no store")
-        for key in result.rows:
-            result.fail(f"unexpected: a target row for {key}, never accepted")
-        return result
-    if (check := integrity(db)) != "ok":
+    data = read_store(db)
+    if isinstance(db, Path) and db.exists() and (check := integrity(db)) != "ok":
         result.fail(f"store integrity_check: {check}")
     if target.exists() and (check := integrity(target)) != "ok":
         result.fail(f"target integrity_check: {check}")
-    conn = _connect(db)
-    try:
-        _check_records(conn, result, row_ids, in_flight_ok)
-        _check_outbox(conn, result)
-        _check_candidates(conn, result)
-    finally:
-        conn.close()
+    _check_records(data["records"] or [], result, row_ids, in_flight_ok)
+    _check_outbox(data["outbox"] or [], result)
+    _check_candidates(data["candidates"], data["candidate_events"] or [], result)
     for key in accepted:
         if key not in result.keys:
             result.fail(f"lost: {key} was acknowledged but is not in the store")
@@ -127,13 +204,8 @@ def audit(
     return result
 
 
-def _check_records(conn: sqlite3.Connection, result: Audit, row_ids: dict[str, set[str]],
-                   in_flight_ok: bool) -> None:
-    try:
-        records = conn.execute(
-            "SELECT source_lead_id, write_id, state, attempts FROM leads").fetchall()
-    except sqlite3.OperationalError:
-        return  # a store whose creation never committed holds no records
+def _check_records(records: list[tuple[Any, ...]], result: Audit,
+                   row_ids: dict[str, set[str]], in_flight_ok: bool) -> None:
     for key, write_id, state, attempts in records:
         result.keys.add(key)
         result.states[state] += 1
@@ -155,12 +227,7 @@ def _check_records(conn: sqlite3.Connection, result: Audit, row_ids: dict[str, s
             result.fail(f"{key} is prepared but has attempts={attempts} or a row")
 
 
-def _check_outbox(conn: sqlite3.Connection, result: Audit) -> None:
-    try:
-        events = conn.execute(
-            "SELECT seq, kind, subject, payload FROM outbox ORDER BY seq").fetchall()
-    except sqlite3.OperationalError:
-        return
+def _check_outbox(events: list[tuple[Any, ...]], result: Audit) -> None:
     last: dict[str, LeadState] = {}
     for expected, (seq, kind, subject, payload) in enumerate(events, start=1):
         if seq != expected:
@@ -180,12 +247,9 @@ def _check_outbox(conn: sqlite3.Connection, result: Audit) -> None:
             last[subject] = dst
 
 
-def _check_candidates(conn: sqlite3.Connection, result: Audit) -> None:
-    try:
-        rows = conn.execute("SELECT id, status, decision_id FROM candidates").fetchall()
-        events = conn.execute("SELECT subject, payload FROM outbox WHERE kind = "
-                              "'candidate_changed' ORDER BY seq").fetchall()
-    except sqlite3.OperationalError:
+def _check_candidates(rows: list[tuple[Any, ...]] | None, events: list[tuple[Any, ...]],
+                      result: Audit) -> None:
+    if rows is None:
         return  # a store from before the lifecycle
     last: dict[str, CandidateStatus | None] = {}
     for subject, payload in events:

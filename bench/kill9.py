@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.invariants import audit  # noqa: E402
+from bench.chaos_lane import drop_postgres_schema, postgres_location  # noqa: E402
+from bench.invariants import audit, query  # noqa: E402
 
 RUN = str(ROOT / "run.py")
 CHILD = str(ROOT / "bench" / "child.py")
@@ -64,7 +65,7 @@ class Result:
     violations: list[str] = field(default_factory=list)
 
 
-def _start(db: Path, scope: Path, target: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
+def _start(db: str, scope: Path, target: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
     with open(log, "a", encoding="utf-8") as out:
         return subprocess.Popen(
             [sys.executable, RUN, "start", "--db", str(db), "--scope", str(scope),
@@ -72,13 +73,16 @@ def _start(db: Path, scope: Path, target: Path, log: Path, *extra: str) -> subpr
             env={k: v for k, v in os.environ.items() if not k.startswith("RUNNER_CRASH")})
 
 
-def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path) -> Result:
+def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
+            pg_dsn: str | None = None) -> Result:
     rng = random.Random(f"{seed}:{index}")
     result = Result(index, leads)
     started = time.monotonic()
     work = root / f"run-{index:03d}"
     work.mkdir(mode=0o700)
-    db, target, log = work / "queue.db", work / "target.db", work / "worker.log"
+    target, log = work / "target.db", work / "worker.log"
+    db = (postgres_location(pg_dsn, f"kill9_{seed}_{index}_{os.getpid()}") if pg_dsn
+          else str(work / "queue.db"))
     scope = work / "scope.json"
     scope.write_text(json.dumps(SCOPE), encoding="utf-8")
     ingress = subprocess.run([sys.executable, CHILD, "accept", str(db), str(scope),
@@ -117,17 +121,13 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path) -> 
     if stuck:
         result.violations.append(f"{len(stuck)} uncertain records have a row to read back")
     result.seconds = time.monotonic() - started
+    if pg_dsn and not result.violations:
+        drop_postgres_schema(db)
     return result
 
 
-def _states(db: Path) -> dict[str, str]:
-    import sqlite3
-
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return dict(conn.execute("SELECT source_lead_id, state FROM leads"))
-    finally:
-        conn.close()
+def _states(db: str) -> dict[str, str]:
+    return {str(k): str(v) for k, v in query(db, "SELECT source_lead_id, state FROM {t}leads")}
 
 
 COLUMNS = ("run", "leads", "kills", "confirmed", "uncertain", "recovered", "lost",
@@ -161,11 +161,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="kill within this many seconds of a start (default: scaled "
                              "to --leads, about the time a start needs to send them all)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--pg-dsn", default=os.environ.get(
+        "RUNNER_TEST_PG_DSN", "postgresql://root@127.0.0.1:5432/test"),
+        help="the PostgreSQL server for --backend postgres (one schema per run)")
     args = parser.parse_args(argv)
+    pg_dsn = args.pg_dsn if args.backend == "postgres" else None
     max_delay = args.max_delay or 0.3 + args.leads * 0.001
     root = Path(tempfile.mkdtemp(prefix="runner-kill9-"))
-    results = [one_run(i, args.leads, args.seed, max_delay, root) for i in range(args.runs)]
+    results = [one_run(i, args.leads, args.seed, max_delay, root, pg_dsn)
+               for i in range(args.runs)]
     text, ok = table(results, args.seed)
+    text = text.replace("kill -9:", f"kill -9 ({args.backend}):", 1)
     print(text, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({

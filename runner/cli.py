@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "runner.commands.leads",
     "runner.commands.delivery",
     "runner.commands.candidates",
+    "runner.commands.pipeline",
 )
 
 
@@ -72,13 +73,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(logs.error_line("interrupted", fmt=fmt, reason="interrupted"), file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (``runner status | head``): stop quietly, as a
+        # pipeline expects; what was committed stays committed
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except BaseExceptionGroup as group:
+        # a task group (the runner loop) wraps what its tasks raised: a store error or a
+        # lost lock inside a cycle is still one line and its exit code, not a traceback
+        error = _sole_runner_error(group)
+        if error is None:
+            if os.environ.get("RUNNER_DEBUG") or not isinstance(group, Exception):
+                raise
+            return _internal_error(group, fmt)
+        print(logs.error_line(error.message, fmt=fmt, reason=error.reason), file=sys.stderr)
+        return error.exit_code
     except Exception as exc:  # the one boundary: a bug is one line here, not a traceback
         if os.environ.get("RUNNER_DEBUG"):
             raise
-        message = f"internal error ({type(exc).__name__}: {exc}); set RUNNER_DEBUG=1 for details"
-        print(logs.error_line(message, fmt=fmt, reason="internal"), file=sys.stderr)
-        return 70
+        return _internal_error(exc, fmt)
     return code
+
+
+def _internal_error(exc: Exception, fmt: logs.LogFormat) -> int:
+    message = f"internal error ({type(exc).__name__}: {exc}); set RUNNER_DEBUG=1 for details"
+    print(logs.error_line(message, fmt=fmt, reason="internal"), file=sys.stderr)
+    return 70
+
+
+def _sole_runner_error(group: BaseExceptionGroup[BaseException]) -> RunnerError | None:
+    """The first RunnerError of a group whose every leaf is one (else None: a bug)."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop(0)
+        if isinstance(exc, BaseExceptionGroup):
+            pending[:0] = list(exc.exceptions)
+        else:
+            leaves.append(exc)
+    if leaves and all(isinstance(leaf, RunnerError) for leaf in leaves):
+        first = leaves[0]
+        assert isinstance(first, RunnerError)
+        return first
+    return None
 
 
 def entry() -> None:

@@ -6,13 +6,17 @@
     ├── UsageError                   2   bad command line, --db and --target the same file
     ├── BadInputError                65  invalid record or scope file, outside scope, conflict
     │   └── RuleViolation            65  a domain rule refused the operation
-    ├── StoreNotFound                66  a read-only command named a store that does not exist
+    ├── StoreNotFound                66  a read-only command named a store that does not exist,
+    │                                    or a PostgreSQL database that does not exist
     ├── SimulatedCrash               73  a --fault crash-* fired (where os._exit is not used)
-    ├── StoreError                   74  the store could not be read or written (I/O, full, corrupt)
-    │   └── StoreFull                74  no space left for the store: the change was not written
+    ├── StoreError                   74  the store could not be read or written (I/O, full, corrupt,
+    │   │                                server unreachable or the connection dropped)
+    │   ├── StoreFull                74  no space left for the store: the change was not written
+    │   └── LockLost                 74  the worker lock's database session ended under us
     ├── LockHeld                     75  another live worker holds the lock
     │   └── StoreBusy                75  the store stayed locked longer than the busy timeout
     ├── UnsafeLocation               77  network filesystem, symlink, directory others can write
+    ├── AccessDenied                 77  the database refused us: authentication or permission
     └── ConfigMismatch               78  the store's pinned scope differs from --scope
         └── SchemaTooNew             78  the store was written by a newer runner
 
@@ -84,6 +88,12 @@ class StoreFull(StoreError):
     reason = "store_full"
 
 
+class LockLost(StoreError):
+    """The session that held the PostgreSQL worker lock is gone: stop before sending."""
+
+    reason = "lock_lost"
+
+
 class LockHeld(RunnerError):
     exit_code = 75
     reason = "locked"
@@ -100,6 +110,13 @@ class StoreBusy(LockHeld):
 class UnsafeLocation(RunnerError):
     exit_code = 77
     reason = "unsafe_location"
+
+
+class AccessDenied(RunnerError):
+    """The database server refused the user: a failed login or a missing privilege."""
+
+    exit_code = 77
+    reason = "access_denied"
 
 
 class ConfigMismatch(RunnerError):

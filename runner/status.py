@@ -66,18 +66,29 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
+async def pipeline_blocks(store: Store) -> dict[str, Any]:
+    """Staged processing (SPEC P3, P10, P11): the ``pipeline`` block (backlog per stage
+    and processor version, level sizes, the raw retriever's desired and effective
+    configuration) and the lead ``funnel`` (``{form_id: {status: count}}``)."""
+    from runner.pipeline.report import builtin_refs, pipeline_document
+
+    return {"pipeline": await pipeline_document(store, builtin_refs()),
+            "funnel": await store.funnel()}
+
+
 async def write_status(store: Store, write: Callable[[str], object]) -> None:
     """Write the status document as one JSON line, streaming the records."""
     async with store.reading():
         summary = await store.summary()
         lifecycle = await store.candidate_summary()
+        pipeline = await pipeline_blocks(store)
         write("{" + _inner(head_json(summary)) + ',"records":[')
         first = True
         async for row in store.iter_records():
             write(("" if first else ",") + _dumps(record_json(row)))
             first = False
         write("]," + _inner(tail_json(summary)) + ',"lifecycle":'
-              + _dumps(lifecycle_json(lifecycle)) + "}\n")
+              + _dumps(lifecycle_json(lifecycle)) + "," + _inner(pipeline) + "}\n")
 
 
 async def status_document(store: Store) -> dict[str, Any]:
@@ -86,5 +97,6 @@ async def status_document(store: Store) -> dict[str, Any]:
         summary = await store.summary()
         lifecycle = await store.candidate_summary()
         records = [record_json(row) async for row in store.iter_records()]
+        pipeline = await pipeline_blocks(store)
     return {**head_json(summary), "records": records, **tail_json(summary),
-            "lifecycle": lifecycle_json(lifecycle)}
+            "lifecycle": lifecycle_json(lifecycle), **pipeline}

@@ -17,14 +17,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from runner.errors import ConfigMismatch
 from runner.ids import WriteId
 from runner.lifecycle.port import CandidateStore
+from runner.pipeline.port import PipelineStore
 from runner.states import LeadState
 
 if TYPE_CHECKING:
     from runner.models import LeadEvent, Scope
 
 AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
+
+#: a pinned scope as stored: its four fields (no model, so ``status`` stays light)
+ScopeData = dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ class ObservationWrite:
 class StoreSummary:
     """Everything ``status`` shows except the record list (which is streamed)."""
 
-    scope: dict[str, str] | None  # the pinned scope's fields (no model: status stays light)
+    scope: ScopeData | None  # the pinned scope's fields (no model: status stays light)
     schema_version: int
     counts: dict[LeadState, int]
     outbox_count: int
@@ -108,10 +113,11 @@ class StoreSummary:
     poll_health: list[dict[str, Any]] = field(default_factory=list)
 
 
-class Store(CandidateStore, Protocol):
+class Store(CandidateStore, PipelineStore, Protocol):
     """A durable store.  Use as ``async with await open_store(...) as store``.
 
-    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``."""
+    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``, the staged
+    processing operations (SPEC P) from ``PipelineStore``."""
 
     backend: str
 
@@ -149,8 +155,9 @@ class Store(CandidateStore, Protocol):
 
     def worker_lock(self) -> AbstractAsyncContextManager[object]:
         """The lock that keeps a second worker out (L7): a ``flock`` file beside a SQLite
-        store.  Entering it raises ``LockHeld`` (exit 75) at once if another live worker
-        holds it; it is released when the holder exits or dies."""
+        store, a session advisory lock on PostgreSQL.  Entering it raises ``LockHeld``
+        (exit 75) at once if another live worker holds it; it is released when the holder
+        exits or dies."""
         ...
 
     # -- delivery (L4-L8): every method is one transaction; transitions are guarded by
@@ -171,7 +178,8 @@ class Store(CandidateStore, Protocol):
     async def mark_in_flight(self, write_id: WriteId, now: datetime) -> int | None:
         """prepared/failed_safe -> in_flight with ``attempts + 1``, committed before the
         target is called.  Returns the new attempts, or None if the record is no longer
-        dispatchable."""
+        dispatchable.  While this store holds a PostgreSQL worker lock, the same statement
+        checks that the lock's session still holds it (else ``LockLost``, nothing marked)."""
         ...
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
@@ -187,7 +195,8 @@ class Store(CandidateStore, Protocol):
         """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``),
         and ``next_write_id`` -> in_flight with ``attempts + 1`` (as ``mark_in_flight``).
         Returns the next record's attempts, or None if it is no longer dispatchable (the
-        outcome is committed either way)."""
+        outcome is committed either way).  On PostgreSQL with the worker lock held, a lock
+        whose session has ended raises ``LockLost`` and changes nothing."""
         ...
 
     async def record_reconcile(
@@ -239,8 +248,43 @@ class Store(CandidateStore, Protocol):
         ...
 
 
+def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
+    """Refuse (exit 78) a scope that differs from the pinned one; change nothing."""
+    if wanted is None or pinned is None:
+        return
+    want = wanted.model_dump()
+    if pinned != want:
+        differ = [name for name in want if pinned.get(name) != want[name]]
+        raise ConfigMismatch(
+            "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
+            "nothing was changed"
+        )
+
+
 def is_postgres(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))
+
+
+def describe_location(location: str) -> str:
+    """A store's location for messages: a path, or ``schema 'x' at host:port/db`` (a DSN
+    is never echoed: it may carry a password)."""
+    if is_postgres(location):
+        from runner.io.postgres.dsn import describe, schema_of
+
+        return f"schema {schema_of(location)!r} at {describe(location)}"
+    return repr(location)
+
+
+async def store_exists(location: str) -> bool:
+    """Whether a store is at ``location`` (a file; on PostgreSQL, runner's schema in the
+    database), without creating anything."""
+    if is_postgres(location):
+        from runner.io.postgres import postgres_store_exists
+
+        return await postgres_store_exists(location)
+    import anyio
+
+    return await anyio.Path(location).exists()
 
 
 async def open_store(
@@ -254,9 +298,9 @@ async def open_store(
     schema is reported, not migrated.
     """
     if is_postgres(location):
-        from runner.errors import UsageError
+        from runner.io.postgres import open_postgres_store
 
-        raise UsageError("PostgreSQL stores are not available in this version yet")
+        return await open_postgres_store(location, scope=scope, create=create)
     from runner.io.sqlite.store import open_sqlite_store
 
     return await open_sqlite_store(location, scope=scope, create=create)

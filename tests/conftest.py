@@ -1,14 +1,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from runner.models import Scope
 from runner.store import Store, open_store
+from tests import pg
 from tests.helpers import SCOPE, write_json
+
+BACKENDS = ["sqlite", "postgres"]
 
 
 @pytest.fixture
@@ -30,15 +33,42 @@ def scope_file(workdir: Path) -> Path:
     return write_json(workdir / "scope.json", SCOPE)
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
+    """Every test that takes a store runs once per backend.  PostgreSQL tests skip with
+    the reason when the server is unreachable (fail under RUNNER_REQUIRE_POSTGRES=1)."""
+    if request.param == "postgres":
+        pg.require()
     return str(request.param)
 
 
 @pytest.fixture
-def db_location(backend: str, workdir: Path) -> str:
+def new_location(backend: str, workdir: Path) -> Iterator[Callable[[str], str]]:
+    """Makes fresh store locations: a file in ``workdir``, or an isolated PostgreSQL
+    schema that is dropped after the test."""
+    schemas: list[str] = []
+
+    def make(name: str = "queue") -> str:
+        if backend == "sqlite":
+            return str(workdir / f"{name}.db")
+        schemas.append(pg.new_schema())
+        return pg.location(schemas[-1])
+
+    yield make
+    pg.drop_schemas(schemas)
+
+
+@pytest.fixture
+def db_location(new_location: Callable[[str], str]) -> str:
     """Where a fresh store lives, for each backend."""
-    return str(workdir / "queue.db")
+    return new_location("queue")
+
+
+@pytest.fixture
+def sqlite_only(backend: str) -> None:
+    """For tests of SQLite file specifics (modes, mountinfo, integrity_check, files)."""
+    if backend != "sqlite":
+        pytest.skip("SQLite file specifics: not applicable to PostgreSQL")
 
 
 @pytest.fixture

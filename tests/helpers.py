@@ -67,6 +67,23 @@ def last_json(stdout: str) -> Any:
     return json.loads(lines[-1])
 
 
+def dump_store(location: str | Path) -> list[str]:
+    """A logical dump of a store on either backend, to prove that nothing changed."""
+    from tests import pg
+
+    if pg.is_pg(location):
+        return pg.dump(str(location))
+    return dump_db(Path(location))
+
+
+def store_exists(location: str | Path) -> bool:
+    from tests import pg
+
+    if pg.is_pg(location):
+        return pg.exists(str(location))
+    return Path(location).exists()
+
+
 def dump_db(path: Path) -> list[str]:
     """A logical dump of a SQLite file, to prove that nothing changed."""
     if not path.exists():
@@ -77,6 +94,18 @@ def dump_db(path: Path) -> list[str]:
         return [f"user_version={version}", *conn.iterdump()]
     finally:
         conn.close()
+
+
+def read_store(location: str | Path) -> tuple[Any, list[Any]]:
+    """(summary, records) of a store on either backend, read through the library."""
+    from runner.store import open_store
+    from tests import pg
+
+    async def read() -> tuple[Any, list[Any]]:
+        async with await open_store(str(location), create=False) as store, store.reading():
+            return await store.summary(), [row async for row in store.iter_records()]
+
+    return pg.run(read)
 
 
 class Child:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from runner import DurableWorker
 from runner.jsonio import MAX_DOCUMENT_BYTES
 from runner.store import Store
-from tests.helpers import SCOPE, Child, dump_db, event, run_cli
+from tests import pg
+from tests.helpers import SCOPE, Child, dump_store, event, run_cli
 
 
 def strip_ids(results: list[dict]) -> list[tuple]:
@@ -29,9 +30,21 @@ async def single_answers(db: str, docs: list[object]) -> list[dict]:
 variant = st.sampled_from(["ok", "ok", "ok", "changed", "bad_type", "out_of_scope"])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.tuples(st.integers(0, 6), variant), min_size=1, max_size=40))
-def test_bulk_answers_equal_single_answers(plan: list[tuple[int, str]]) -> None:
+#: examples per backend: a PostgreSQL example pays for two schemas of its own
+EXAMPLES = {"sqlite": 40, "postgres": 15}
+
+
+def test_bulk_answers_equal_single_answers(backend: str) -> None:
+    @settings(max_examples=EXAMPLES[backend], deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.tuples(st.integers(0, 6), variant), min_size=1, max_size=40))
+    def check(plan: list[tuple[int, str]]) -> None:
+        _bulk_equals_single(backend, plan)
+
+    check()
+
+
+def _bulk_equals_single(backend: str, plan: list[tuple[int, str]]) -> None:
     docs: list[dict] = []
     for key, kind in plan:
         doc = event(key)
@@ -42,16 +55,24 @@ def test_bulk_answers_equal_single_answers(plan: list[tuple[int, str]]) -> None:
         elif kind == "out_of_scope":
             doc["page_id"] = "elsewhere"
         docs.append(doc)
+    schemas = [pg.new_schema(), pg.new_schema()]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         work.chmod(0o700)
-        expected = anyio.run(single_answers, str(work / "single.db"), docs)
+        single_db, bulk_db = (
+            [str(work / "single.db"), str(work / "bulk.db")] if backend == "sqlite"
+            else [pg.location(name) for name in schemas])
+        try:
+            expected = anyio.run(single_answers, single_db, docs)
 
-        async def bulk() -> list[dict]:
-            async with DurableWorker(str(work / "bulk.db"), SCOPE) as worker:
-                return [r.to_json() for r in await worker.accept_many(docs)]
+            async def bulk() -> list[dict]:
+                async with DurableWorker(bulk_db, SCOPE) as worker:
+                    return [r.to_json() for r in await worker.accept_many(docs)]
 
-        got = anyio.run(bulk)
+            got = anyio.run(bulk)
+        finally:
+            if backend == "postgres":
+                pg.drop_schemas(schemas)
     assert strip_ids(got) == strip_ids(expected)
     first_id: dict[str, str] = {}
     for r in got:  # a duplicate answers with the write_id of the first accept
@@ -61,8 +82,8 @@ def test_bulk_answers_equal_single_answers(plan: list[tuple[int, str]]) -> None:
             assert r["write_id"] == first_id[r["source_lead_id"]]
 
 
-def test_records_file_answers_in_order(workdir: Path, scope_file: Path) -> None:
-    db = workdir / "q.db"
+def test_records_file_answers_in_order(workdir: Path, scope_file: Path, db_location: str) -> None:
+    db = db_location
     lines = [json.dumps(event(1)), "", "not json", json.dumps(event(2)), json.dumps(event(1)),
              json.dumps(event(1, contact_alias="other")), '"x"', json.dumps(event(3))]
     records = workdir / "in.ndjson"
@@ -83,12 +104,13 @@ def test_records_file_answers_in_order(workdir: Path, scope_file: Path) -> None:
     assert again.returncode == 0 and json.loads(again.stdout)["result"] == "accepted"
 
 
-def test_an_oversized_line_is_answered_and_reading_goes_on(workdir: Path,
-                                                         scope_file: Path) -> None:
+def test_an_oversized_line_is_answered_and_reading_goes_on(
+    workdir: Path, scope_file: Path, db_location: str
+) -> None:
     huge = '{"source_lead_id": "' + "x" * (MAX_DOCUMENT_BYTES + 10) + '"}'
     records = workdir / "in.ndjson"
     records.write_text("\n".join([json.dumps(event(1)), huge, json.dumps(event(2))]) + "\n")
-    proc = run_cli("accept", "--db", workdir / "q.db", "--scope", scope_file,
+    proc = run_cli("accept", "--db", db_location, "--scope", scope_file,
                    "--records", records)
     got = [json.loads(line)["result"] for line in proc.stdout.splitlines()]
     reasons = [json.loads(line).get("reason") for line in proc.stdout.splitlines()]
@@ -96,9 +118,9 @@ def test_an_oversized_line_is_answered_and_reading_goes_on(workdir: Path,
 
 
 def test_each_answer_comes_after_its_commit_even_from_a_slow_pipe(
-    workdir: Path, scope_file: Path
+    workdir: Path, scope_file: Path, db_location: str
 ) -> None:
-    db = workdir / "q.db"
+    db = db_location
     child = Child("accept", "--db", db, "--scope", scope_file, "--records", "-", stdin=True)
     try:
         for i in range(3):
@@ -112,11 +134,13 @@ def test_each_answer_comes_after_its_commit_even_from_a_slow_pipe(
         child.kill()
 
 
-def test_unreadable_records_file_changes_nothing(workdir: Path, scope_file: Path) -> None:
-    db = workdir / "q.db"
+def test_unreadable_records_file_changes_nothing(
+    workdir: Path, scope_file: Path, db_location: str
+) -> None:
+    db = db_location
     proc = run_cli("accept", "--db", db, "--scope", scope_file, "--records", workdir / "none")
     assert proc.returncode == 65 and "cannot read" in proc.stderr
-    assert dump_db(db) == ["<absent>"]
+    assert dump_store(db) == ["<absent>"]
     both = run_cli("accept", "--db", db, "--scope", scope_file, "--records", "-",
                    "--record", "-")
     assert both.returncode == 2

@@ -5,22 +5,24 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import dump_db, event, last_json, run_cli, write_json
-from tests.lifecycle_fixtures import at, cli, iso
+from tests import pg
+from tests.helpers import dump_store, event, last_json, run_cli, store_exists, write_json
+from tests.lifecycle_fixtures import add, at, cli, iso
 
 NOW = f"--now={iso(at(0))}"
 
 
 @pytest.fixture
-def db(workdir: Path) -> Path:
-    return workdir / "queue.db"
+def db(db_location: str) -> str:
+    return db_location
 
 
-def test_add_prints_the_candidate_with_the_t1_defaults(db: Path) -> None:
+def test_add_prints_the_candidate_with_the_t1_defaults(db: str) -> None:
     doc = cli(db, "candidate", "add", "--id", "c1", NOW)
     assert doc == {
         "id": "c1", "status": "discovered", "created_at": "2026-08-11T12:00:00.000000Z",
@@ -34,7 +36,7 @@ def test_add_prints_the_candidate_with_the_t1_defaults(db: Path) -> None:
         "2026-08-11T12:10:00.000000Z", "2026-08-11T12:05:00.000000Z", 3)
 
 
-def test_analyze_promote_list(db: Path) -> None:
+def test_analyze_promote_list(db: str) -> None:
     cli(db, "candidate", "add", "--id", "c1", NOW)
     cli(db, "candidate", "add", "--id", "c2", NOW)
     assert cli(db, "candidate", "analyze", "--id", "c1", "--analyst", "analyst-a", NOW
@@ -53,7 +55,7 @@ def test_analyze_promote_list(db: Path) -> None:
                 "decision_id"} <= set(item)
 
 
-def test_sweep_prints_expired_and_reconciled(db: Path) -> None:
+def test_sweep_prints_expired_and_reconciled(db: str) -> None:
     cli(db, "candidate", "add", "--id", "c1", NOW)
     assert cli(db, "sweep", f"--now={iso(at(30))}") == {"expired": 0, "reconciled": 0}
     assert cli(db, "sweep", f"--now={iso(at(30, seconds=1))}") == {"expired": 1,
@@ -94,23 +96,42 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return db
 
 
+def seed_in_process(db: str) -> None:
+    """The same store as ``seeded``, built through the library (fast, for PostgreSQL,
+    where a store cannot be copied as a file)."""
+    from runner.store import open_store
+
+    async def go() -> None:
+        async with await open_store(db) as store:
+            await add(store, "c1", analysts=("a1",))
+            await add(store, "c-ready", analysts=("a1", "a2"))
+            await add(store, "c-old", created=at(-10), ttl_minutes=1)
+            assert await store.sweep_candidates(at(0)) == {"expired": 1, "reconciled": 0}
+
+    pg.run(go)
+
+
 @pytest.mark.parametrize(("argv", "message"), REFUSALS)
 def test_refused_operations_exit_65_with_one_line_and_change_nothing(
-    db: Path, seeded: Path, argv: tuple[str, ...], message: str
+    db: str, request: pytest.FixtureRequest, argv: tuple[str, ...], message: str
 ) -> None:
-    shutil.copyfile(seeded, db)   # every process has closed it: no -wal left to copy
-    db.chmod(0o600)
-    before = dump_db(db)
+    if pg.is_pg(db):
+        seed_in_process(db)
+    else:
+        seeded: Path = request.getfixturevalue("seeded")
+        shutil.copyfile(seeded, db)   # every process has closed it: no -wal left to copy
+        Path(db).chmod(0o600)
+    before = dump_store(db)
     proc = cli(db, *argv, ok=False)
     assert proc.returncode == 65, proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("runner: error: ") and message in lines[0]
     assert "Traceback" not in proc.stderr
-    assert dump_db(db) == before
+    assert dump_store(db) == before
 
 
-def test_refusals_in_json_log_format(db: Path) -> None:
+def test_refusals_in_json_log_format(db: str) -> None:
     cli(db, "candidate", "add", "--id", "c1", NOW)
     proc = cli(db, "candidate", "promote", "--id", "c1", "--decision-id", "d1", NOW,
                "--log-format", "json", ok=False)
@@ -119,11 +140,11 @@ def test_refusals_in_json_log_format(db: Path) -> None:
     assert (line["level"], line["reason"]) == ("error", "no_quorum")
 
 
-def test_a_t2_violation_does_not_even_create_the_store(db: Path) -> None:
+def test_a_t2_violation_does_not_even_create_the_store(db: str) -> None:
     proc = cli(db, "candidate", "add", "--id", "c1", "--analysis-deadline",
                "2026-08-11T13:00:00Z", NOW, ok=False)
     assert proc.returncode == 65 and "analysis_deadline" in proc.stderr
-    assert not db.exists()
+    assert not store_exists(db)
 
 
 @pytest.mark.parametrize("argv", [
@@ -135,10 +156,10 @@ def test_a_t2_violation_does_not_even_create_the_store(db: Path) -> None:
     ("candidate", "promote", "--id", "c1", "--decision-id", "d", "--fault", "other"),
     ("candidate", "remove", "--id", "c1"),
 ])
-def test_usage_errors_exit_2(db: Path, argv: tuple[str, ...]) -> None:
+def test_usage_errors_exit_2(db: str, argv: tuple[str, ...]) -> None:
     proc = cli(db, *argv, ok=False)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
-    assert not db.exists()
+    assert not store_exists(db)
 
 
 @pytest.mark.parametrize("argv", [
@@ -147,15 +168,16 @@ def test_usage_errors_exit_2(db: Path, argv: tuple[str, ...]) -> None:
     ("candidate", "list"),
     ("sweep",),
 ])
-def test_commands_other_than_add_never_create_a_store(db: Path, argv: tuple[str, ...]) -> None:
+def test_commands_other_than_add_never_create_a_store(db: str, argv: tuple[str, ...]) -> None:
     proc = cli(db, *argv, ok=False)
     assert proc.returncode == 66 and "no store" in proc.stderr
-    assert not db.exists()
+    assert not store_exists(db)
 
 
-def test_candidates_work_with_and_without_a_pinned_scope(workdir: Path,
-                                                         scope_file: Path) -> None:
-    plain, scoped = workdir / "plain.db", workdir / "scoped.db"
+def test_candidates_work_with_and_without_a_pinned_scope(
+    workdir: Path, scope_file: Path, new_location: Callable[[str], str]
+) -> None:
+    plain, scoped = new_location("plain"), new_location("scoped")
     rec = write_json(workdir / "e.json", event(1))
     assert run_cli("accept", "--db", scoped, "--scope", scope_file, "--record", rec
                    ).returncode == 0
@@ -169,7 +191,7 @@ def test_candidates_work_with_and_without_a_pinned_scope(workdir: Path,
 # -- M2 through the real CLI: a promotion stuck by a crash ---------------------------------
 
 
-def stuck(db: Path, fault: str) -> None:
+def stuck(db: str, fault: str) -> None:
     cli(db, "candidate", "add", "--id", "c1", NOW)
     for analyst in ("a1", "a2"):
         cli(db, "candidate", "analyze", "--id", "c1", "--analyst", analyst, NOW)
@@ -179,7 +201,7 @@ def stuck(db: Path, fault: str) -> None:
     assert proc.stdout == "" and "simulated crash" in proc.stderr
 
 
-def test_crash_before_decision_leaves_it_promoting_then_the_sweep_rejects_it(db: Path) -> None:
+def test_crash_before_decision_leaves_it_promoting_then_the_sweep_rejects_it(db: str) -> None:
     stuck(db, "crash-before-decision")
     [c] = cli(db, "candidate", "list")
     assert (c["status"], c["promotion_locked_at"], c["decision_id"]) == (
@@ -192,7 +214,7 @@ def test_crash_before_decision_leaves_it_promoting_then_the_sweep_rejects_it(db:
     assert cli(db, "candidate", "list")[0]["status"] == "rejected"
 
 
-def test_crash_after_decision_then_the_sweep_promotes_it(db: Path) -> None:
+def test_crash_after_decision_then_the_sweep_promotes_it(db: str) -> None:
     stuck(db, "crash-after-decision")
     assert cli(db, "candidate", "list")[0]["decision_id"] == "dec-1"
     assert cli(db, "sweep", f"--now={iso(at(6, seconds=1))}") == {"expired": 0,
@@ -201,7 +223,7 @@ def test_crash_after_decision_then_the_sweep_promotes_it(db: Path) -> None:
     assert (c["status"], c["decision_id"]) == ("promoted", "dec-1")
 
 
-def test_a_stuck_promotion_cannot_be_promoted_again_by_hand(db: Path) -> None:
+def test_a_stuck_promotion_cannot_be_promoted_again_by_hand(db: str) -> None:
     stuck(db, "crash-before-decision")
     proc = cli(db, "candidate", "promote", "--id", "c1", "--decision-id", "dec-2",
                f"--now={iso(at(5, seconds=30))}", ok=False)
@@ -211,14 +233,15 @@ def test_a_stuck_promotion_cannot_be_promoted_again_by_hand(db: Path) -> None:
 # -- status ------------------------------------------------------------------------------
 
 
-def test_status_shows_the_lifecycle_block(db: Path) -> None:
+def test_status_shows_the_lifecycle_block(db: str) -> None:
     cli(db, "candidate", "add", "--id", "c1", NOW)
     cli(db, "candidate", "add", "--id", "c2", "--ttl-minutes", "60", NOW)
     before = last_json(run_cli("status", "--db", db).stdout)["lifecycle"]
     assert before["last_sweep"] is None
     cli(db, "sweep", f"--now={iso(at(31))}")
     doc = last_json(run_cli("status", "--db", db).stdout)
-    assert list(doc)[-1] == "lifecycle"
+    # appended after the lead blocks (the pipeline blocks follow it)
+    assert list(doc)[list(doc).index("poll_health") + 1] == "lifecycle"
     assert doc["lifecycle"] == {
         "counts": {"discovered": 1, "analyzing": 0, "promoting": 0, "promoted": 0,
                    "rejected": 0, "expired": 1},

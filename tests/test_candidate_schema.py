@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -74,34 +74,37 @@ async def test_promoted_rejected_and_expired_rows_never_change(
         "c-expired": "expired", "c-rejected": "rejected", "c-promoted": "promoted"}
 
 
+#: statements the schema refuses, and a word of each refusal
+SCHEMA_REFUSALS = {
+    # born discovered, with nothing else
+    "INSERT INTO candidates (id, status, created_at, expires_at, analysis_deadline, "
+    "updated_at) VALUES ('x', 'promoted', 'a', 'b', 'b', 'a')": "created discovered",
+    # T2 is a CHECK
+    "INSERT INTO candidates (id, created_at, expires_at, analysis_deadline, updated_at) "
+    "VALUES ('x', 'a', 'b', 'c', 'a')": "CHECK",
+    "UPDATE candidates SET status = 'promoted' WHERE id = 'c2'": "illegal",
+    "UPDATE candidates SET expires_at = 'z' WHERE id = 'c2'": "never change",
+    "UPDATE candidates SET analyses = 2 WHERE id = 'c1'": "analyses counts",
+    "UPDATE candidates SET decision_id = 'd' WHERE id = 'c2'": "decision is recorded once",
+    "UPDATE candidates SET promotion_locked_at = 'x' WHERE id = 'c2'": "set only by",
+    # promoting needs quorum
+    "UPDATE candidates SET status = 'promoting', promotion_locked_at = "
+    "'2026-08-11T12:01:00.000000Z' WHERE id = 'c1'": "CHECK",
+    # an expired candidate is never promoted, whatever the query
+    "UPDATE candidates SET status = 'promoting', promotion_locked_at = "
+    "'2026-08-11T12:30:00.000001Z' WHERE id = 'c2'": "never promoted",
+    "INSERT INTO candidate_analyses (candidate_id, analyst, analyzed_at) "
+    "VALUES ('c1', 'a9', '2026-08-11T12:30:00.000001Z')": "before the analysis deadline",
+    "UPDATE candidate_analyses SET analyst = 'x'": "never change",
+}
+
+
 async def test_the_schema_refuses_what_the_rules_forbid(
     store: Store, raw: sqlite3.Connection
 ) -> None:
     await add(store, "c1", analysts=("a1",))
     await add(store, "c2", analysts=("a1", "a2"))
-    cases = {
-        # born discovered, with nothing else
-        "INSERT INTO candidates (id, status, created_at, expires_at, analysis_deadline, "
-        "updated_at) VALUES ('x', 'promoted', 'a', 'b', 'b', 'a')": "created discovered",
-        # T2 is a CHECK
-        "INSERT INTO candidates (id, created_at, expires_at, analysis_deadline, updated_at) "
-        "VALUES ('x', 'a', 'b', 'c', 'a')": "CHECK",
-        "UPDATE candidates SET status = 'promoted' WHERE id = 'c2'": "illegal",
-        "UPDATE candidates SET expires_at = 'z' WHERE id = 'c2'": "never change",
-        "UPDATE candidates SET analyses = 2 WHERE id = 'c1'": "analyses counts",
-        "UPDATE candidates SET decision_id = 'd' WHERE id = 'c2'": "decision is recorded once",
-        "UPDATE candidates SET promotion_locked_at = 'x' WHERE id = 'c2'": "set only by",
-        # promoting needs quorum
-        "UPDATE candidates SET status = 'promoting', promotion_locked_at = "
-        "'2026-08-11T12:01:00.000000Z' WHERE id = 'c1'": "CHECK",
-        # an expired candidate is never promoted, whatever the query
-        "UPDATE candidates SET status = 'promoting', promotion_locked_at = "
-        "'2026-08-11T12:30:00.000001Z' WHERE id = 'c2'": "never promoted",
-        "INSERT INTO candidate_analyses (candidate_id, analyst, analyzed_at) "
-        "VALUES ('c1', 'a9', '2026-08-11T12:30:00.000001Z')": "before the analysis deadline",
-        "UPDATE candidate_analyses SET analyst = 'x'": "never change",
-    }
-    for sql, message in cases.items():
+    for sql, message in SCHEMA_REFUSALS.items():
         assert message in refused(raw, sql), sql
 
 
@@ -204,3 +207,51 @@ async def test_a_v1_store_is_upgraded_and_keeps_its_leads(workdir: Path) -> None
         assert len([r async for r in upgraded.iter_records()]) == 3
         await add(upgraded, "c1")
         assert (await upgraded.candidate_summary()).counts[S.DISCOVERED] == 1
+
+
+# -- the same invariants on PostgreSQL ---------------------------------------------------
+
+
+@pytest.fixture
+def pg_refused(db_location: str, backend: str, store: Store) -> Callable[[str], str]:
+    """Runs raw SQL against the PostgreSQL store (its schema first on the search path)
+    and returns the error it must raise."""
+    if backend != "postgres":
+        pytest.skip("PostgreSQL schema specifics")
+    import asyncpg
+
+    from tests import pg
+
+    def run(sql: str) -> str:
+        with pytest.raises(asyncpg.PostgresError) as info:
+            pg.execute(f'SET search_path = "{pg.schema_of(db_location)}"; {sql}')
+        return str(info.value).replace("check constraint", "CHECK")
+
+    return run
+
+
+async def test_pg_schema_refuses_what_the_rules_forbid(
+    store: Store, pg_refused: Callable[[str], str]
+) -> None:
+    await add(store, "c1", analysts=("a1",))
+    await add(store, "c2", analysts=("a1", "a2"))
+    for sql, message in SCHEMA_REFUSALS.items():
+        assert message in pg_refused(sql), sql
+
+
+async def test_pg_rows_are_kept_and_terminal_rows_never_change(
+    store: Store, pg_refused: Callable[[str], str]
+) -> None:
+    await add(store, "c-expired")
+    await promoting(store, "c-rejected", at(1), decision=None)
+    await promoted(store, "c-promoted", at(1))
+    await store.sweep_candidates(at(31))
+    for table in ("candidates", "candidate_analyses"):
+        assert "never deleted" in pg_refused(f"DELETE FROM {table}")
+        assert "never deleted" in pg_refused(f"TRUNCATE {table} CASCADE")
+    for cid in ("c-expired", "c-rejected", "c-promoted"):
+        for change in ("updated_at = 'x'", "reason = 'x'", "updated_at = updated_at"):
+            assert "never change" in pg_refused(
+                f"UPDATE candidates SET {change} WHERE id = '{cid}'")
+    assert await statuses(store) == {
+        "c-expired": "expired", "c-rejected": "rejected", "c-promoted": "promoted"}

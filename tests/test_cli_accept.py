@@ -10,19 +10,27 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SCOPE, dump_db, event, last_json, run_cli, write_json
+from tests.helpers import (
+    SCOPE,
+    dump_store,
+    event,
+    last_json,
+    run_cli,
+    store_exists,
+    write_json,
+)
 
 
 @pytest.fixture
-def db(workdir: Path) -> Path:
-    return workdir / "queue.db"
+def db(db_location: str) -> str:
+    return db_location
 
 
-def accept(db: Path, scope: Path, record: Path | str, **kw):
+def accept(db: str, scope: Path, record: Path | str, **kw):
     return run_cli("accept", "--db", db, "--scope", scope, "--record", record, **kw)
 
 
-def test_accept_duplicate_conflict_round_trip(workdir: Path, db: Path, scope_file: Path) -> None:
+def test_accept_duplicate_conflict_round_trip(workdir: Path, db: str, scope_file: Path) -> None:
     rec = write_json(workdir / "e.json", event(1))
     first = accept(db, scope_file, rec)
     assert first.returncode == 0, first.stderr
@@ -35,14 +43,14 @@ def test_accept_duplicate_conflict_round_trip(workdir: Path, db: Path, scope_fil
     assert again.returncode == 0
     assert last_json(again.stdout) == {**out, "result": "duplicate"}
 
-    before = dump_db(db)
+    before = dump_store(db)
     conflict = accept(db, scope_file, write_json(workdir / "c.json", event(1, contact_alias="x")))
     assert conflict.returncode == 65
     assert last_json(conflict.stdout) == {
         "result": "rejected", "source_lead_id": "lead-1", "write_id": None, "reason": "conflict"
     }
     assert len(conflict.stderr.strip().splitlines()) == 1
-    assert dump_db(db) == before
+    assert dump_store(db) == before
 
 
 BAD_RECORDS = {
@@ -68,11 +76,11 @@ BAD_RECORDS = {
 @pytest.mark.parametrize("existing", [False, True], ids=["no-store", "existing-store"])
 @pytest.mark.parametrize("case", sorted(BAD_RECORDS))
 def test_every_bad_input_is_rejected_and_changes_nothing(
-    workdir: Path, db: Path, scope_file: Path, case: str, existing: bool
+    workdir: Path, db: str, scope_file: Path, case: str, existing: bool
 ) -> None:
     if existing:
         assert accept(db, scope_file, write_json(workdir / "ok.json", event(0))).returncode == 0
-    before = dump_db(db)
+    before = dump_store(db)
     data, reason = BAD_RECORDS[case]
     rec = workdir / "bad.json"
     rec.write_bytes(data)
@@ -82,10 +90,10 @@ def test_every_bad_input_is_rejected_and_changes_nothing(
     assert out["result"] == "rejected" and out["reason"] == reason
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
-    assert dump_db(db) == before
+    assert dump_store(db) == before
 
 
-def test_unreadable_record_file(workdir: Path, db: Path, scope_file: Path) -> None:
+def test_unreadable_record_file(workdir: Path, db: str, scope_file: Path) -> None:
     missing = accept(db, scope_file, workdir / "missing.json")
     assert missing.returncode == 65 and last_json(missing.stdout)["reason"] == "unreadable"
     if os.geteuid() != 0:  # root reads anything
@@ -94,38 +102,39 @@ def test_unreadable_record_file(workdir: Path, db: Path, scope_file: Path) -> No
         assert accept(db, scope_file, locked).returncode == 65
     directory = accept(db, scope_file, workdir)
     assert directory.returncode == 65
-    assert not db.exists()
+    assert not store_exists(db)
 
 
-def test_record_from_stdin(db: Path, scope_file: Path) -> None:
+def test_record_from_stdin(db: str, scope_file: Path) -> None:
     proc = accept(db, scope_file, "-", input=json.dumps(event(5)))
     assert proc.returncode == 0, proc.stderr
     assert last_json(proc.stdout)["source_lead_id"] == "lead-5"
 
 
-def test_bad_scope_file_is_bad_input(workdir: Path, db: Path) -> None:
+def test_bad_scope_file_is_bad_input(workdir: Path, db: str) -> None:
     rec = write_json(workdir / "e.json", event(1))
     bad = write_json(workdir / "scope.json", {**SCOPE, "form_id": ""})
     proc = accept(db, bad, rec)
     assert proc.returncode == 65 and last_json(proc.stdout)["reason"] == "invalid_scope"
-    assert not db.exists()
+    assert not store_exists(db)
 
 
 def test_changed_database_scope_exits_78_and_changes_nothing(
-    workdir: Path, db: Path, scope_file: Path
+    workdir: Path, db: str, scope_file: Path
 ) -> None:
     assert accept(db, scope_file, write_json(workdir / "a.json", event(1))).returncode == 0
-    before = dump_db(db)
+    before = dump_store(db)
     other_scope = write_json(workdir / "other.json", {**SCOPE, "page_id": "page-2"})
     rec = write_json(workdir / "b.json", event(2, page_id="page-2"))
     proc = accept(db, other_scope, rec)
     assert proc.returncode == 78, proc.stderr
     assert "pinned to another scope" in proc.stderr and "page_id" in proc.stderr
-    assert dump_db(db) == before
+    assert dump_store(db) == before
 
 
+@pytest.mark.usefixtures("sqlite_only")
 def test_db_and_target_the_same_file_is_a_usage_error(
-    workdir: Path, db: Path, scope_file: Path
+    workdir: Path, db: str, scope_file: Path
 ) -> None:
     rec = write_json(workdir / "e.json", event(1))
     same = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec, "--target", db)
@@ -133,17 +142,17 @@ def test_db_and_target_the_same_file_is_a_usage_error(
     os.link(scope_file, workdir / "hardlink.json")  # any two names of one file
     assert run_cli("status", "--db", scope_file, "--target", workdir / "hardlink.json"
                    ).returncode == 2
-    assert not db.exists()
+    assert not store_exists(db)
 
 
-def test_usage_errors_exit_2_with_one_line(db: Path) -> None:
+def test_usage_errors_exit_2_with_one_line(db: str) -> None:
     for argv in (["accept", "--db", str(db)], ["bogus"], [], ["status"]):
         proc = run_cli(*argv)
         assert proc.returncode == 2, argv
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
-def test_console_script_is_the_same_as_run_py(workdir: Path, db: Path, scope_file: Path) -> None:
+def test_console_script_is_the_same_as_run_py(workdir: Path, db: str, scope_file: Path) -> None:
     import subprocess
     import sys
 

@@ -13,18 +13,39 @@ from hypothesis import strategies as st
 
 from runner import DurableWorker
 from runner.states import LeadState
+from tests import pg
 from tests.fakes import BEHAVIOURS, ScriptedAdapter, sheet_rows
 from tests.helpers import SCOPE, event
 
+#: examples per backend: a PostgreSQL example pays for a schema of its own (create,
+#: migrate, drop), and the delivery logic under test is the same on both
+EXAMPLES = {"sqlite": 60, "postgres": 20}
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    n_records=st.integers(min_value=1, max_value=12),
-    cycles=st.integers(min_value=1, max_value=5),
-    behaviours=st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=80),
-    read_failures=st.lists(st.booleans(), min_size=1, max_size=6),
-)
-def test_never_two_rows_and_only_legal_states(
+
+def test_never_two_rows_and_only_legal_states(backend: str) -> None:
+    @settings(max_examples=EXAMPLES[backend], deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        n_records=st.integers(min_value=1, max_value=12),
+        cycles=st.integers(min_value=1, max_value=5),
+        behaviours=st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=80),
+        read_failures=st.lists(st.booleans(), min_size=1, max_size=6),
+    )
+    def check(
+        n_records: int, cycles: int, behaviours: list[str], read_failures: list[bool]
+    ) -> None:
+        schema = pg.new_schema()
+        try:
+            _scenario(backend, schema, n_records, cycles, behaviours, read_failures)
+        finally:
+            if backend == "postgres":
+                pg.drop_schemas([schema])
+
+    check()
+
+
+def _scenario(
+    backend: str, schema: str,
     n_records: int, cycles: int, behaviours: list[str], read_failures: list[bool]
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -35,7 +56,8 @@ def test_never_two_rows_and_only_legal_states(
         adapter = ScriptedAdapter(target, lambda _w: next(script, "ok"))
 
         async def scenario() -> dict[str, dict]:
-            async with DurableWorker(str(work / "queue.db"), SCOPE, adapter) as worker:
+            db = str(work / "queue.db") if backend == "sqlite" else pg.location(schema)
+            async with DurableWorker(db, SCOPE, adapter) as worker:
                 for i in range(n_records):
                     await worker.accept(event(i))
                 for c in range(cycles):

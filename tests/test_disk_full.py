@@ -122,3 +122,17 @@ async def test_a_cycle_that_runs_out_of_space_never_sends_twice(
         if {"after a write", "before a send"} <= seen:
             break
     assert {"after a write", "before a send"} <= seen, seen
+
+
+def test_a_full_postgresql_server_is_a_full_store_too() -> None:
+    """PostgreSQL reports a full disk as SQLSTATE 53100 (disk_full): the same clear line and
+    exit 74 as SQLite's SQLITE_FULL (the server rolled the transaction back)."""
+    import asyncpg
+
+    from runner.io.postgres.connection import translate
+
+    exc = asyncpg.exceptions.DiskFullError(
+        'could not extend file "base/16384/16385": No space left on device')
+    error = translate(exc, "writing the store", "127.0.0.1:5432/test")
+    assert isinstance(error, StoreFull) and error.exit_code == 74
+    assert "store is full" in error.message and "\n" not in error.message

@@ -5,6 +5,7 @@ and a clean rerun finishes the work without a second send."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -54,16 +55,17 @@ async def accept_and_deliver(worker: DurableWorker, acked: set[str]) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_countdown_until_a_whole_run_completes(
-    tmp_path: Path, when: Literal["before", "after"]
+    tmp_path: Path, new_location: Callable[[str], str], when: Literal["before", "after"]
 ) -> None:
+    """On every backend: the wrapper is around the Store port, whatever its adapter."""
     failures: list[str] = []
     for n in range(1, 200):
         work = tmp_path / f"{when}-{n}"
         work.mkdir(mode=0o700)
-        db, target = work / "q.db", Target(work / "t.db")
+        db, target = new_location(f"q{n}"), Target(work / "t.db")
         acked: set[str] = set()
-        worker = DurableWorker(str(db), SCOPE, target)
-        store = CountdownStore(await open_store(str(db), scope=worker.scope), n, when)
+        worker = DurableWorker(db, SCOPE, target)
+        store = CountdownStore(await open_store(db, scope=worker.scope), n, when)
         attach(worker, store)  # the library, over a failing store
         try:
             async with worker:
@@ -76,7 +78,7 @@ async def test_countdown_until_a_whole_run_completes(
             break
         after_failure = audit(db, work / "t.db", accepted=acked, in_flight_ok=True)
         assert after_failure.ok, (n, store.failed, after_failure.violations)
-        async with DurableWorker(str(db), SCOPE, target) as clean:  # the clean rerun
+        async with DurableWorker(db, SCOPE, target) as clean:  # the clean rerun
             await accept_and_deliver(clean, acked)
             await clean.run_cycle()
         final = audit(db, work / "t.db", accepted=KEYS, in_flight_ok=False)

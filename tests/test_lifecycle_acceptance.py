@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 
 import anyio
 
@@ -77,8 +76,8 @@ async def test_m3_the_workflow_sweeps_the_store_every_5_minutes(store: Store) ->
     assert lifecycle["counts"]["expired"] == 1
 
 
-def test_m4_an_expired_candidate_is_never_promoted_only_expired(workdir: Path) -> None:
-    db = workdir / "queue.db"
+def test_m4_an_expired_candidate_is_never_promoted_only_expired(db_location: str) -> None:
+    db = db_location
     for cid, created in (("swept", at(0)), ("late", at(5))):
         cli(db, "candidate", "add", "--id", cid, f"--now={iso(created)}")
         for analyst in ("a1", "a2"):                              # both reach quorum
@@ -111,8 +110,8 @@ async def test_m5_promoted_rejected_and_expired_are_kept(store: Store) -> None:
     assert sum(summary.counts.values()) == 3
 
 
-def test_m6_the_seeds_trial_run_returns_expired_3_reconciled_0(workdir: Path) -> None:
-    db = workdir / "queue.db"
+def test_m6_the_seeds_trial_run_returns_expired_3_reconciled_0(db_location: str) -> None:
+    db = db_location
     now0 = f"--now={iso(at(0))}"
     cli(db, "candidate", "add", "--id", "cand-1", now0)                       # T3
     cli(db, "candidate", "add", "--id", "cand-2", "--ttl-minutes", "20", now0)  # T3

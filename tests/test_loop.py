@@ -43,9 +43,10 @@ async def test_a_failing_or_hanging_background_task_never_delays_the_lead_cycle(
     assert failures >= 1 and hung.is_set()
 
 
-def test_text_logs_name_records_by_key_one_line_per_change(workdir: Path,
-                                                           scope_file: Path) -> None:
-    db, target = workdir / "q.db", workdir / "t.db"
+def test_text_logs_name_records_by_key_one_line_per_change(
+    workdir: Path, scope_file: Path, db_location: str
+) -> None:
+    db, target = db_location, workdir / "t.db"
     rec = write_json(workdir / "e.json", event(1, contact_alias=CANARY))
     assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
     proc = run_cli("start", "--db", db, "--scope", scope_file, "--target", target,
@@ -57,8 +58,8 @@ def test_text_logs_name_records_by_key_one_line_per_change(workdir: Path,
     assert CANARY not in proc.stderr and CANARY not in proc.stdout
 
 
-def test_json_logs_for_machines(workdir: Path, scope_file: Path) -> None:
-    db, target = workdir / "q.db", workdir / "t.db"
+def test_json_logs_for_machines(workdir: Path, scope_file: Path, db_location: str) -> None:
+    db, target = db_location, workdir / "t.db"
     rec = write_json(workdir / "e.json", event(1, contact_alias=CANARY))
     assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
     proc = run_cli("start", "--db", db, "--scope", scope_file, "--target", target,

@@ -16,9 +16,9 @@ from tests.helpers import SCOPE, event, last_json, run_cli, write_json
 
 
 class Env:
-    def __init__(self, workdir: Path, scope_file: Path) -> None:
+    def __init__(self, workdir: Path, scope_file: Path, db: str) -> None:
         self.dir = workdir
-        self.db = workdir / "queue.db"
+        self.db = db
         self.target = workdir / "target.db"
         self.scope = scope_file
 
@@ -50,8 +50,8 @@ class Env:
 
 
 @pytest.fixture
-def env(workdir: Path, scope_file: Path) -> Env:
-    return Env(workdir, scope_file)
+def env(workdir: Path, scope_file: Path, db_location: str) -> Env:
+    return Env(workdir, scope_file, db_location)
 
 
 def kinds(doc: dict) -> dict[str, int]:

@@ -22,8 +22,10 @@ from tests.helpers import CANARY, SCOPE, Child, dump_db, event, run_cli, write_j
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
-def test_contact_alias_never_reaches_output(workdir: Path, scope_file: Path, fmt: str) -> None:
-    db = workdir / "queue.db"
+def test_contact_alias_never_reaches_output(
+    workdir: Path, scope_file: Path, db_location: str, fmt: str
+) -> None:
+    db = db_location
     cases = [
         event(1, contact_alias=CANARY),                       # accepted
         event(1, contact_alias=CANARY),                       # duplicate

@@ -13,9 +13,9 @@ from tests.helpers import Child, event, last_json, run_cli, wait_path, write_jso
 
 
 class Setup:
-    def __init__(self, workdir: Path, scope_file: Path) -> None:
+    def __init__(self, workdir: Path, scope_file: Path, db: str) -> None:
         self.dir = workdir
-        self.db = workdir / "queue.db"
+        self.db = db
         self.target = workdir / "target.db"
         self.scope = scope_file
         self.hang = workdir / "hang"
@@ -43,8 +43,8 @@ class Setup:
 
 
 @pytest.fixture
-def s(workdir: Path, scope_file: Path) -> Setup:
-    return Setup(workdir, scope_file)
+def s(workdir: Path, scope_file: Path, db_location: str) -> Setup:
+    return Setup(workdir, scope_file, db_location)
 
 
 def test_cycles_n_stops_with_exit_0_and_one_line_per_cycle(s: Setup) -> None:

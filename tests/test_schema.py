@@ -7,7 +7,11 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
+from runner.io.postgres import schema as pg_schema
 from runner.io.sqlite import schema
+from tests import pg
 from tests.helpers import event, run_cli, write_json
 
 
@@ -15,8 +19,13 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_store_from_a_newer_schema_is_refused_untouched(workdir: Path, scope_file: Path) -> None:
-    db = workdir / "queue.db"
+def test_store_from_a_newer_schema_is_refused_untouched(
+    workdir: Path, scope_file: Path, db_location: str
+) -> None:
+    if pg.is_pg(db_location):
+        _newer_pg_schema_is_refused_untouched(workdir, scope_file, db_location)
+        return
+    db = Path(db_location)
     rec = write_json(workdir / "e.json", event(1))
     assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
     conn = sqlite3.connect(db)
@@ -33,12 +42,31 @@ def test_store_from_a_newer_schema_is_refused_untouched(workdir: Path, scope_fil
     assert not Path(f"{db}-wal").exists() or Path(f"{db}-wal").stat().st_size == 0
 
 
+def _newer_pg_schema_is_refused_untouched(workdir: Path, scope_file: Path, db: str) -> None:
+    rec = write_json(workdir / "e.json", event(1))
+    assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
+    pg.execute(f'INSERT INTO "{pg.schema_of(db)}".schema_migrations (version) VALUES ($1)',
+               pg_schema.LATEST + 1)
+    before = pg.dump(db)
+    for argv in (("accept", "--db", db, "--scope", scope_file, "--record", rec),
+                 ("once", "--db", db, "--scope", scope_file, "--target", workdir / "t.db"),
+                 ("status", "--db", db)):
+        proc = run_cli(*argv)
+        assert proc.returncode == 78, proc.stderr
+        assert "newer runner" in proc.stderr
+    assert pg.dump(db) == before
+
+
 def test_migrations_are_append_only_and_numbered() -> None:
-    assert sorted(schema.MIGRATIONS) == list(range(1, schema.LATEST + 1))
-    assert schema.pending(0)[0][0] == 1
-    assert schema.pending(schema.LATEST) == []
+    for module in (schema, pg_schema):
+        assert sorted(module.MIGRATIONS) == list(range(1, module.LATEST + 1))
+        assert module.pending(0)[0][0] == 1
+        assert module.pending(module.LATEST) == []
+    # one numbering for both backends: schema_version means the same on each
+    assert pg_schema.LATEST == schema.LATEST
 
 
+@pytest.mark.usefixtures("sqlite_only")
 def test_a_real_v1_store_is_upgraded_in_place(workdir: Path, scope_file: Path) -> None:
     """A store written by the v1 runner (a file kept from that version) opens, keeps every
     record, gains the new columns and goes on working."""

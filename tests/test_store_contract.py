@@ -14,6 +14,7 @@ from runner.models import Scope, WriteId
 from runner.states import LeadState
 from runner.status import status_document
 from runner.store import Store, open_store
+from tests import pg
 from tests.helpers import event
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -165,3 +166,118 @@ async def test_records_say_whether_an_alias_is_present_never_its_value(
     assert rows["lead-2"].contact_alias_present is False
     found = await store.find_lead(scope.tenant_id, "lead-1")
     assert found is not None and found.contact_alias_present is True
+
+
+# -- PostgreSQL specifics: the same invariants, enforced by the database ---------------
+
+
+@pytest.fixture
+def pg_schema(db_location: str, backend: str) -> str:
+    if backend != "postgres":
+        pytest.skip("PostgreSQL schema specifics")
+    return f'"{pg.schema_of(db_location)}"'
+
+
+async def test_pg_outbox_is_append_only_and_records_are_never_deleted(
+    store: Store, scope: Scope, pg_schema: str
+) -> None:
+    import asyncpg
+
+    await accept(store, scope, 1)
+    s = pg_schema
+    for sql in (
+        f"UPDATE {s}.outbox SET kind = 'x'",
+        f"DELETE FROM {s}.outbox",
+        f"TRUNCATE {s}.outbox",
+        f"DELETE FROM {s}.leads",
+        f"TRUNCATE {s}.leads CASCADE",
+        f"UPDATE {s}.leads SET write_id = 'other'",
+        f"UPDATE {s}.leads SET canonical = '{{}}'",
+        f"UPDATE {s}.leads SET tenant_id = 'other'",
+        f"UPDATE {s}.leads SET state = 'confirmed'",  # prepared -> confirmed is illegal
+        f"UPDATE {s}.leads SET state = 'bogus'",
+        f"UPDATE {s}.outbox_counter SET last_seq = last_seq + 5",  # would leave a gap
+        f"DELETE FROM {s}.outbox_counter",
+    ):
+        with pytest.raises(asyncpg.PostgresError):
+            pg.execute(sql)
+    pg.execute(f"UPDATE {s}.leads SET state = 'in_flight', attempts = 1")
+    kinds = [k for (k,) in pg.fetch(f"SELECT kind FROM {s}.outbox ORDER BY seq")]
+    assert kinds == ["accepted", "state_changed"]
+    with pytest.raises(asyncpg.PostgresError, match="illegal lead transition"):
+        pg.execute(f"UPDATE {s}.leads SET state = 'prepared'")
+
+
+async def test_pg_outbox_sequence_has_no_gap_after_a_rollback(
+    store: Store, scope: Scope, pg_schema: str
+) -> None:
+    await accept(store, scope, 1)
+    s = pg_schema
+    pg.execute(  # a write whose transaction rolls back takes its number back
+        f"BEGIN; INSERT INTO {s}.leads (tenant_id, source_lead_id, canonical, write_id, "
+        f"accepted_at, updated_at) VALUES ('t', 'x', '{{}}', 'w-x', 'a', 'a'); ROLLBACK")
+    await accept(store, scope, 2)
+    rows = pg.fetch(f"SELECT seq, kind, subject FROM {s}.outbox ORDER BY seq")
+    assert rows == [(1, "accepted", "lead-1"), (2, "accepted", "lead-2")]
+    assert pg.fetch(f"SELECT last_seq FROM {s}.outbox_counter") == [(2,)]
+
+
+async def test_pg_every_allowed_transition_and_only_those(
+    store: Store, scope: Scope, pg_schema: str
+) -> None:
+    """The trigger's list is generated from runner.states.TRANSITIONS: walk every edge."""
+    import asyncpg
+
+    from runner.states import TRANSITIONS
+
+    await accept(store, scope, 1)
+    s = pg_schema
+    path = {  # a legal way to reach each state from prepared
+        LeadState.PREPARED: [],
+        LeadState.IN_FLIGHT: ["in_flight"],
+        LeadState.FAILED_SAFE: ["in_flight", "failed_safe"],
+        LeadState.UNCERTAIN: ["in_flight", "uncertain"],
+        LeadState.CONFIRMED: ["in_flight", "confirmed"],
+        LeadState.CONFIRMED_THEN_MISSING: ["in_flight", "confirmed", "confirmed_then_missing"],
+    }
+    for src, steps in path.items():
+        for dst in LeadState:
+            if dst is src:
+                continue
+            moves = [*steps, dst.value]
+            sql = "; ".join(f"UPDATE {s}.leads SET state = '{m}'" for m in moves)
+            if dst in TRANSITIONS[src]:
+                pg.execute(f"BEGIN; {sql}; ROLLBACK")
+            else:
+                with pytest.raises(asyncpg.PostgresError):
+                    pg.execute(f"BEGIN; {sql}; ROLLBACK")
+
+
+async def test_tasks_sharing_one_store_never_interleave_transactions(
+    store: Store, scope: Scope
+) -> None:
+    """A status read (one read transaction) while other tasks of the same process accept:
+    the accepts wait for the read instead of running inside it, and none is lost."""
+    import anyio
+
+    seen: list[int] = []
+    reading = anyio.Event()
+
+    async def read() -> None:
+        async with store.reading():
+            seen.append((await store.summary()).counts[LeadState.PREPARED])
+            reading.set()
+            await anyio.sleep(0.05)  # let the accepting tasks try to cut in
+            seen.append(len([r async for r in store.iter_records()]))
+
+    async def accept_later(i: int) -> None:
+        await reading.wait()
+        await accept(store, scope, i)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        for i in range(10):
+            tg.start_soon(accept_later, i)
+    assert seen[0] == seen[1]  # one snapshot
+    doc = await status_document(store)
+    assert doc["counts"]["prepared"] == 10 and doc["outbox"]["count"] == 10

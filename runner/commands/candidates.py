@@ -11,7 +11,6 @@ import argparse
 import os
 import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from runner.clock import parse_now
@@ -20,7 +19,7 @@ from runner.errors import StoreNotFound
 from runner.jsonio import dumps_line
 from runner.lifecycle import rules
 from runner.lifecycle.results import DEFAULT_QUORUM
-from runner.store import is_postgres, open_store
+from runner.store import describe_location, open_store, store_exists
 
 #: 10 years: a bound that keeps every computed time far from datetime's limits
 MAX_TTL_MINUTES = 10 * 366 * 24 * 60
@@ -88,10 +87,10 @@ def parse_time(value: str, option: str) -> datetime:
     return parse_now(value, option)
 
 
-def require_store(location: str) -> None:
+async def require_store(location: str) -> None:
     """Commands other than ``add`` never create a store as a side effect."""
-    if not is_postgres(location) and not Path(location).exists():
-        raise StoreNotFound(f"no store at {location!r}")
+    if not await store_exists(location):
+        raise StoreNotFound(f"no store at {describe_location(location)}")
 
 
 def crash(fault: str, after: str) -> None:
@@ -120,7 +119,7 @@ async def cmd_analyze(args: argparse.Namespace) -> int:
     now = clock_from(args).now()
     rules.check_name(args.id, "--id")
     rules.check_name(args.analyst, "--analyst")
-    require_store(args.db)
+    await require_store(args.db)
     async with await open_store(args.db) as store:
         analysed = await store.analyze_candidate(args.id, args.analyst, now)
     emit(analysed.to_json())
@@ -131,7 +130,7 @@ async def cmd_promote(args: argparse.Namespace) -> int:
     clock = clock_from(args)
     rules.check_name(args.id, "--id")
     rules.check_name(args.decision_id, "--decision-id")
-    require_store(args.db)
+    await require_store(args.db)
     async with await open_store(args.db) as store:
         await store.begin_promotion(args.id, clock.now())
         if args.fault == "crash-before-decision":
@@ -160,7 +159,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 async def cmd_sweep(args: argparse.Namespace) -> int:
     now = clock_from(args).now()
-    require_store(args.db)
+    await require_store(args.db)
     async with await open_store(args.db) as store:
         result = await store.sweep_candidates(now)
     emit(result)

@@ -75,6 +75,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     start.add_argument("--sweep-interval", type=_number(float, 1), default=300.0, metavar="S",
                        help="run the candidate lifecycle sweep at start and then every S "
                             "seconds of UTC wall time (default 300)")
+    start.add_argument("--workers", metavar="NAME,...",
+                       help="pipeline workers to run as background tasks: raw-retriever, "
+                            "core-processor, generic-materializer, domain-projector")
+    start.add_argument("--retriever-config", metavar="FILE",
+                       help="the raw retriever's JSON config file (re-read before every "
+                            "batch)")
+    start.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                       help="import MODULE and call its register(registry) (repeatable)")
     start.set_defaults(handler=cmd_start)
 
     observe = sub.add_parser(
@@ -152,7 +160,27 @@ async def cmd_start(args: argparse.Namespace) -> int:
     sweep = sweep_background_task(args.db, interval=args.sweep_interval, clock=clock_from(args))
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
-        grace=args.grace, dispatch_limit=args.dispatch_limit), [sweep])
+        grace=args.grace, dispatch_limit=args.dispatch_limit),
+        [sweep, *_pipeline_tasks(args)])
+
+
+def _pipeline_tasks(args: argparse.Namespace) -> list[loop.BackgroundTask]:
+    """``start --workers``: each pipeline worker as a background task of its own."""
+    if not args.workers:
+        return []
+    from runner.commands.pipeline import WORKER_NAMES
+    from runner.errors import UsageError
+    from runner.pipeline.engine import WorkerSettings, default_registry
+    from runner.tasks.pipeline import pipeline_background_tasks
+
+    names = [n.strip() for n in args.workers.split(",") if n.strip()]
+    wrong = [n for n in names if n not in WORKER_NAMES]
+    if wrong or not names or len(set(names)) != len(names):
+        raise UsageError(f"start: --workers takes distinct names among "
+                         f"{', '.join(WORKER_NAMES)}")
+    return pipeline_background_tasks(args.db, names, registry=default_registry(args.plugin),
+                                     settings=WorkerSettings(),
+                                     config_path=args.retriever_config)
 
 
 async def cmd_observe(args: argparse.Namespace) -> int:

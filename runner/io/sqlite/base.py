@@ -18,7 +18,7 @@ import anyio
 
 from runner.io.filelock import FileLock, lock_path_for
 from runner.io.sqlite import connection
-from runner.io.sqlite.connection import ScopeData
+from runner.store import ScopeData
 
 if TYPE_CHECKING:
     from runner.models import Scope
@@ -36,7 +36,9 @@ class SQLiteBase:
         self._scope: Scope | None = None
         self.schema_version = version
         self._lock = anyio.Lock()
-        self._reading = False
+        #: the task inside reading(): only its reads skip the lock (it holds it already);
+        #: any other task waits, instead of running inside the read transaction
+        self._reader: object | None = None
 
     @property
     def scope(self) -> Scope | None:
@@ -55,7 +57,8 @@ class SQLiteBase:
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
         # inside reading() the lock is already ours (anyio.Lock is not reentrant)
-        return nullcontext() if self._reading else self._lock
+        inside = self._reader is not None and self._reader == anyio.get_current_task().id
+        return nullcontext() if inside else self._lock
 
     async def _fetchall(
         self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
@@ -65,7 +68,9 @@ class SQLiteBase:
         except sqlite3.Error as exc:
             raise connection.translate(exc, "reading or writing the store", self.path) from None
 
-    async def _executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+    async def _executemany(
+        self, sql: str, rows: Sequence[Sequence[Any] | Mapping[str, Any]]
+    ) -> int:
         """Run one statement for many rows; returns the rows it changed (not counting
         rows written by triggers)."""
         try:
@@ -96,9 +101,9 @@ class SQLiteBase:
         """One consistent snapshot for several reads (a WAL read transaction)."""
         async with self._lock:
             await self._fetchall("BEGIN")
-            self._reading = True
+            self._reader = anyio.get_current_task().id
             try:
                 yield
             finally:
-                self._reading = False
+                self._reader = None
                 await connection.rollback_quietly(self._conn)

@@ -31,12 +31,11 @@ from runner.errors import (
 )
 from runner.io import fsguard
 from runner.io.sqlite import schema
+from runner.store import ScopeData, check_scope
 
 if TYPE_CHECKING:
     from runner.models import Scope
 
-#: a pinned scope as stored: its four fields
-ScopeData = dict[str, str]
 
 BUSY_TIMEOUT_MS = 30_000
 MIN_SQLITE = (3, 37, 0)  # STRICT tables; RETURNING needs 3.35
@@ -173,19 +172,6 @@ async def _pinned_scope(conn: aiosqlite.Connection) -> ScopeData | None:
         return None
     data = json.loads(rows[0][0])
     return {str(k): str(v) for k, v in data.items()}
-
-
-def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
-    """Refuse (exit 78) a scope that differs from the pinned one; change nothing."""
-    if wanted is None or pinned is None:
-        return
-    want = wanted.model_dump()
-    if pinned != want:
-        differ = [name for name in want if pinned.get(name) != want[name]]
-        raise ConfigMismatch(
-            "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
-            "nothing was changed"
-        )
 
 
 async def migrate_and_pin(

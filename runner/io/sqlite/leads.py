@@ -69,14 +69,15 @@ class LeadQueries(SQLiteBase):
             return []
         at = to_text(now)
         inserted: set[str] = set()
-        async with self._guard():
-            chunks = [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
-            if len(chunks) == 1:  # one statement: its own transaction, one awaited call
+        chunks = [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+        if len(chunks) == 1:  # one statement: its own transaction, one awaited call
+            async with self._guard():
                 inserted = await self._insert(chunks[0], at)
-            else:
-                async with self._transaction():
-                    for chunk in chunks:
-                        inserted |= await self._insert(chunk, at)
+        else:  # _transaction() takes the connection lock itself
+            async with self._transaction():
+                for chunk in chunks:
+                    inserted |= await self._insert(chunk, at)
+        async with self._guard():
             rest = [it for it in items if it.write_id not in inserted]
             stored = await self._existing(rest) if rest else {}
         return [self._outcome(it, inserted, stored) for it in items]

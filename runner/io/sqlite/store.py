@@ -11,16 +11,20 @@ from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.delivery import DeliveryQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
+from runner.io.sqlite.pipeline_levels import PipelineLevelQueries
+from runner.io.sqlite.pipeline_work import PipelineWorkQueries
 from runner.store import StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries):
+class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
+                  PipelineWorkQueries, PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         return replace(lead_summary, poll_health=await self.poll_health_runs())
+
     async def __aenter__(self) -> SQLiteStore:
         return self
 

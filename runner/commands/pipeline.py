@@ -1,0 +1,170 @@
+"""Staged processing commands (SPEC P3, P7, P8, P10): ``worker``, ``job``, ``backlog``.
+
+``worker NAME`` prints one JSON line per cycle; ``job NAME`` shows progress on stderr (a
+bar on a terminal, JSON lines otherwise) and prints one result line; ``backlog`` prints
+the backlog per stage and processor version.  The pipeline modules are imported only
+when one of these commands runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from runner.commands.common import Parser, clock_from, common_options, emit
+from runner.store import open_store
+
+if TYPE_CHECKING:
+    from runner.pipeline.engine import Registry, WorkerSettings
+
+WORKER_NAMES = ("raw-retriever", "core-processor", "generic-materializer", "domain-projector")
+JOB_NAMES = ("backfill", "replay-core", "replay-generic-materialization",
+             "replay-domain-projection")
+
+
+def _number(kind: type[int] | type[float], low: float, high: float) -> Any:
+    def parse(value: str) -> int | float:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{value!r} must be between {low:g} and "
+                                             f"{high:g}")
+        return number
+    return parse
+
+
+def tuning_options() -> Parser:
+    """Per-worker settings (P10), shared by ``worker``, ``job`` and ``start``."""
+    parent = Parser(add_help=False)
+    parent.add_argument("--batch-size", type=_number(int, 1, 10_000), default=100,
+                        metavar="N", help="inputs per claim (default 100)")
+    parent.add_argument("--concurrency", type=_number(int, 1, 64), default=1, metavar="N",
+                        help="batches in flight at once per worker (default 1)")
+    parent.add_argument("--poll-interval", type=_number(float, 0.01, 3600), default=1.0,
+                        metavar="S", help="seconds between polls when idle (default 1)")
+    parent.add_argument("--lease", type=_number(float, 0.1, 86_400), default=30.0,
+                        metavar="S", help="lease duration in seconds, renewed every "
+                                          "third of it while a batch runs (default 30)")
+    parent.add_argument("--max-attempts", type=_number(int, 1, 1000), default=5,
+                        metavar="N", help="attempts before a retryable failure is final "
+                                          "(default 5)")
+    parent.add_argument("--backoff", type=_number(float, 0, 86_400), default=1.0,
+                        metavar="S", help="first retry delay, doubled each attempt "
+                                          "(default 1, at most 300)")
+    parent.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE and call its register(registry) to add "
+                             "processors (repeatable)")
+    return parent
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    tuning = tuning_options()
+    worker = sub.add_parser(
+        "worker", parents=[common_options(), tuning],
+        help="run one pipeline worker in the foreground (a cycle = one claim-process-"
+             "complete round)")
+    worker.add_argument("name", choices=WORKER_NAMES)
+    worker.add_argument("--cycles", type=_number(int, 1, 10**9), metavar="N",
+                        help="stop after N cycles (default: run until signalled)")
+    worker.add_argument("--config", metavar="FILE",
+                        help="raw-retriever: its JSON config file, re-read before every "
+                             "batch (batch_size, kinds, poll_interval)")
+    worker.set_defaults(handler=cmd_worker)
+
+    job = sub.add_parser("job", parents=[common_options(), tuning],
+                         help="run one pipeline job until its work is done")
+    job.add_argument("name", choices=JOB_NAMES)
+    job.add_argument("--force", action="store_true",
+                     help="replay: recompute terminal inputs too (previous results are "
+                          "kept as history)")
+    job.add_argument("--from-seq", type=_number(int, 0, 2**62), default=0, metavar="SEQ",
+                     help="backfill: read outbox events after SEQ (default 0)")
+    job.add_argument("--to-seq", type=_number(int, 0, 2**62), metavar="SEQ",
+                     help="backfill: up to SEQ (default: the last event now)")
+    job.add_argument("--kinds", metavar="K,K",
+                     help="backfill: event kinds to ingest (default accepted,"
+                          "state_changed,status_changed)")
+    job.set_defaults(handler=cmd_job)
+
+    backlog = sub.add_parser(
+        "backlog", parents=[common_options()],
+        help="print pending inputs per stage and processor version (changes nothing)")
+    backlog.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                         help="count the processors MODULE registers too")
+    backlog.set_defaults(handler=cmd_backlog)
+
+
+def settings_from(args: argparse.Namespace) -> WorkerSettings:
+    from runner.pipeline.engine import RetryPolicy, WorkerSettings
+
+    return WorkerSettings(
+        batch_size=args.batch_size, concurrency=args.concurrency,
+        poll_interval=args.poll_interval, lease_seconds=args.lease,
+        retry=RetryPolicy(max_attempts=args.max_attempts, backoff_seconds=args.backoff))
+
+
+def registry_from(args: argparse.Namespace) -> Registry:
+    from runner.pipeline.engine import default_registry
+
+    return default_registry(args.plugin)
+
+
+async def cmd_worker(args: argparse.Namespace) -> int:
+    from runner.commands.candidates import require_store
+    from runner.pipeline.workers import WorkerCycle
+    from runner.tasks.pipeline import retriever_config, run_worker_until_signalled
+
+    settings = settings_from(args)
+    registry = registry_from(args)
+    config = retriever_config(args.config, settings)
+    await require_store(args.db)
+    def show(cycle: WorkerCycle) -> None:
+        # every cycle of a finite run; an endless one skips idle cycles (no line a second)
+        if args.cycles is not None or cycle.result.claimed or cycle.result.refused:
+            emit(cycle.to_json())
+
+    async with await open_store(args.db) as store:
+        return await run_worker_until_signalled(
+            store, args.name, registry=registry, settings=settings, clock=clock_from(args),
+            cycles=args.cycles, config=config, emit=show)
+
+
+def _kinds(value: str | None) -> tuple[str, ...]:
+    from runner.errors import UsageError
+    from runner.pipeline.stages.raw_ingestion import LEAD_KINDS
+
+    if value is None:
+        return LEAD_KINDS
+    kinds = tuple(k.strip() for k in value.split(",") if k.strip())
+    if not kinds:
+        raise UsageError("job: --kinds names no kind")
+    return kinds
+
+
+async def cmd_job(args: argparse.Namespace) -> int:
+    from runner.commands.candidates import require_store
+    from runner.pipeline.jobs import BackfillRange, run_job
+    from runner.pipeline.progress import Progress
+
+    settings = settings_from(args)
+    registry = registry_from(args)
+    span = BackfillRange(args.from_seq, args.to_seq, _kinds(args.kinds))
+    await require_store(args.db)
+    async with await open_store(args.db) as store:
+        result = await run_job(store, args.name, registry=registry, clock=clock_from(args),
+                               settings=settings, force=args.force,
+                               progress=Progress(args.name), backfill=span)
+    emit(result)
+    return 0
+
+
+async def cmd_backlog(args: argparse.Namespace) -> int:
+    from runner.pipeline.report import backlog_document
+
+    registry = registry_from(args)
+    async with await open_store(args.db, create=False) as store, store.reading():
+        doc = await backlog_document(store, registry.refs())
+    emit(doc)
+    return 0

@@ -1,0 +1,162 @@
+"""Plumbing shared by the PostgreSQL query mixins: one session, one lock, error translation.
+
+An asyncpg connection runs one statement at a time, so an anyio lock keeps coroutines
+that share the store from interleaving.  Each operation is one statement (a CTE with
+``RETURNING`` where it reads and writes), so one round trip and one transaction.  SQL is
+written with ``{s}`` for the schema and qualified once per store (``self._sql``).
+
+A statement the server aborts because of a deadlock or a serialization failure changed
+nothing, so it is simply run again (a few times); every other error is translated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import asyncpg
+from asyncpg.transaction import Transaction
+
+from runner.errors import StoreBusy
+from runner.io.postgres import connection
+from runner.io.postgres.dsn import PgLocation
+from runner.io.postgres.lock import AdvisoryLock, Fence
+from runner.io.postgres.schema import render
+from runner.store import ScopeData
+
+if TYPE_CHECKING:
+    from runner.models import Scope
+
+_RETRIES = 5
+_RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError,
+              asyncpg.exceptions.SerializationError)
+
+
+class PostgresBase:
+    backend = "postgres"
+
+    def __init__(
+        self, conn: asyncpg.Connection, loc: PgLocation, scope: ScopeData | None, version: int
+    ) -> None:
+        self._conn = conn
+        self.location = loc
+        self.scope_data = scope
+        self._scope: Scope | None = None
+        self.schema_version = version
+        self._lock = anyio.Lock()
+        #: the task inside reading() or _transaction(): it holds the lock already, and its
+        #: statements belong to the open transaction (other tasks still wait for the lock)
+        self._owner: object | None = None
+        #: set while this store's worker lock is held: the in-flight mark checks it
+        self._fence: Fence | None = None
+
+    @property
+    def scope(self) -> Scope | None:
+        """The pinned scope as a model (built on first use)."""
+        if self._scope is None and self.scope_data is not None:
+            from runner.models import Scope
+
+            self._scope = Scope.model_validate(self.scope_data)
+        return self._scope
+
+    async def aclose(self) -> None:
+        await connection.close_quietly(self._conn)
+
+    def worker_lock(self) -> AdvisoryLock:
+        return AdvisoryLock(self.location, self.scope_data, on_change=self._set_fence)
+
+    def _set_fence(self, fence: Fence | None) -> None:
+        self._fence = fence
+
+    def _sql(self, template: str) -> str:
+        return _qualified(template, self.location.schema_ident)
+
+    def _inside(self) -> bool:
+        """True in the task that has a transaction open (anyio.Lock is not reentrant)."""
+        return self._owner is not None and self._owner == anyio.get_current_task().id
+
+    def _guard(self) -> AbstractAsyncContextManager[Any]:
+        return nullcontext() if self._inside() else self._lock
+
+    async def _fetch(self, template: str, *args: Any) -> Sequence[asyncpg.Record]:
+        sql = self._sql(template)
+        for attempt in range(_RETRIES):
+            try:
+                return await self._conn.fetch(sql, *args)
+            except _RETRYABLE:
+                if self._inside() or attempt == _RETRIES - 1:
+                    raise StoreBusy("the store kept aborting a write as a deadlock victim; "
+                                    "try again") from None
+                await anyio.sleep(0.01 * (attempt + 1))
+            except connection.TRANSLATED as exc:
+                raise connection.translate(
+                    exc, "reading or writing the store", self.location.where) from None
+        raise AssertionError("unreachable")
+
+    async def _count(self, template: str, *args: Any) -> int:
+        """Run one write statement; the number of rows it changed (triggers excluded)."""
+        try:
+            status = await self._conn.execute(self._sql(template), *args)
+        except connection.TRANSLATED as exc:
+            raise connection.translate(
+                exc, "writing the store", self.location.where) from None
+        return int(status.rsplit(" ", 1)[-1])
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[None]:
+        """Several statements as one transaction, under the session lock.  Rolled back on
+        any error, and on cancellation too (shielded and bounded: a half-done transaction
+        must never be left open on the shared session)."""
+        async with self._guard():
+            transaction = self._conn.transaction()
+            await self._call(transaction.start(), "writing the store")
+            self._owner = anyio.get_current_task().id
+            try:
+                yield
+            except BaseException:
+                await self._rollback(transaction)
+                raise
+            else:
+                await self._call(transaction.commit(), "writing the store")
+            finally:
+                self._owner = None
+
+    async def _rollback(self, transaction: Transaction) -> None:
+        """Roll back, shielded and bounded.  A session whose transaction could not be
+        ended is closed rather than reused in an unknown state (later calls fail, 74)."""
+        ended = False
+        with (anyio.CancelScope(shield=True), anyio.move_on_after(connection.CLOSE_TIMEOUT),
+              contextlib.suppress(*connection.TRANSLATED)):
+            await transaction.rollback()
+            ended = True
+        if not ended and not self._conn.is_closed():
+            self._conn.terminate()
+
+    async def _call(self, step: Awaitable[None], doing: str) -> None:
+        try:
+            await step
+        except connection.TRANSLATED as exc:
+            raise connection.translate(exc, doing, self.location.where) from None
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[None]:
+        """One consistent snapshot for several reads (a read-only repeatable-read
+        transaction: it takes no locks and never waits for writers)."""
+        async with self._lock:
+            transaction = self._conn.transaction(isolation="repeatable_read", readonly=True)
+            await self._call(transaction.start(), "reading the store")
+            self._owner = anyio.get_current_task().id
+            try:
+                yield
+            finally:
+                self._owner = None
+                await self._rollback(transaction)
+
+
+@lru_cache(maxsize=256)
+def _qualified(template: str, schema_ident: str) -> str:
+    return render(template, schema_ident)

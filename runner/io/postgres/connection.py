@@ -1,0 +1,252 @@
+"""Opening a PostgreSQL store: the session, error translation, migrations, the scope pin.
+
+Every session runner opens names itself (``application_name = runner pid=<pid> host=…``),
+so a refused worker can say which process holds the lock and an operator can find runner
+in ``pg_stat_activity``.  Sessions ask the server for TCP keepalives, so a client that
+vanished (crash of its host, network partition) is noticed and its session, with the
+locks it held, ends within about ``KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_COUNT``
+seconds; ``idle_session_timeout`` is switched off for runner's sessions, because a
+worker holds its lock session idle on purpose for the whole run.
+
+Creating or upgrading a store is one transaction under ``pg_advisory_xact_lock`` keyed by
+the schema: two processes opening a new database at once queue on that lock, and the
+second sees the first one's committed schema and scope (K9).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+from typing import TYPE_CHECKING
+
+import anyio
+import asyncpg
+
+from runner.errors import (
+    AccessDenied,
+    ConfigMismatch,
+    RunnerError,
+    SchemaTooNew,
+    StoreError,
+    StoreFull,
+    StoreNotFound,
+    UsageError,
+)
+from runner.io.postgres import schema
+from runner.io.postgres.dsn import PgLocation
+from runner.store import ScopeData, check_scope
+
+if TYPE_CHECKING:
+    from runner.models import Scope
+
+CONNECT_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 5.0
+#: no runner statement should take this long; a dead or partitioned server surfaces as
+#: an error (exit 74) instead of a worker hanging on it
+COMMAND_TIMEOUT = 60.0
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
+
+#: connection-level failures: the session is gone, whatever the statement was
+_LOST = (
+    asyncpg.exceptions.PostgresConnectionError,  # class 08
+    asyncpg.exceptions.OperatorInterventionError,  # class 57: terminated, shutting down
+    asyncpg.exceptions.InterfaceError,  # "connection is closed" and its kin
+    # a session the server ended while it was idle can leave the driver's protocol in a
+    # state it refuses to leave: the session is gone all the same
+    asyncpg.exceptions.InternalClientError,
+)
+_DENIED = (
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,  # 28000: no such role, hba
+    asyncpg.exceptions.InvalidPasswordError,  # 28P01
+    asyncpg.exceptions.InsufficientPrivilegeError,  # 42501
+)
+
+
+def application_name() -> str:
+    host = socket.gethostname().split(".")[0][:30]
+    return f"runner pid={os.getpid()} host={host}"
+
+
+def stable_key(*parts: str) -> int:
+    """A stable signed 64-bit advisory lock key (the same on every host and release)."""
+    digest = hashlib.sha256("\0".join(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def translate(exc: BaseException, doing: str, where: str) -> RunnerError:
+    """A driver or socket error as one of ours (never leak asyncpg exceptions to the CLI)."""
+    if isinstance(exc, RunnerError):
+        return exc
+    if isinstance(exc, _DENIED):
+        return AccessDenied(f"PostgreSQL at {where} refused access while {doing}: "
+                            f"{_one_line(str(exc))}")
+    if isinstance(exc, asyncpg.exceptions.InvalidCatalogNameError):
+        return StoreNotFound(f"PostgreSQL at {where}: {_one_line(str(exc))} (runner creates "
+                             "its schema and tables, not the database: create it first)")
+    if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
+        return UsageError(f"bad PostgreSQL DSN: {_one_line(str(exc))}")
+    if isinstance(exc, _LOST):
+        detail = ("the session has ended" if isinstance(
+            exc, asyncpg.exceptions.InternalClientError) else _one_line(str(exc)))
+        return StoreError(f"lost the connection to PostgreSQL at {where} while {doing}: "
+                          f"{detail}")
+    if isinstance(exc, asyncpg.exceptions.DiskFullError):
+        return StoreFull(f"the store is full (PostgreSQL at {where}, while {doing}: "
+                         f"{_one_line(str(exc))}): the change was not written; free some "
+                         "disk space on the server and run the command again")
+    if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
+        return StoreError(f"PostgreSQL at {where} has no free connection slot; try again")
+    if isinstance(exc, asyncpg.exceptions.PostgresError):
+        return StoreError(f"PostgreSQL error while {doing}: {_one_line(str(exc))} "
+                          f"(SQLSTATE {exc.sqlstate})")
+    if isinstance(exc, ConnectionRefusedError):
+        return StoreError(f"cannot reach PostgreSQL at {where}: connection refused")
+    if isinstance(exc, TimeoutError):
+        return StoreError(f"PostgreSQL at {where} did not answer in time while {doing}")
+    if isinstance(exc, socket.gaierror):
+        return StoreError(f"cannot reach PostgreSQL at {where}: unknown host")
+    if isinstance(exc, OSError):
+        reason = exc.strerror or type(exc).__name__
+        return StoreError(f"cannot reach PostgreSQL at {where} while {doing}: {reason}")
+    if isinstance(exc, ValueError):  # a malformed DSN (bad port, bad option value)
+        return UsageError(f"bad PostgreSQL DSN: {_one_line(str(exc))}")
+    return StoreError(f"PostgreSQL error while {doing}: {type(exc).__name__}")
+
+
+TRANSLATED = (OSError, TimeoutError, ValueError, asyncpg.exceptions.PostgresError,
+              asyncpg.exceptions.InterfaceError, asyncpg.exceptions.InternalClientError)
+
+
+async def connect(loc: PgLocation) -> asyncpg.Connection:
+    """A session named after this process, with keepalives and no idle timeout."""
+    settings = {
+        "application_name": application_name(),
+        "tcp_keepalives_idle": str(KEEPALIVE_IDLE),
+        "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL),
+        "tcp_keepalives_count": str(KEEPALIVE_COUNT),
+    }
+    try:
+        conn = await asyncpg.connect(
+            loc.dsn, timeout=CONNECT_TIMEOUT, command_timeout=COMMAND_TIMEOUT,
+            server_settings=settings,
+        )
+    except TRANSLATED as exc:
+        raise translate(exc, "connecting", loc.where) from None
+    try:
+        if conn.get_server_version().major >= 14:
+            await conn.execute("SET idle_session_timeout = 0")
+    except BaseException as exc:
+        conn.terminate()
+        if isinstance(exc, TRANSLATED):
+            raise translate(exc, "connecting", loc.where) from None
+        raise
+    return conn
+
+
+async def close_quietly(conn: asyncpg.Connection) -> None:
+    """Close a session that may already be dead; the original error is what matters.
+
+    Shielded and bounded: a cancelled worker still ends its sessions (so the server
+    releases its lock at once), and a dead server cannot keep it waiting."""
+    with (anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT),
+          contextlib.suppress(*TRANSLATED)):
+        await conn.close(timeout=CLOSE_TIMEOUT)
+    if not conn.is_closed():
+        conn.terminate()
+
+
+_PROBE = """
+SELECT n.oid IS NOT NULL AS has_schema,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+               WHERE c.relnamespace = n.oid AND c.relname = 'schema_migrations') AS runner,
+       (SELECT count(*) FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid) AS objects
+FROM (SELECT 1) AS one
+LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = $1
+"""
+
+
+async def schema_exists(conn: asyncpg.Connection, loc: PgLocation) -> bool:
+    probe = await conn.fetchrow(_PROBE, loc.schema)
+    return bool(probe is not None and probe["has_schema"])
+
+
+async def _read_version(conn: asyncpg.Connection, loc: PgLocation) -> int | None:
+    """The store's schema version; 0 for a new store (no schema, or an empty one);
+    None when the schema does not exist."""
+    probe = await conn.fetchrow(_PROBE, loc.schema)
+    assert probe is not None
+    if not probe["has_schema"]:
+        return None
+    if not probe["runner"]:
+        if probe["objects"]:
+            raise StoreError(f"schema {loc.schema!r} at {loc.where} holds tables that are "
+                             "not a runner store; choose another with ?schema=")
+        return 0
+    sql = schema.render("SELECT coalesce(max(version), 0) FROM {s}.schema_migrations",
+                        loc.schema_ident)
+    version = int(await conn.fetchval(sql))
+    if version > schema.LATEST:
+        raise SchemaTooNew(
+            f"store schema v{version} was written by a newer runner (this one knows "
+            f"v{schema.LATEST}); upgrade runner, the store was left untouched"
+        )
+    return version
+
+
+async def _pinned_scope(conn: asyncpg.Connection, loc: PgLocation) -> ScopeData | None:
+    sql = schema.render("SELECT value FROM {s}.meta WHERE key = 'scope'", loc.schema_ident)
+    value = await conn.fetchval(sql)
+    if value is None:
+        return None
+    return {str(k): str(v) for k, v in json.loads(value).items()}
+
+
+async def migrate_and_pin(
+    conn: asyncpg.Connection, loc: PgLocation, scope: Scope | None
+) -> tuple[int, ScopeData | None]:
+    """Create/upgrade the schema and pin the scope in one transaction (K2, K9)."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)",
+                           stable_key("runner.migrate", loc.schema))
+        version = await _read_version(conn, loc)
+        if version is None:
+            await conn.execute(schema.render(schema.CREATE_SCHEMA, loc.schema_ident))
+        if not version:
+            await conn.execute(schema.render(schema.BOOTSTRAP, loc.schema_ident))
+        for target, ddl in schema.pending(version or 0):
+            await conn.execute(schema.render(ddl, loc.schema_ident))
+            await conn.execute(schema.render(
+                "INSERT INTO {s}.schema_migrations (version) VALUES ($1)", loc.schema_ident),
+                target)
+        pinned = await _pinned_scope(conn, loc)
+        check_scope(pinned, scope)
+        if pinned is None and scope is not None:
+            await conn.execute(schema.render(
+                "INSERT INTO {s}.meta (key, value) VALUES ('scope', $1)", loc.schema_ident),
+                scope.model_dump_json())
+            pinned = scope.model_dump()
+    return schema.LATEST, pinned
+
+
+async def inspect(
+    conn: asyncpg.Connection, loc: PgLocation, scope: Scope | None
+) -> tuple[int, ScopeData | None]:
+    """Read-only open: check version and scope, write nothing."""
+    version = await _read_version(conn, loc)
+    if not version:
+        raise StoreNotFound(f"no store in schema {loc.schema!r} at {loc.where}")
+    if version < schema.LATEST:
+        raise ConfigMismatch(
+            f"store schema v{version} is older than this runner's v{schema.LATEST}; "
+            "a writing command (accept, once, start) upgrades it"
+        )
+    pinned = await _pinned_scope(conn, loc)
+    check_scope(pinned, scope)
+    return version, pinned

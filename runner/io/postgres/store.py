@@ -1,0 +1,56 @@
+"""The PostgreSQL Store adapter (SPEC K1): the query mixins over one session."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runner.io.postgres import connection
+from runner.io.postgres.candidates import CandidateQueries
+from runner.io.postgres.delivery import DeliveryQueries
+from runner.io.postgres.dsn import parse
+from runner.io.postgres.leads import LeadQueries
+from runner.io.postgres.observe import ObserveQueries
+from runner.io.postgres.pipeline_levels import PipelineLevelQueries
+from runner.io.postgres.pipeline_work import PipelineWorkQueries
+
+if TYPE_CHECKING:
+    from runner.models import Scope
+
+
+class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
+                    PipelineWorkQueries, PipelineLevelQueries):
+    async def __aenter__(self) -> PostgresStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+async def open_postgres_store(
+    location: str, *, scope: Scope | None, create: bool
+) -> PostgresStore:
+    loc = parse(location)
+    conn = await connection.connect(loc)
+    try:
+        if create:
+            version, pinned = await connection.migrate_and_pin(conn, loc, scope)
+        else:
+            version, pinned = await connection.inspect(conn, loc, scope)
+    except BaseException as exc:
+        await connection.close_quietly(conn)
+        if isinstance(exc, connection.TRANSLATED):
+            raise connection.translate(exc, "opening the store", loc.where) from None
+        raise
+    return PostgresStore(conn, loc, pinned, version)
+
+
+async def store_exists(location: str) -> bool:
+    """Whether runner's schema exists in the database (nothing is created)."""
+    loc = parse(location)
+    conn = await connection.connect(loc)
+    try:
+        return await connection.schema_exists(conn, loc)
+    except connection.TRANSLATED as exc:
+        raise connection.translate(exc, "looking for the store", loc.where) from None
+    finally:
+        await connection.close_quietly(conn)

@@ -1,0 +1,91 @@
+"""Pipeline workers as units of work (SPEC K4, P7): alone in the foreground
+(``run.py worker``), or as background tasks of ``start``.
+
+In ``start`` each worker is its own task in the loop's task group, on a store connection
+of its own, so a slow batch never holds the lead cycle's connection; a failing worker is
+logged and started again by the loop, a hung one never delays the lead cycle.  Their
+cycles go to the log (stderr), not stdout, which keeps one line per lead cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+
+from runner.clock import Clock, SystemClock
+from runner.pipeline.engine import Registry, WorkerSettings
+from runner.pipeline.hotconfig import HotConfig, RetrieverConfig
+from runner.pipeline.port import PipelineStore
+from runner.pipeline.workers import WORKERS, Emit, WorkerCycle, run_worker
+
+log = logging.getLogger("runner.pipeline")
+
+
+def retriever_config(path: str | None, settings: WorkerSettings) -> HotConfig:
+    """The raw retriever's configuration: the options as its base, and the file (if any)
+    over them, re-read before every batch."""
+    base = RetrieverConfig(batch_size=settings.batch_size,
+                           poll_interval=settings.poll_interval)
+    return HotConfig(path, base)
+
+
+async def run_worker_until_signalled(
+    store: PipelineStore, name: str, *, registry: Registry, settings: WorkerSettings,
+    clock: Clock, cycles: int | None, config: HotConfig, emit: Emit,
+) -> int:
+    """Run a worker in the foreground.  SIGINT/SIGTERM stop it: the batch in hand is
+    given back at once (its items are claimable again) and the exit code is 0."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with anyio.create_task_group() as tg:
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.warning("%s: stopping", signal.Signals(signum).name,
+                                extra={"action": "worker.stopping", "worker": name})
+                    tg.cancel_scope.cancel()
+                    return
+
+            async def work() -> None:
+                await run_worker(store, name, registry=registry, clock=clock,
+                                 settings=settings, cycles=cycles, config=config, emit=emit)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop_on_signal)
+            tg.start_soon(work)
+    return 0
+
+
+def _log_cycle(cycle: WorkerCycle) -> None:
+    if cycle.result.claimed or cycle.result.refused:
+        log.info("%s cycle %d: %d claimed", cycle.worker, cycle.cycle, cycle.result.claimed,
+                 extra={"action": "pipeline.cycle", "worker": cycle.worker,
+                        "count": cycle.result.claimed})
+
+
+def pipeline_background_tasks(
+    db: str, names: Sequence[str], *, registry: Registry, settings: WorkerSettings,
+    config_path: str | None = None, clock: Clock | None = None,
+) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+    """``(name, task)`` pairs for the loop's background tasks, one per worker."""
+    unknown = [n for n in names if n not in WORKERS]
+    if unknown:
+        raise ValueError(f"unknown worker {unknown[0]!r}")
+
+    def make(name: str) -> Callable[[], Awaitable[None]]:
+        async def task() -> None:
+            from runner.store import open_store
+
+            store = await open_store(db)
+            try:
+                await run_worker(store, name, registry=registry, clock=clock or SystemClock(),
+                                 settings=settings, config=retriever_config(config_path,
+                                                                            settings),
+                                 emit=_log_cycle)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await store.aclose()
+        return task
+
+    return [(f"pipeline {name}", make(name)) for name in names]

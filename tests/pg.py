@@ -1,0 +1,153 @@
+"""PostgreSQL for the tests: the server to use, isolated schemas, raw access.
+
+The DSN comes from ``RUNNER_TEST_PG_DSN`` (default: this machine's server, trust auth,
+database ``test``).  Each test gets a schema of its own (``?schema=t_…`` on the DSN, see
+``runner.io.postgres.dsn``), dropped afterwards: much faster than a database per test.
+When the server cannot be reached, PostgreSQL tests skip with the reason, unless
+``RUNNER_REQUIRE_POSTGRES=1`` (set by ``.ci/run``), which makes that a failure.
+
+Raw access runs asyncpg on a private event loop in a helper thread, so sync tests and
+fixtures can use it while a test's own loop is running or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import uuid
+from collections.abc import Awaitable, Callable
+from functools import cache
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pytest
+
+DSN_ENV = "RUNNER_TEST_PG_DSN"
+REQUIRE_ENV = "RUNNER_REQUIRE_POSTGRES"
+DEFAULT_DSN = "postgresql://root@127.0.0.1:5432/test"
+
+T = TypeVar("T")
+
+
+def dsn() -> str:
+    return os.environ.get(DSN_ENV) or DEFAULT_DSN
+
+
+def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``await fn(*args)`` to completion on a fresh loop in a helper thread."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(fn(*args))  # type: ignore[arg-type]
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+@cache
+def availability() -> str | None:
+    """None if the test server answers, else why not."""
+    try:
+        import asyncpg
+    except ImportError:
+        return "asyncpg is not installed (pip install -e '.[dev,postgres]')"
+
+    async def probe() -> None:
+        conn = await asyncpg.connect(dsn(), timeout=5)
+        await conn.close()
+
+    try:
+        run(probe)
+    except Exception as exc:
+        from runner.io.postgres.dsn import describe
+
+        return f"PostgreSQL at {describe(dsn())} is unreachable ({DSN_ENV}): {exc}"
+    return None
+
+
+def require() -> None:
+    """Skip (or, under RUNNER_REQUIRE_POSTGRES=1, fail) when the server is not there."""
+    reason = availability()
+    if reason is None:
+        return
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{REQUIRE_ENV}=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def new_schema() -> str:
+    return f"t_{uuid.uuid4().hex[:16]}"
+
+
+def location(schema: str, base: str | None = None) -> str:
+    parts = urlsplit(base or dsn())
+    query = [*parse_qsl(parts.query), ("schema", schema)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def schema_of(loc: str) -> str:
+    return dict(parse_qsl(urlsplit(loc).query)).get("schema", "runner")
+
+
+def is_pg(loc: str | os.PathLike[str]) -> bool:
+    return str(loc).startswith(("postgresql://", "postgres://"))
+
+
+async def _with_conn(fn: Callable[[Any], Awaitable[T]]) -> T:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn(), timeout=10)
+    try:
+        return await fn(conn)
+    finally:
+        await conn.close()
+
+
+def execute(sql: str, *args: Any) -> None:
+    run(_with_conn, lambda conn: conn.execute(sql, *args))
+
+
+def fetch(sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    async def go(conn: Any) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in await conn.fetch(sql, *args)]
+
+    return run(_with_conn, go)
+
+
+def drop_schemas(names: list[str]) -> None:
+    if names:
+        execute("; ".join(f'DROP SCHEMA IF EXISTS "{n}" CASCADE' for n in names))
+
+
+def exists(loc: str) -> bool:
+    return bool(fetch("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema_of(loc)))
+
+
+def dump(loc: str) -> list[str]:
+    """Every row of every table of the store's schema, to prove that nothing changed."""
+    schema = schema_of(loc)
+    tables = [t for (t,) in fetch(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = $1 AND c.relkind = 'r' ORDER BY c.relname", schema)]
+    if not tables:
+        return ["<absent>"] if not exists(loc) else ["<empty schema>"]
+    out = []
+    for table in tables:
+        out.append(f"-- {table}")
+        out += [repr(row) for row in fetch(f'SELECT * FROM "{schema}"."{table}" ORDER BY 1')]
+    return out
+
+
+def backend_pids(app_pid: int) -> list[int]:
+    """Server backends of the runner process ``app_pid`` (by its application_name)."""
+    return [p for (p,) in fetch(
+        "SELECT pid FROM pg_stat_activity WHERE application_name LIKE $1",
+        f"runner pid={app_pid} %")]
