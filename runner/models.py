@@ -98,16 +98,19 @@ class CRMRecord(_Strict):
         )
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+def describe_validation_error(exc: ValidationError, *, name_unexpected: bool = False) -> str:
     """A one-line summary of a pydantic error that never echoes the input: neither values
-    nor the names of unexpected fields (a name is input too, and may be a contact alias);
-    the fields it names are the model's own."""
+    nor, unless ``name_unexpected`` (an operator's own config file), the names of
+    unexpected fields (a name is input too, and may be a contact alias); the fields it
+    names are the model's own."""
     parts = []
     extra = 0
     for err in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(p) for p in err["loc"]) or "record"
         kind = err["type"]
-        if kind == "extra_forbidden":
+        if kind == "extra_forbidden" and name_unexpected:
+            parts.append(f"{loc}: unexpected field")
+        elif kind == "extra_forbidden":
             extra += 1
         elif kind == "missing":
             parts.append(f"{loc}: missing")

@@ -47,7 +47,8 @@ def validate(doc: dict[str, Any], base: RetrieverConfig) -> RetrieverConfig:
     try:
         return RetrieverConfig.model_validate({**base.model_dump(), **doc})
     except ValidationError as exc:
-        raise BadInputError(f"invalid retriever config: {describe_validation_error(exc)}",
+        detail = describe_validation_error(exc, name_unexpected=True)  # the operator's file
+        raise BadInputError(f"invalid retriever config: {detail}",
                             reason="invalid_config") from None
 
 
