@@ -17,11 +17,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from runner.io.sqlite.connection import CACHE_KIB
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = str(ROOT / "run.py")
@@ -49,6 +52,7 @@ def plain_db(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")
+    conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")  # runner's page cache, too
     conn.execute(
         "CREATE TABLE IF NOT EXISTS leads (seq INTEGER PRIMARY KEY, tenant_id TEXT NOT NULL,"
         " source_lead_id TEXT NOT NULL, canonical TEXT NOT NULL, write_id TEXT NOT NULL UNIQUE,"
@@ -60,7 +64,8 @@ def plain_db(path: Path) -> sqlite3.Connection:
 def _row(i: int) -> tuple[str, str, str, str, str]:
     doc = event(i)
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
-    return (SCOPE["tenant_id"], doc["source_lead_id"], text, f"w-{i:012d}",
+    # a random write_id, as runner allocates: the same rows, the same index behaviour
+    return (SCOPE["tenant_id"], doc["source_lead_id"], text, str(uuid.uuid4()),
             "2026-11-30T00:00:00.000000Z")
 
 
@@ -94,8 +99,10 @@ def stdlib_batched_inserts(directory: Path, n: int, per_txn: int = 100) -> float
     return n / elapsed
 
 
-def run_child(args: list[str], *, stdin: bytes | None = None) -> tuple[float, int, bytes]:
-    """Run ``python run.py ARGS``; (wall seconds, peak RSS in KiB, stdout)."""
+def run_child(
+    args: list[str], *, stdin: bytes | None = None, with_stderr: bool = False
+) -> tuple[float, int, bytes, bytes]:
+    """Run ``python run.py ARGS``; (wall seconds, peak RSS in KiB, stdout, stderr)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, RUN, *args], input=stdin, capture_output=True,
@@ -104,7 +111,7 @@ def run_child(args: list[str], *, stdin: bytes | None = None) -> tuple[float, in
     if proc.returncode not in (0, 65):
         raise RuntimeError(f"{args[0]} failed ({proc.returncode}): {proc.stderr[-500:]!r}")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return elapsed, max(peak, before), proc.stdout
+    return elapsed, max(peak, before), proc.stdout, proc.stderr if with_stderr else b""
 
 
 def python_time(code: str) -> float:

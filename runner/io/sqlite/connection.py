@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 
 BUSY_TIMEOUT_MS = 30_000
+#: the page cache per connection (SQLite's default is 2 MiB): the random write_id index
+#: of a large inbox stays in memory instead of being read back page by page
+CACHE_KIB = 32 * 1024
 MIN_SQLITE = (3, 37, 0)  # STRICT tables; RETURNING needs 3.35
 SQLITE_IOERR, SQLITE_FULL = 10, 13  # primary result codes
 #: below this much free space on the store's device, an I/O error is reported as "full"
@@ -117,6 +120,7 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
         await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         await _enable_wal(conn)
         await conn.execute("PRAGMA synchronous = FULL")
+        await conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         await conn.execute("PRAGMA foreign_keys = ON")
         if (max_pages := os.environ.get(MAX_PAGES_ENV, "").strip()).isdigit():
             await conn.execute(f"PRAGMA max_page_count = {int(max_pages)}")

@@ -25,8 +25,11 @@ if TYPE_CHECKING:
 
 _INSERT = (
     "INSERT INTO leads (tenant_id, source_lead_id, canonical, write_id, accepted_at, updated_at)"
-    " VALUES {rows} ON CONFLICT (tenant_id, source_lead_id) DO NOTHING RETURNING write_id"
+    " VALUES {rows} ON CONFLICT (tenant_id, source_lead_id) DO NOTHING"
 )
+_RETURNING = " RETURNING write_id"
+#: groups up to this size learn their new keys from RETURNING; larger ones from changes()
+RETURNING_ROWS = 32
 _ROW = "(?, ?, ?, ?, ?, ?)"
 Key = tuple[str, str]  # (tenant_id, source_lead_id)
 #: rows per INSERT statement (6 parameters each, under SQLite's 32,766 limit)
@@ -83,11 +86,29 @@ class LeadQueries(SQLiteBase):
         return [self._outcome(it, inserted, stored) for it in items]
 
     async def _insert(self, chunk: Sequence[AcceptItem], at: str) -> set[str]:
+        """Insert a chunk; the write_ids that were inserted (the new keys).
+
+        A small group reads them from ``RETURNING``.  A large one asks ``changes()``
+        instead: fetching a thousand ``RETURNING`` rows takes the GIL back once per row,
+        and with the next group being validated on the event loop meanwhile, each of those
+        waits can last a GIL switch interval.  The write_ids are fresh, so when every row
+        went in, they are all new; otherwise the few that did are looked up.
+        """
         params: list[Any] = []
         for it in chunk:
             params += (it.event.tenant_id, it.event.source_lead_id, it.canonical, it.write_id,
                        at, at)
-        rows = await self._fetchall(_INSERT.format(rows=",".join([_ROW] * len(chunk))), params)
+        values = ",".join([_ROW] * len(chunk))
+        if len(chunk) <= RETURNING_ROWS:
+            rows = await self._fetchall(_INSERT.format(rows=values) + _RETURNING, params)
+            return {str(r[0]) for r in rows}
+        await self._fetchall(_INSERT.format(rows=values), params)
+        (count,) = (await self._fetchall("SELECT changes()"))[0]
+        ids = [it.write_id for it in chunk]
+        if count == len(chunk):
+            return set(ids)
+        marks = ",".join("?" * len(ids))
+        rows = await self._fetchall(f"SELECT write_id FROM leads WHERE write_id IN ({marks})", ids)
         return {str(r[0]) for r in rows}
 
     async def _existing(self, items: Sequence[AcceptItem]) -> dict[Key, tuple[str, str]]:
