@@ -45,10 +45,17 @@ def _worker(db: str, name: str, *extra: str, env: dict[str, str] | None = None) 
 
 
 def _stop(children: list[Child]) -> None:
-    for child in children:
-        child.signal(signal.SIGTERM)
-    for child in children:
-        assert child.finish() == 0, child.err
+    """SIGTERM every worker once it is up, and make sure each is gone, whatever fails."""
+    try:
+        for child in children:  # a worker still starting up has no signal handler yet
+            child.wait_err("worker.started")
+        for child in children:
+            child.signal(signal.SIGTERM)
+        codes = [child.finish() for child in children]
+    finally:
+        for child in children:
+            child.kill()
+    assert codes == [0] * len(children), [child.err for child in children]
 
 
 async def test_a_worker_killed_mid_batch_is_replaced_after_its_lease_runs_out(

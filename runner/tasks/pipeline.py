@@ -39,6 +39,8 @@ async def run_worker_until_signalled(
     """Run a worker in the foreground.  SIGINT/SIGTERM stop it: the batch in hand is
     given back at once (its items are claimable again) and the exit code is 0."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        # from here on a signal stops the worker gracefully; say so, for supervisors
+        log.info("%s started", name, extra={"action": "worker.started", "worker": name})
         async with anyio.create_task_group() as tg:
             async def stop_on_signal() -> None:
                 async for signum in signals:
