@@ -12,6 +12,7 @@ guarantees.
 
     python bench/sweep.py            # N = 100,000, median of 3 fresh runs
     python bench/sweep.py --quick    # N = 5,000, one run (CI)
+    python bench/sweep.py --explain  # where the time goes: the same sweep with parts removed
 
 Prints a short report and, last, one line of JSON.
 """
@@ -132,7 +133,7 @@ async def time_runner(path: Path) -> tuple[float, dict[str, int]]:
         started = time.perf_counter()
         result = await store.sweep_candidates(NOW)
         elapsed = time.perf_counter() - started
-    return elapsed, dict(result)
+    return elapsed, {"expired": result["expired"], "reconciled": result["reconciled"]}
 
 
 def time_plain(path: Path) -> tuple[float, dict[str, int]]:
@@ -182,13 +183,120 @@ def run_once(n: int) -> tuple[float, float, dict[str, int], float]:
     return runner_s, plain_s, runner_result, setup
 
 
+#: the outbox rows sweepExpired's trigger writes, as one set-based INSERT (for --explain)
+_AUDIT_EXPIRED = """
+INSERT INTO outbox (kind, subject, payload, at)
+SELECT 'candidate_changed', id,
+       json_object('from', status, 'to', 'expired',
+                   'reason', CASE WHEN expires_at < :now THEN 'T3' ELSE 'T4' END,
+                   'analyses', analyses, 'quorum', quorum), :now
+FROM candidates
+WHERE status IN ('discovered', 'analyzing') AND analysis_deadline < :now
+  AND (expires_at < :now OR analyses < quorum)
+"""
+_AUDIT_RECONCILED = """
+INSERT INTO outbox (kind, subject, payload, at)
+SELECT 'candidate_changed', id,
+       json_object('from', status, 'to', CASE WHEN decision_id IS NOT NULL
+                   THEN 'promoted' ELSE 'rejected' END, 'decision_id', decision_id), :now
+FROM candidates WHERE status = 'promoting' AND promotion_locked_at < :cutoff
+"""
+_OUTBOX = ("CREATE TABLE outbox (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, subject TEXT, "
+           "payload TEXT NOT NULL, at TEXT NOT NULL) STRICT")
+
+
+def _timed_sweep(path: Path, statements: list[str],
+                 prepare: list[str]) -> tuple[float, list[int]]:
+    """One stdlib transaction of ``statements`` on ``path`` (after ``prepare``): seconds,
+    and the rows each statement changed."""
+    from runner.io.sqlite.candidates import RECONCILE_STUCK, SWEEP_EXPIRED
+
+    named = {"expired": SWEEP_EXPIRED, "reconciled": RECONCILE_STUCK,
+             "audit-expired": _AUDIT_EXPIRED, "audit-reconciled": _AUDIT_RECONCILED}
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA synchronous = FULL")
+        for sql in prepare:
+            conn.execute(sql)
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        params = {"now": to_text(NOW), "cutoff": to_text(stuck_cutoff(NOW))}
+        started = time.perf_counter()
+        conn.execute("BEGIN IMMEDIATE")
+        changed = [conn.execute(named[name], params).rowcount for name in statements]
+        conn.execute("COMMIT")
+        return time.perf_counter() - started, changed
+    finally:
+        conn.close()
+
+
+def explain(n: int, repeat: int) -> list[tuple[str, float]]:
+    """The sweep with parts of its guarantees removed, each step timed in the same run
+    (medians of ``repeat`` fresh copies): what each guarantee costs, as a ratio to the
+    plain UPDATEs."""
+    work = Path(tempfile.mkdtemp(prefix="runner-bench-"))   # mode 0700
+    try:
+        store = work / "store.db"
+
+        async def create() -> None:
+            async with await open_store(str(store)):
+                pass
+
+        asyncio.run(create())
+        seed(store, n)
+        conn = sqlite3.connect(store)
+        triggers = [f"DROP TRIGGER {name}" for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'candidates'")]
+        indexes = ["DROP INDEX candidates_to_expire", "DROP INDEX candidates_promoting"]
+        conn.close()
+        steps: list[tuple[str, str, list[str], list[str]]] = [
+            ("plain UPDATEs (the baseline)", "plain", [], []),
+            ("+ one audit row per change, set-based", "plain",
+             ["audit-expired", "audit-reconciled"], [_OUTBOX]),
+            ("runner's table (CHECKs), no triggers or indexes, set-based audit", "store",
+             ["audit-expired", "audit-reconciled"], [*triggers, *indexes]),
+            ("+ the sweeps' two partial indexes", "store",
+             ["audit-expired", "audit-reconciled"], triggers),
+            ("runner's schema: audit and guards by trigger (the real sweep)", "store", [], []),
+        ]
+        times: dict[str, list[float]] = {label: [] for label, *_ in steps}
+        changes: set[tuple[int, int]] = set()
+        for _ in range(repeat):
+            for label, kind, extra, prepare in steps:
+                copy = work / "copy.db"
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{copy}{suffix}").unlink(missing_ok=True)
+                if kind == "plain":
+                    plain_copy(store, copy)
+                else:
+                    shutil.copy(store, copy)
+                seconds, changed = _timed_sweep(copy, [*extra, "expired", "reconciled"],
+                                                prepare)
+                times[label].append(seconds)
+                changes.add((changed[-2], changed[-1]))
+        if len(changes) != 1:  # every step must do the same work, or its time means nothing
+            raise SystemExit(f"the steps changed different rows: {sorted(changes)}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return [(label, statistics.median(values)) for label, values in times.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=100_000, help="candidates (default 100,000)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="fresh runs; medians are reported (default 3)")
     parser.add_argument("--quick", action="store_true", help="N = 5,000 and one run, for CI")
+    parser.add_argument("--explain", action="store_true",
+                        help="time the sweep with parts of its guarantees removed")
     args = parser.parse_args(argv)
+    if args.explain:
+        n, repeat = (5_000, 1) if args.quick else (args.n, max(1, args.repeat))
+        steps = explain(n, repeat)
+        base = steps[0][1]
+        print(f"{n:,} candidates, median of {repeat} run(s), stdlib sqlite3, synchronous=FULL")
+        for label, seconds in steps:
+            print(f"{label:64s} {seconds * 1000:8.1f} ms  {seconds / base:4.1f} x")
+        return 0
     n, repeat = (5_000, 1) if args.quick else (args.n, max(1, args.repeat))
     runs = [run_once(n) for _ in range(repeat)]
     runner_s = statistics.median(r[0] for r in runs)

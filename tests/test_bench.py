@@ -33,3 +33,15 @@ def test_the_pipeline_benchmark_drains_every_input_with_one_and_four_workers() -
     assert [(r["backend"], r["workers"]) for r in doc["rows"]] == [("sqlite", 1),
                                                                   ("sqlite", 4)]
     assert all(r["runner"]["per_s"] > 0 for r in doc["rows"])
+
+
+def test_the_sweep_explanation_times_every_step_over_the_same_rows() -> None:
+    """``bench/sweep.py --explain`` removes the sweep's guarantees one part at a time; it
+    exits 1 unless every step changed the same rows, so each line is a fair comparison."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "sweep.py"), "--quick",
+                           "--explain"], capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("5,000 candidates") and len(lines) == 6
+    assert lines[1].startswith("plain UPDATEs") and lines[1].endswith("1.0 x")
+    assert lines[-1].startswith("runner's schema") and all(" ms " in line for line in lines[1:])
