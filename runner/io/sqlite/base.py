@@ -18,7 +18,7 @@ import anyio
 
 from runner.io.filelock import FileLock, lock_path_for
 from runner.io.sqlite import connection
-from runner.store import ScopeData
+from runner.storedata import ScopeData
 
 if TYPE_CHECKING:
     from runner.models import Scope

@@ -16,7 +16,7 @@ from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.states import IllegalTransition, LeadState, check_transition
-from runner.store import LeadWork
+from runner.storedata import LeadWork
 
 _WORK_COLUMNS = "seq, source_lead_id, write_id, state, canonical"
 

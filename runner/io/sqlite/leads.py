@@ -18,7 +18,7 @@ from runner.errors import RunnerError
 from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.states import LeadState
-from runner.store import AcceptItem, AcceptOutcome, LeadRow, StoreSummary
+from runner.storedata import AcceptItem, AcceptOutcome, LeadRow, StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import LeadEvent

@@ -18,7 +18,7 @@ from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.io.sqlite.leads import RECORD_COLUMNS, row_to_lead
 from runner.states import LeadState
-from runner.store import LeadRow, ObservationWrite, PollTarget
+from runner.storedata import LeadRow, ObservationWrite, PollTarget
 
 MISSING_SNAPSHOT = '{"missing":true}'
 #: how many poll-health runs ``status`` shows, newest first
