@@ -17,29 +17,30 @@ from runner.ids import WriteId
 from runner.states import LeadState
 
 if TYPE_CHECKING:
-    from runner.models import LeadEvent, Scope
+    from runner.models import Scope
     from runner.store import Store
+    from runner.storework import AcceptItem as AcceptItem
+    from runner.storework import AcceptOutcome as AcceptOutcome
+    from runner.storework import LeadWork as LeadWork
+    from runner.storework import ObservationWrite as ObservationWrite
+    from runner.storework import PollTarget as PollTarget
+
+#: the data of the write paths lives in ``runner.storework`` and is importable from here
+#: too, loaded on first use: reading the store for ``status`` never builds those classes
+_WORK = frozenset({"AcceptItem", "AcceptOutcome", "LeadWork", "ObservationWrite", "PollTarget"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WORK:
+        from runner import storework
+
+        return getattr(storework, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
 
 #: a pinned scope as stored: its four fields (no model, so ``status`` stays light)
 ScopeData = dict[str, str]
-
-
-@dataclass(frozen=True)
-class AcceptOutcome:
-    result: AcceptResultKind
-    write_id: WriteId
-
-
-@dataclass(frozen=True)
-class AcceptItem:
-    """One validated event to accept, with its canonical JSON and a fresh write_id (used
-    only if the key is new)."""
-
-    event: LeadEvent
-    canonical: str
-    write_id: WriteId
 
 
 @dataclass(frozen=True)
@@ -59,39 +60,7 @@ class LeadRow:
     contact_alias_present: bool = False
 
 
-@dataclass(frozen=True)
-class LeadWork:
-    """A record the cycle works on: its key, write_id, state and validated event."""
-
-    seq: int
-    source_lead_id: str
-    write_id: WriteId
-    state: LeadState
-    event: LeadEvent
-
-
 ObservationOutcome = Literal["changed", "unchanged", "missing", "failed"]
-
-
-@dataclass(frozen=True)
-class PollTarget:
-    """A confirmed record due for a status poll, with its last snapshot (canonical JSON)."""
-
-    seq: int
-    source_lead_id: str
-    write_id: WriteId
-    snapshot: str | None
-
-
-@dataclass(frozen=True)
-class ObservationWrite:
-    """What to store for one observation (L11): ``changed`` stores ``snapshot`` (canonical
-    JSON) and writes a ``status_changed`` event; ``unchanged`` and ``failed`` only move the
-    poll time; ``missing`` makes the record ``confirmed_then_missing``."""
-
-    write_id: WriteId
-    outcome: ObservationOutcome
-    snapshot: str | None = None
 
 
 @dataclass(frozen=True)
