@@ -56,7 +56,8 @@ def test_100_second_workers_refused_then_the_next_one_recovers(
                    "--fault", "hang", "--interval", "3600", env={"RUNNER_HANG_DIR": str(hang)})
     try:
         wait_path(hang / "entered-write", holder)  # lead-1 is in flight, its row written
-        holder.wait_err("sweepCandidates: expired=")  # the holder's own start-up sweep has recorded its run
+        # the holder's own start-up sweep has recorded its run
+        holder.wait_err("sweepCandidates: expired=")
         before, rows = _content(db), sheet_rows(target)
         go = workdir / "go"
         children = [_spawn_attempts(db, scope_file, target, go) for _ in range(CHILDREN)]
