@@ -14,13 +14,13 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from runner import crashpoints, logs
+from runner import logs
 from runner.errors import RunnerError
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
-#: command modules, each with ``register(subparsers)``
+#: command modules, each with ``register(subparsers)``, in the order ``--help`` lists them
 COMMAND_MODULES = (
     "runner.commands.leads",
     "runner.commands.delivery",
@@ -28,15 +28,40 @@ COMMAND_MODULES = (
     "runner.commands.pipeline",
 )
 
+#: which module registers each command: a command line naming one imports only that
+#: module (start-up of ``status`` does not pay for the others); a test checks the table
+COMMANDS = {
+    "accept": "runner.commands.leads",
+    "status": "runner.commands.leads",
+    "once": "runner.commands.delivery",
+    "start": "runner.commands.delivery",
+    "observe": "runner.commands.delivery",
+    "poll-status": "runner.commands.delivery",
+    "candidate": "runner.commands.candidates",
+    "sweep": "runner.commands.candidates",
+    "worker": "runner.commands.pipeline",
+    "job": "runner.commands.pipeline",
+    "backlog": "runner.commands.pipeline",
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given the command line, only with the subcommands its command needs.
+
+    The command is the first argument (``runner`` has no options before it).  A known
+    command gets its own module's subcommands only, which parse it exactly as the full
+    parser would; anything else (``--help``, no command, an unknown one) gets them all,
+    so that usage and error messages list every command."""
     import importlib
 
     from runner.commands.common import Parser
 
+    modules: tuple[str, ...] = COMMAND_MODULES
+    if argv and argv[0] in COMMANDS:
+        modules = (COMMANDS[argv[0]],)
     parser = Parser(prog="runner", description="A crash-safe foreground worker.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for name in COMMAND_MODULES:
+    for name in modules:
         importlib.import_module(name).register(sub)
     return parser
 
@@ -56,8 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     fmt = _log_format(args_list)
     try:
-        crashpoints.check_environment()
-        args = build_parser().parse_args(args_list)
+        if os.environ.get("RUNNER_CRASH_AT"):  # crashpoints.POINT_ENV; unset, no import
+            from runner import crashpoints
+
+            crashpoints.check_environment()
+        args = build_parser(args_list).parse_args(args_list)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except RunnerError as exc:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.lifecycle.results import CandidateSummary
-from runner.store import LeadRow, Store, StoreSummary
-from runner.tasks.sweep import SCHEDULE
+from runner.lifecycle.results import SCHEDULE, CandidateSummary
+from runner.storedata import LeadRow, StoreSummary
+
+if TYPE_CHECKING:
+    from runner.store import Store
 
 
 def record_json(row: LeadRow) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from runner.errors import StoreNotFound
 from runner.jsonio import dumps_line
 from runner.lifecycle import rules
 from runner.lifecycle.results import DEFAULT_QUORUM
-from runner.store import describe_location, open_store, store_exists
+from runner.storedata import describe_location, open_store, store_exists
 
 #: 10 years: a bound that keeps every computed time far from datetime's limits
 MAX_TTL_MINUTES = 10 * 366 * 24 * 60

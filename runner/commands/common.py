@@ -9,9 +9,7 @@ from typing import Any, NoReturn
 from runner import logs
 from runner.clock import Clock, FixedClock, SystemClock, parse_now
 from runner.errors import UsageError
-from runner.io.fsguard import same_file
-from runner.jsonio import dumps_line
-from runner.store import is_postgres
+from runner.storedata import is_postgres
 
 
 class Parser(argparse.ArgumentParser):
@@ -39,6 +37,8 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
 
 def emit(doc: Any) -> None:
     """Print one result as one line of compact JSON, flushed at once."""
+    from runner.jsonio import dumps_line
+
     sys.stdout.write(dumps_line(doc) + "\n")
     sys.stdout.flush()
 
@@ -54,5 +54,9 @@ def clock_from(args: argparse.Namespace) -> Clock:
 def check_paths(args: argparse.Namespace) -> None:
     """``--db`` and ``--target`` naming one file would let the target corrupt the store."""
     target = getattr(args, "target", None)
-    if target and not is_postgres(args.db) and same_file(args.db, target):
+    if not target or is_postgres(args.db):
+        return
+    from runner.io.fsguard import same_file
+
+    if same_file(args.db, target):
         raise UsageError("--db and --target name the same file; use two separate files")

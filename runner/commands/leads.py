@@ -15,8 +15,7 @@ from runner.commands.common import (
     say_error,
 )
 from runner.errors import BadInputError
-from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object, read_json_object
-from runner.store import open_store
+from runner.storedata import open_store
 
 if TYPE_CHECKING:
     from runner import intake
@@ -42,12 +41,15 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def load_scope(path: str) -> Scope:
+    from runner.jsonio import read_json_object
     from runner.models import validate_scope
 
     return validate_scope(read_json_object(path, what="scope file"))
 
 
 def read_record(path: str) -> dict[str, Any]:
+    from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object, read_json_object
+
     if path == "-":
         return parse_object(sys.stdin.buffer.read(MAX_DOCUMENT_BYTES + 1), what="record")
     return read_json_object(path, what="record file")

@@ -12,7 +12,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from runner.commands.common import Parser, clock_from, common_options, emit
-from runner.store import open_store
+from runner.storedata import open_store
 
 if TYPE_CHECKING:
     from runner.pipeline.engine import Registry, WorkerSettings

@@ -5,7 +5,7 @@ Kept apart from the pydantic ``Candidate`` so that ``status`` never builds a mod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal, TypedDict
 
@@ -59,3 +59,31 @@ class CandidateSummary:
 
     counts: dict[CandidateStatus, int]
     last_sweep: SweepRun | None = None
+
+
+# -- the sweep's schedule (runner.tasks.sweep runs it; status shows it) -----------------
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A scheduled workflow, as the seed's ``.jsonc`` workflow file declares one."""
+
+    name: str
+    function: str
+    schedule: str  # cron syntax, read in ``timezone``
+    timezone: str
+    interval_seconds: int
+    mode: Literal["shadow"]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SCHEDULE = Workflow(
+    name="Candidate Lifecycle Sweep",
+    function="sweepCandidates",
+    schedule="*/5 * * * *",
+    timezone="UTC",
+    interval_seconds=300,
+    mode="shadow",
+)

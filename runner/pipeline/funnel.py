@@ -23,14 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner.pipeline.builtin import LEAD_CURRENT, LEAD_FACTS, LEAD_FUNNEL
 from runner.pipeline.engine import Processor
 from runner.pipeline.model import (
     FUNNEL_KEY_PREFIX,
     Item,
     Outcome,
     Output,
-    ProcessorRef,
-    Stage,
     no_output,
     not_applicable,
     output,
@@ -51,7 +50,7 @@ def _text(value: Any) -> str | None:
 class LeadFacts(Processor):
     """D1 -> D2: a lead event becomes a normalized lead fact (a versioned mapper)."""
 
-    ref = ProcessorRef("lead-facts", 1, Stage.CORE_PROCESSING, "lead-event-mapper")
+    ref = LEAD_FACTS
 
     def process_one(self, item: Item) -> Outcome:
         p = item.payload
@@ -85,7 +84,7 @@ class LeadCurrent(Processor):
     """D2 -> D3: one current row per lead; each field keeps its latest value by outbox
     sequence, whatever order the facts are materialized in."""
 
-    ref = ProcessorRef("lead-current", 1, Stage.GENERIC_MATERIALIZATION, "current-row")
+    ref = LEAD_CURRENT
 
     def process_one(self, item: Item) -> Outcome:
         if not item.key.startswith(FACT_PREFIX):
@@ -107,7 +106,7 @@ class LeadCurrent(Processor):
 class LeadFunnel(Processor):
     """D3 -> D4: a delivered lead's funnel entry (form, latest status, counted)."""
 
-    ref = ProcessorRef("lead-funnel", 1, Stage.DOMAIN_PROJECTION, "funnel-projection")
+    ref = LEAD_FUNNEL
 
     def process_one(self, item: Item) -> Outcome:
         if not item.key.startswith(LEAD_PREFIX):

@@ -10,11 +10,13 @@ retriever's cursor.  Nothing here writes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.pipeline.model import STAGES, ProcessorRef, Stage, WorkerConfigView
-from runner.pipeline.port import PipelineStore
 from runner.pipeline.stages import raw_ingestion
+
+if TYPE_CHECKING:
+    from runner.pipeline.port import PipelineStore
 
 
 def current_refs(known: Sequence[ProcessorRef], stored: Sequence[ProcessorRef]
@@ -71,6 +73,7 @@ async def pipeline_document(store: PipelineStore, known: Sequence[ProcessorRef]
 
 
 def builtin_refs() -> list[ProcessorRef]:
-    from runner.pipeline import funnel
+    """The built-in funnel's processors, by identity only (not loaded: see ``builtin``)."""
+    from runner.pipeline.builtin import FUNNEL_REFS
 
-    return [p.ref for p in funnel.processors()]
+    return list(FUNNEL_REFS)

@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, NoReturn
+from typing import NoReturn
 
 import anyio
 from anyio.abc import TaskStatus
 
 from runner.clock import Clock, SystemClock
 from runner.lifecycle.port import CandidateSweeper
-from runner.lifecycle.results import SweepResult
+from runner.lifecycle.results import SCHEDULE, SweepResult
 
 log = logging.getLogger("runner.sweep")
 
@@ -39,29 +38,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
-@dataclass(frozen=True)
-class Workflow:
-    """A scheduled workflow, as the seed's ``.jsonc`` workflow file declares one."""
-
-    name: str
-    function: str
-    schedule: str  # cron syntax, read in ``timezone``
-    timezone: str
-    interval_seconds: int
-    mode: Literal["shadow"]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-SCHEDULE = Workflow(
-    name="Candidate Lifecycle Sweep",
-    function="sweepCandidates",
-    schedule="*/5 * * * *",
-    timezone="UTC",
-    interval_seconds=300,
-    mode="shadow",
-)
 DEFAULT_INTERVAL = SCHEDULE.interval_seconds
 
 

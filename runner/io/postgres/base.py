@@ -26,7 +26,7 @@ from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
 from runner.io.postgres.lock import AdvisoryLock, Fence
 from runner.io.postgres.schema import render
-from runner.store import ScopeData
+from runner.storedata import ScopeData
 
 if TYPE_CHECKING:
     from runner.models import Scope

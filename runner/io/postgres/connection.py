@@ -37,7 +37,7 @@ from runner.errors import (
 )
 from runner.io.postgres import schema
 from runner.io.postgres.dsn import PgLocation
-from runner.store import ScopeData, check_scope
+from runner.storedata import ScopeData, check_scope
 
 if TYPE_CHECKING:
     from runner.models import Scope

@@ -23,7 +23,7 @@ from runner.ids import WriteId
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.lock import fence_held
 from runner.states import IllegalTransition, LeadState, check_transition
-from runner.store import LeadWork
+from runner.storedata import LeadWork
 
 _PAGE = """
 SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads

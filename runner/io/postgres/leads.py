@@ -19,7 +19,7 @@ from runner.errors import RunnerError
 from runner.ids import WriteId
 from runner.io.postgres.base import PostgresBase
 from runner.states import LeadState
-from runner.store import AcceptItem, AcceptOutcome, LeadRow, StoreSummary
+from runner.storedata import AcceptItem, AcceptOutcome, LeadRow, StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import LeadEvent

@@ -33,7 +33,7 @@ import asyncpg
 from runner.errors import LockHeld
 from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
-from runner.store import ScopeData
+from runner.storedata import ScopeData
 
 _HOLDER = """
 SELECT a.application_name, a.pid, host(a.client_addr) AS addr

@@ -25,7 +25,7 @@ from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.connection import stable_key
 from runner.io.postgres.leads import RECORD_COLUMNS, row_to_lead
 from runner.states import LeadState
-from runner.store import LeadRow, ObservationWrite, PollTarget
+from runner.storedata import LeadRow, ObservationWrite, PollTarget
 
 MISSING_SNAPSHOT = '{"missing":true}'
 

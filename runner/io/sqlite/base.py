@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 import anyio
 
-from runner.io.filelock import FileLock, lock_path_for
 from runner.io.sqlite import connection
-from runner.store import ScopeData
+from runner.storedata import ScopeData
 
 if TYPE_CHECKING:
+    from runner.io.filelock import FileLock
     from runner.models import Scope
 
 
@@ -53,6 +53,8 @@ class SQLiteBase:
         await self._conn.close()
 
     def worker_lock(self) -> FileLock:
+        from runner.io.filelock import FileLock, lock_path_for  # workers only, not status
+
         return FileLock(lock_path_for(self.path))
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:

@@ -19,13 +19,11 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from runner import crashpoints
 from runner.clock import from_text, to_text
 from runner.errors import RuleViolation, StoreError
 from runner.io.sqlite import connection
 from runner.io.sqlite.base import SQLiteBase
 from runner.io.sqlite.candidates_schema import ACTIVE_TERM
-from runner.lifecycle import rules
 from runner.lifecycle.results import (
     CandidateSummary,
     ExpireResult,
@@ -156,6 +154,8 @@ class CandidateQueries(SQLiteBase):
     async def _guarded(self, sql: str, params: dict[str, Any], refusal: Refusal) -> Candidate:
         """Run a guarded single-candidate write; on no match, raise the rules' refusal
         (read in the same transaction, which is then rolled back)."""
+        from runner.lifecycle import rules  # not at import: status never needs the rules
+
         candidate_id = str(params["id"])
         async with self._transaction():
             changed = await self._named(sql, params)
@@ -190,12 +190,16 @@ class CandidateQueries(SQLiteBase):
     async def analyze_candidate(
         self, candidate_id: str, analyst: str, now: datetime
     ) -> Candidate:
+        from runner.lifecycle import rules
+
         return await self._guarded(
             _ANALYZE, {"id": candidate_id, "analyst": analyst, "now": to_text(now)},
             lambda c: rules.analysis_refusal(c, candidate_id, analyst, now),
         )
 
     async def begin_promotion(self, candidate_id: str, now: datetime) -> Candidate:
+        from runner.lifecycle import rules
+
         return await self._guarded(
             _BEGIN_PROMOTION, {"id": candidate_id, "now": to_text(now)},
             lambda c: rules.promotion_refusal(c, candidate_id, now),
@@ -204,6 +208,8 @@ class CandidateQueries(SQLiteBase):
     async def record_decision(
         self, candidate_id: str, decision_id: str, now: datetime
     ) -> Candidate:
+        from runner.lifecycle import rules
+
         return await self._guarded(
             _RECORD_DECISION,
             {"id": candidate_id, "decision": decision_id, "now": to_text(now)},
@@ -211,6 +217,8 @@ class CandidateQueries(SQLiteBase):
         )
 
     async def finish_promotion(self, candidate_id: str, now: datetime) -> Candidate:
+        from runner.lifecycle import rules
+
         return await self._guarded(
             _FINISH_PROMOTION, {"id": candidate_id, "now": to_text(now)},
             lambda c: rules.finish_refusal(c, candidate_id),
@@ -237,6 +245,8 @@ class CandidateQueries(SQLiteBase):
         return await self._rowcount(SWEEP_EXPIRED, {"now": to_text(now)})
 
     async def _reconcile(self, now: datetime) -> int:
+        from runner.lifecycle import rules
+
         cutoff = to_text(rules.stuck_cutoff(now))
         return await self._rowcount(RECONCILE_STUCK, {"now": to_text(now), "cutoff": cutoff})
 
@@ -253,6 +263,8 @@ class CandidateQueries(SQLiteBase):
         return result
 
     async def sweep_candidates(self, now: datetime) -> SweepResult:
+        from runner import crashpoints
+
         async with self._transaction():
             expired = await self._expire(now)
             result = SweepResult(expired=expired, reconciled=await self._reconcile(now))

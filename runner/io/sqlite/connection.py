@@ -31,7 +31,7 @@ from runner.errors import (
 )
 from runner.io import fsguard
 from runner.io.sqlite import schema
-from runner.store import ScopeData, check_scope
+from runner.storedata import ScopeData, check_scope
 
 if TYPE_CHECKING:
     from runner.models import Scope

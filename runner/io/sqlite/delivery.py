@@ -10,19 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.states import IllegalTransition, LeadState, check_transition
-from runner.store import LeadWork
+
+if TYPE_CHECKING:
+    from runner.storework import LeadWork
 
 _WORK_COLUMNS = "seq, source_lead_id, write_id, state, canonical"
 
 
 def _work(row: Sequence[Any]) -> LeadWork:
     from runner.models import LeadEvent  # the model is built only by commands that deliver
+    from runner.storework import LeadWork
 
     return LeadWork(
         seq=int(row[0]),

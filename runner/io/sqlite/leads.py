@@ -18,10 +18,11 @@ from runner.errors import RunnerError
 from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.states import LeadState
-from runner.store import AcceptItem, AcceptOutcome, LeadRow, StoreSummary
+from runner.storedata import LeadRow, StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import LeadEvent
+    from runner.storework import AcceptItem, AcceptOutcome
 
 _INSERT = (
     "INSERT INTO leads (tenant_id, source_lead_id, canonical, write_id, accepted_at, updated_at)"
@@ -63,6 +64,8 @@ class LeadQueries(SQLiteBase):
     async def accept(
         self, event: LeadEvent, canonical: str, write_id: WriteId, now: datetime
     ) -> AcceptOutcome:
+        from runner.storework import AcceptItem  # the write path's data (not status's)
+
         return (await self.accept_many([AcceptItem(event, canonical, write_id)], now))[0]
 
     async def accept_many(
@@ -130,6 +133,8 @@ class LeadQueries(SQLiteBase):
     def _outcome(
         item: AcceptItem, inserted: set[str], stored: dict[Key, tuple[str, str]]
     ) -> AcceptOutcome:
+        from runner.storework import AcceptOutcome
+
         if item.write_id in inserted:
             return AcceptOutcome("accepted", item.write_id)
         key = (item.event.tenant_id, item.event.source_lead_id)

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.io.sqlite.leads import RECORD_COLUMNS, row_to_lead
 from runner.states import LeadState
-from runner.store import LeadRow, ObservationWrite, PollTarget
+from runner.storedata import LeadRow
+
+if TYPE_CHECKING:
+    from runner.storework import ObservationWrite, PollTarget
 
 MISSING_SNAPSHOT = '{"missing":true}'
 #: how many poll-health runs ``status`` shows, newest first
@@ -27,6 +30,8 @@ HEALTH_SHOWN = 20
 
 class ObserveQueries(SQLiteBase):
     async def poll_page(self, limit: int) -> list[PollTarget]:
+        from runner.storework import PollTarget  # the poller's data (not status's)
+
         async with self._guard():
             rows = await self._fetchall(
                 "SELECT seq, source_lead_id, write_id, snapshot FROM leads "

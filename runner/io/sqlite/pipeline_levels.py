@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -21,12 +21,13 @@ from runner.io.sqlite.base import SQLiteBase
 from runner.pipeline.model import (
     FUNNEL_KEY_PREFIX,
     LevelCounts,
-    NewRecord,
-    OutboxEvent,
     Stage,
     WorkerConfigView,
     canonical,
 )
+
+if TYPE_CHECKING:  # OutboxEvent is built only by read_outbox (status never reads it)
+    from runner.pipeline.work import NewRecord, OutboxEvent
 
 _READ_OUTBOX = """
 SELECT o.seq, o.kind, o.subject, o.payload, o.at, json_extract(l.canonical, '$.form_id')
@@ -73,6 +74,8 @@ class PollWakeups:
 class PipelineLevelQueries(SQLiteBase):
     async def read_outbox(self, after_seq: int, limit: int, upto_seq: int | None = None
                           ) -> list[OutboxEvent]:
+        from runner.pipeline.work import OutboxEvent
+
         async with self._guard():
             rows = await self._fetchall(
                 _READ_OUTBOX, (after_seq, MAX_SEQ if upto_seq is None else upto_seq, limit))

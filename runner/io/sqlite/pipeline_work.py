@@ -18,20 +18,19 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.io.sqlite.base import SQLiteBase
 from runner.pipeline.model import (
-    Claim,
-    Completion,
-    Item,
     LeaseLost,
-    Output,
     ProcessorRef,
     canonical,
     merge_fields,
     stage_of,
 )
+
+if TYPE_CHECKING:  # claim() imports what it builds: status, on this path, never needs them
+    from runner.pipeline.work import Claim, Completion, Output
 
 _REGISTER = """
 INSERT INTO pipeline_processors
@@ -169,6 +168,8 @@ class PipelineWorkQueries(SQLiteBase):
 
     async def claim(self, ref: ProcessorRef, owner: str, limit: int, lease_ms: int,
                     now_ms: int) -> Claim:
+        from runner.pipeline.work import Claim, Item
+
         expires = now_ms + lease_ms
         async with self._transaction():
             token = int((await self._fetchall(_NEXT_FENCE))[0][0])

@@ -13,7 +13,7 @@ from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
 from runner.io.sqlite.pipeline_levels import PipelineLevelQueries
 from runner.io.sqlite.pipeline_work import PipelineWorkQueries
-from runner.store import StoreSummary
+from runner.storedata import StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import Scope

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.clock import Clock
-from runner.pipeline.engine import RoundResult, now_ms
-from runner.pipeline.model import NewRecord, OutboxEvent, Stage
-from runner.pipeline.port import PipelineStore
+from runner.pipeline.model import Stage
+
+if TYPE_CHECKING:  # imported where they run: ``status`` needs only the names below
+    from runner.clock import Clock
+    from runner.pipeline.engine import RoundResult
+    from runner.pipeline.port import PipelineStore
+    from runner.pipeline.work import NewRecord, OutboxEvent
 
 STAGE = Stage.RAW_INGESTION
 WORKER = "raw-retriever"
@@ -58,6 +61,8 @@ def _kept(kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
 
 def to_record(event: OutboxEvent) -> NewRecord:
     """The D1 record of an outbox event (privacy: only the fields listed here)."""
+    from runner.pipeline.work import NewRecord
+
     tenant = event.payload.get("tenant_id")
     return NewRecord(f"outbox:{event.seq}", {
         "seq": event.seq,
@@ -73,6 +78,8 @@ def to_record(event: OutboxEvent) -> NewRecord:
 async def ingest_events(store: PipelineStore, events: Sequence[OutboxEvent],
                         kinds: Sequence[str], clock: Clock, *, cursor: str | None
                         ) -> RoundResult:
+    from runner.pipeline.engine import RoundResult, now_ms
+
     wanted = [to_record(e) for e in events if e.kind in kinds]
     position = events[-1].seq if events else None
     new = await store.ingest(wanted, SOURCE, cursor, position, now_ms(clock))
@@ -84,6 +91,8 @@ async def ingest_events(store: PipelineStore, events: Sequence[OutboxEvent],
 async def run_cycle(store: PipelineStore, settings: IngestSettings, clock: Clock
                     ) -> RoundResult:
     """One batch of the tail: events after the cursor, ingested, cursor moved."""
+    from runner.pipeline.engine import RoundResult
+
     after = await store.cursor_position(CURSOR)
     events = await store.read_outbox(after, settings.batch_size)
     if not events:
@@ -98,6 +107,8 @@ async def backfill(store: PipelineStore, settings: IngestSettings, clock: Clock,
     is).  A range that starts at or before the retriever's cursor moves it forward past
     what it read; one that starts after it leaves it alone (it would skip the gap).
     ``on_batch(result, last_seq)`` after each batch."""
+    from runner.pipeline.engine import RoundResult
+
     total = RoundResult()
     after = from_seq
     cursor = CURSOR if from_seq <= await store.cursor_position(CURSOR) else None

@@ -1,0 +1,134 @@
+"""The store's plain data and its location helpers: what Store operations take and
+return (``LeadRow``, ``StoreSummary``, …), ``check_scope``, and ``open_store``, which picks
+the adapter from the location.
+
+Light on purpose: the adapters and ``runner status`` import this module, never the
+``Store`` protocol (``runner.store``, which re-exports every name here), so a command
+does not load the lifecycle and pipeline ports only to read the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from runner.errors import ConfigMismatch
+from runner.ids import WriteId
+from runner.states import LeadState
+
+if TYPE_CHECKING:
+    from runner.models import Scope
+    from runner.store import Store
+    from runner.storework import AcceptItem as AcceptItem
+    from runner.storework import AcceptOutcome as AcceptOutcome
+    from runner.storework import LeadWork as LeadWork
+    from runner.storework import ObservationWrite as ObservationWrite
+    from runner.storework import PollTarget as PollTarget
+
+#: the data of the write paths lives in ``runner.storework`` and is importable from here
+#: too, loaded on first use: reading the store for ``status`` never builds those classes
+_WORK = frozenset({"AcceptItem", "AcceptOutcome", "LeadWork", "ObservationWrite", "PollTarget"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WORK:
+        from runner import storework
+
+        return getattr(storework, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
+
+#: a pinned scope as stored: its four fields (no model, so ``status`` stays light)
+ScopeData = dict[str, str]
+
+
+@dataclass(frozen=True)
+class LeadRow:
+    """A lead record as the store holds it (never the contact fields)."""
+
+    seq: int
+    tenant_id: str
+    source_lead_id: str
+    write_id: WriteId
+    state: LeadState
+    attempts: int
+    reconcile_attempts: int
+    snapshot: dict[str, Any] | None
+    last_polled_at: str | None
+    #: whether the event carries a ``contact_alias``; never its value (K7)
+    contact_alias_present: bool = False
+
+
+ObservationOutcome = Literal["changed", "unchanged", "missing", "failed"]
+
+
+@dataclass(frozen=True)
+class StoreSummary:
+    """Everything ``status`` shows except the record list (which is streamed)."""
+
+    scope: ScopeData | None  # the pinned scope's fields (no model: status stays light)
+    schema_version: int
+    counts: dict[LeadState, int]
+    outbox_count: int
+    outbox_last_seq: int
+    outbox_by_kind: dict[str, int]
+    poll_health: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
+    """Refuse (exit 78) a scope that differs from the pinned one; change nothing."""
+    if wanted is None or pinned is None:
+        return
+    want = wanted.model_dump()
+    if pinned != want:
+        differ = [name for name in want if pinned.get(name) != want[name]]
+        raise ConfigMismatch(
+            "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
+            "nothing was changed"
+        )
+
+
+def is_postgres(location: str) -> bool:
+    return location.startswith(("postgresql://", "postgres://"))
+
+
+def describe_location(location: str) -> str:
+    """A store's location for messages: a path, or ``schema 'x' at host:port/db`` (a DSN
+    is never echoed: it may carry a password)."""
+    if is_postgres(location):
+        from runner.io.postgres.dsn import describe, schema_of
+
+        return f"schema {schema_of(location)!r} at {describe(location)}"
+    return repr(location)
+
+
+async def store_exists(location: str) -> bool:
+    """Whether a store is at ``location`` (a file; on PostgreSQL, runner's schema in the
+    database), without creating anything."""
+    if is_postgres(location):
+        from runner.io.postgres import postgres_store_exists
+
+        return await postgres_store_exists(location)
+    import anyio
+
+    return await anyio.Path(location).exists()
+
+
+async def open_store(
+    location: str, *, scope: Scope | None = None, create: bool = True
+) -> Store:
+    """Open (and with ``create``, create and migrate) the store at ``location``.
+
+    With ``scope``, the scope is pinned if the store has none yet, in the same transaction
+    that creates the store (K9), or compared with the pinned one (ConfigMismatch, exit 78).
+    Without ``create`` nothing is written: a missing store is StoreNotFound and an older
+    schema is reported, not migrated.
+    """
+    if is_postgres(location):
+        from runner.io.postgres import open_postgres_store
+
+        return await open_postgres_store(location, scope=scope, create=create)
+    from runner.io.sqlite.store import open_sqlite_store
+
+    return await open_sqlite_store(location, scope=scope, create=create)

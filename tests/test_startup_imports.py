@@ -1,0 +1,91 @@
+"""Start-up: ``status`` imports only what it needs (issue 9 point 7).
+
+What matters is wall time, but tests never assert on time: this checks the cause instead.
+A ``status`` of a SQLite store, run in a fresh interpreter, must not load a driver or a
+model it does not use, the other commands' modules, the pipeline engine or the write
+paths' data.  A new top-level import on the status path that pulls one of these in
+fails here, with the list of what it loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from runner import cli
+from runner.storedata import open_store
+from tests.helpers import ROOT
+
+#: loaded by ``status`` on a SQLite store: never
+NOT_ON_STATUS_PATH = (
+    "asyncpg",
+    "pydantic",
+    "runner.models",
+    "runner.store",
+    "runner.storework",
+    "runner.worker",
+    "runner.intake",
+    "runner.jsonio",
+    "runner.crashpoints",
+    "runner.commands.delivery",
+    "runner.commands.candidates",
+    "runner.commands.pipeline",
+    "runner.lifecycle.model",
+    "runner.lifecycle.port",
+    "runner.lifecycle.rules",
+    "runner.pipeline.engine",
+    "runner.pipeline.funnel",
+    "runner.pipeline.port",
+    "runner.pipeline.work",
+    "runner.tasks.sweep",
+    "runner.io.filelock",
+)
+
+_PROBE = (
+    "import json, sys\n"
+    "from runner.cli import main\n"
+    "code = main(sys.argv[1:])\n"
+    "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n"
+    "sys.exit(code)\n"
+)
+
+
+async def _empty_store(db: Path) -> None:
+    async with await open_store(str(db)):
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_status_loads_nothing_it_does_not_use(workdir: Path) -> None:
+    db = workdir / "q.db"
+    anyio.run(_empty_store, db)
+    proc = subprocess.run([sys.executable, "-c", _PROBE, "status", "--db", str(db)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=50, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["counts"]["prepared"] == 0
+    loaded = set(json.loads(proc.stderr.strip().splitlines()[-1]))
+    assert "runner.io.sqlite.store" in loaded  # the probe really read the store
+    unwanted = sorted(m for m in loaded
+                      if any(m == p or m.startswith(p + ".") for p in NOT_ON_STATUS_PATH))
+    assert unwanted == []
+
+
+def test_the_command_table_names_every_command_and_its_module() -> None:
+    full = cli.build_parser()
+    sub = next(a for a in full._actions if a.dest == "command")
+    assert isinstance(sub.choices, dict)
+    assert list(cli.COMMANDS) == list(sub.choices)
+    assert set(cli.COMMANDS.values()) == set(cli.COMMAND_MODULES)
+    for command, module in cli.COMMANDS.items():
+        # the reduced parser knows the command and parses and documents it the same way
+        alone = cli.build_parser([command])
+        alone_sub = next(a for a in alone._actions if a.dest == "command")
+        assert isinstance(alone_sub.choices, dict)
+        assert command in alone_sub.choices, (command, module)
+        assert (alone_sub.choices[command].format_help()
+                == sub.choices[command].format_help()), command
