@@ -100,13 +100,14 @@ def stdlib_batched_inserts(directory: Path, n: int, per_txn: int = 100) -> float
 
 
 def run_child(
-    args: list[str], *, stdin: bytes | None = None, with_stderr: bool = False
+    args: list[str], *, stdin: bytes | None = None, with_stderr: bool = False,
+    env: dict[str, str] | None = None,
 ) -> tuple[float, int, bytes, bytes]:
     """Run ``python run.py ARGS``; (wall seconds, peak RSS in KiB, stdout, stderr)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, RUN, *args], input=stdin, capture_output=True,
-                          check=False, cwd=ROOT)
+                          check=False, cwd=ROOT, env=env)
     elapsed = time.perf_counter() - started
     if proc.returncode not in (0, 65):
         raise RuntimeError(f"{args[0]} failed ({proc.returncode}): {proc.stderr[-500:]!r}")
@@ -114,9 +115,9 @@ def run_child(
     return elapsed, max(peak, before), proc.stdout, proc.stderr if with_stderr else b""
 
 
-def python_time(code: str) -> float:
+def python_time(code: str, env: dict[str, str] | None = None) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
     return time.perf_counter() - started
 
 
