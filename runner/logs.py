@@ -25,7 +25,8 @@ SAFE_FIELDS = (
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in SAFE_FIELDS if hasattr(record, name)}
+    fields = vars(record)  # extra fields are instance attributes
+    return {name: fields[name] for name in SAFE_FIELDS if name in fields}
 
 
 class TextFormatter(logging.Formatter):
@@ -39,6 +40,10 @@ class TextFormatter(logging.Formatter):
         return f"{line}  {tail}" if tail else line
 
 
+#: one encoder for every line (``json.dumps`` with options builds a new one per call)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
@@ -48,7 +53,7 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         doc.update(_extras(record))
-        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, default=str)
+        return _ENCODER.encode(doc)
 
 
 def configure(fmt: LogFormat = "text", level: int = logging.INFO) -> None:
