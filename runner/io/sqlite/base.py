@@ -35,7 +35,9 @@ class SQLiteBase:
         self.scope_data = scope
         self._scope: Scope | None = None
         self.schema_version = version
-        self._lock = anyio.Lock()
+        # fast: an uncontended acquire does not yield first (every holder awaits its
+        # statement at once, which yields anyway); a cancelled caller still stops here
+        self._lock = anyio.Lock(fast_acquire=True)
         #: the task inside reading(): only its reads skip the lock (it holds it already);
         #: any other task waits, instead of running inside the read transaction
         self._reader: object | None = None
