@@ -26,6 +26,7 @@ from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
 from runner.io.postgres.lock import AdvisoryLock, Fence
 from runner.io.postgres.schema import render
+from runner.io.storeops import PinnedScope
 from runner.storedata import ScopeData
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError,
               asyncpg.exceptions.SerializationError)
 
 
-class PostgresBase:
+class PostgresBase(PinnedScope):
     backend = "postgres"
 
     def __init__(
@@ -53,15 +54,6 @@ class PostgresBase:
         self._owner: object | None = None
         #: set while this store's worker lock is held: the in-flight mark checks it
         self._fence: Fence | None = None
-
-    @property
-    def scope(self) -> Scope | None:
-        """The pinned scope as a model (built on first use)."""
-        if self._scope is None and self.scope_data is not None:
-            from runner.models import Scope
-
-            self._scope = Scope.model_validate(self.scope_data)
-        return self._scope
 
     async def aclose(self) -> None:
         await connection.close_quietly(self._conn)

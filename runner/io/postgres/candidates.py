@@ -21,19 +21,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runner import crashpoints
 from runner.clock import from_text, to_text
 from runner.errors import RuleViolation, StoreError
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.candidates_schema import ACTIVE_TERM
+from runner.io.storeops import SweepOps
 from runner.lifecycle import rules
 from runner.lifecycle.model import (
     Candidate,
     CandidateSummary,
-    ExpireResult,
-    ReconcileResult,
     SweepFunction,
-    SweepResult,
     SweepRun,
 )
 from runner.lifecycle.states import CandidateStatus
@@ -140,7 +137,7 @@ def _sweep_run(row: Any) -> SweepRun | None:
                     result=json.loads(row["result"]))
 
 
-class CandidateQueries(PostgresBase):
+class CandidateQueries(PostgresBase, SweepOps):
     async def _read_candidate(self, candidate_id: str) -> Candidate | None:
         rows = await self._fetch(_ONE, candidate_id)
         return row_to_candidate(rows[0]) if rows else None
@@ -230,27 +227,6 @@ class CandidateQueries(PostgresBase):
     async def _reconcile(self, now: datetime) -> int:
         return await self._count(RECONCILE_STUCK, to_text(now),
                                  to_text(rules.stuck_cutoff(now)))
-
-    async def sweep_expired(self, now: datetime) -> ExpireResult:
-        async with self._transaction():
-            result = ExpireResult(expired=await self._expire(now))
-            await self._record_sweep("sweepExpired", now, result)
-        return result
-
-    async def reconcile_stuck_promoting(self, now: datetime) -> ReconcileResult:
-        async with self._transaction():
-            result = ReconcileResult(reconciled=await self._reconcile(now))
-            await self._record_sweep("reconcileStuckPromoting", now, result)
-        return result
-
-    async def sweep_candidates(self, now: datetime) -> SweepResult:
-        async with self._transaction():
-            expired = await self._expire(now)
-            result = SweepResult(expired=expired, reconciled=await self._reconcile(now))
-            await self._record_sweep("sweepCandidates", now, result)
-            crashpoints.hit("sweep.before-commit")  # written, not committed
-        crashpoints.hit("sweep.after-commit")
-        return result
 
     # -- for status -----------------------------------------------------------------------
 

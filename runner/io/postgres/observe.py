@@ -17,13 +17,12 @@ most one run open whatever the code does.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 
-from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.connection import stable_key
 from runner.io.postgres.leads import RECORD_COLUMNS, row_to_lead
+from runner.io.storeops import PollOps
 from runner.states import LeadState
 from runner.storedata import LeadRow, ObservationWrite, PollTarget
 
@@ -55,7 +54,7 @@ ORDER BY run DESC LIMIT 1
 """
 
 
-class ObserveQueries(PostgresBase):
+class ObserveQueries(PostgresBase, PollOps):
     async def poll_page(self, limit: int) -> list[PollTarget]:
         async with self._guard():
             rows = await self._fetch(_POLL_PAGE, limit)
@@ -74,24 +73,6 @@ class ObserveQueries(PostgresBase):
             rows = await self._fetch(
                 "SELECT state, snapshot FROM {s}.leads WHERE write_id = $1", write_id)
         return (LeadState(rows[0]["state"]), rows[0]["snapshot"]) if rows else None
-
-    async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
-        if not writes:
-            return 0
-        async with self._transaction():
-            return await self._observations(writes, to_text(now))
-
-    async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
-        async with self._transaction():
-            return await self._poll_health(failure, to_text(now))
-
-    async def record_poll_pass(
-        self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
-    ) -> tuple[int, bool]:
-        at = to_text(now)
-        async with self._transaction():
-            changed = await self._observations(writes, at) if writes else 0
-            return changed, await self._poll_health(failure, at)
 
     async def _observations(self, writes: Sequence[ObservationWrite], at: str) -> int:
         """Inside a transaction: the changed snapshots, then every polled record's poll

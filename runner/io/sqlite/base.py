@@ -17,6 +17,7 @@ import aiosqlite
 import anyio
 
 from runner.io.sqlite import connection
+from runner.io.storeops import PinnedScope
 from runner.storedata import ScopeData
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteBase:
+class SQLiteBase(PinnedScope):
     backend = "sqlite"
 
     def __init__(
@@ -41,15 +42,6 @@ class SQLiteBase:
         #: the task inside reading(): only its reads skip the lock (it holds it already);
         #: any other task waits, instead of running inside the read transaction
         self._reader: object | None = None
-
-    @property
-    def scope(self) -> Scope | None:
-        """The pinned scope as a model (built on first use)."""
-        if self._scope is None and self.scope_data is not None:
-            from runner.models import Scope
-
-            self._scope = Scope.model_validate(self.scope_data)
-        return self._scope
 
     async def aclose(self) -> None:
         await self._conn.close()

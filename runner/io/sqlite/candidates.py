@@ -24,12 +24,10 @@ from runner.errors import RuleViolation, StoreError
 from runner.io.sqlite import connection
 from runner.io.sqlite.base import SQLiteBase
 from runner.io.sqlite.candidates_schema import ACTIVE_TERM
+from runner.io.storeops import SweepOps
 from runner.lifecycle.results import (
     CandidateSummary,
-    ExpireResult,
-    ReconcileResult,
     SweepFunction,
-    SweepResult,
     SweepRun,
 )
 from runner.lifecycle.states import CandidateStatus
@@ -130,7 +128,7 @@ def row_to_candidate(row: Sequence[Any]) -> Candidate:
         raise StoreError(f"candidate row {row[1]!r} is not valid: {exc}") from None
 
 
-class CandidateQueries(SQLiteBase):
+class CandidateQueries(SQLiteBase, SweepOps):
     # -- plumbing ---------------------------------------------------------------------
 
     async def _named(self, sql: str, params: Mapping[str, Any]) -> list[sqlite3.Row]:
@@ -249,29 +247,6 @@ class CandidateQueries(SQLiteBase):
 
         cutoff = to_text(rules.stuck_cutoff(now))
         return await self._rowcount(RECONCILE_STUCK, {"now": to_text(now), "cutoff": cutoff})
-
-    async def sweep_expired(self, now: datetime) -> ExpireResult:
-        async with self._transaction():
-            result = ExpireResult(expired=await self._expire(now))
-            await self._record_sweep("sweepExpired", now, result)
-        return result
-
-    async def reconcile_stuck_promoting(self, now: datetime) -> ReconcileResult:
-        async with self._transaction():
-            result = ReconcileResult(reconciled=await self._reconcile(now))
-            await self._record_sweep("reconcileStuckPromoting", now, result)
-        return result
-
-    async def sweep_candidates(self, now: datetime) -> SweepResult:
-        from runner import crashpoints
-
-        async with self._transaction():
-            expired = await self._expire(now)
-            result = SweepResult(expired=expired, reconciled=await self._reconcile(now))
-            await self._record_sweep("sweepCandidates", now, result)
-            crashpoints.hit("sweep.before-commit")  # written, not committed
-        crashpoints.hit("sweep.after-commit")
-        return result
 
     # -- for status -----------------------------------------------------------------------
 

@@ -10,13 +10,12 @@ racing on the same change write it once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.sqlite.base import SQLiteBase
 from runner.io.sqlite.leads import RECORD_COLUMNS, row_to_lead
+from runner.io.storeops import PollOps
 from runner.states import LeadState
 from runner.storedata import LeadRow
 
@@ -28,7 +27,7 @@ MISSING_SNAPSHOT = '{"missing":true}'
 HEALTH_SHOWN = 20
 
 
-class ObserveQueries(SQLiteBase):
+class ObserveQueries(SQLiteBase, PollOps):
     async def poll_page(self, limit: int) -> list[PollTarget]:
         from runner.storework import PollTarget  # the poller's data (not status's)
 
@@ -53,24 +52,6 @@ class ObserveQueries(SQLiteBase):
             rows = await self._fetchall(
                 "SELECT state, snapshot FROM leads WHERE write_id = ?", (write_id,))
         return (LeadState(rows[0][0]), rows[0][1]) if rows else None
-
-    async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
-        if not writes:
-            return 0
-        async with self._transaction():
-            return await self._observations(writes, to_text(now))
-
-    async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
-        async with self._transaction():
-            return await self._poll_health(failure, to_text(now))
-
-    async def record_poll_pass(
-        self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
-    ) -> tuple[int, bool]:
-        at = to_text(now)
-        async with self._transaction():
-            changed = await self._observations(writes, at) if writes else 0
-            return changed, await self._poll_health(failure, at)
 
     async def _observations(self, writes: Sequence[ObservationWrite], at: str) -> int:
         changed = [(w.snapshot, at, at, w.write_id, w.snapshot)
