@@ -48,6 +48,7 @@ from bench.chaos_lane import (  # noqa: E402
     WORKER_POINTS,
     Episode,
     Lane,
+    add_backend_arguments,
     drop_postgres_schema,
     postgres_location,
 )
@@ -204,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=int, help="replay one run of the deck")
     parser.add_argument("--keep", action="store_true", help="keep every run's directory")
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
-    parser.add_argument("--pg-dsn", default=os.environ.get(
-        "RUNNER_TEST_PG_DSN", "postgresql://root@127.0.0.1:5432/test"),
-        help="the PostgreSQL server for --backend postgres (one schema per run)")
+    add_backend_arguments(parser)
     args = parser.parse_args(argv)
     pg_dsn = args.pg_dsn if args.backend == "postgres" else None
     points = deck(args.seed, args.runs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -122,6 +123,14 @@ class Lane:
                 conn.execute("COMMIT")
         finally:
             conn.close()
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--backend`` and ``--pg-dsn``, as the chaos and kill -9 harnesses take them."""
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--pg-dsn", default=os.environ.get(
+        "RUNNER_TEST_PG_DSN", "postgresql://root@127.0.0.1:5432/test"),
+        help="the PostgreSQL server for --backend postgres (one schema per run)")
 
 
 def postgres_location(dsn: str, schema: str) -> str:

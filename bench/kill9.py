@@ -40,7 +40,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.chaos_lane import drop_postgres_schema, postgres_location  # noqa: E402
+from bench.chaos_lane import (  # noqa: E402
+    add_backend_arguments,
+    drop_postgres_schema,
+    postgres_location,
+)
 from bench.invariants import audit, query  # noqa: E402
 
 RUN = str(ROOT / "run.py")
@@ -161,10 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="kill within this many seconds of a start (default: scaled "
                              "to --leads, about the time a start needs to send them all)")
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
-    parser.add_argument("--pg-dsn", default=os.environ.get(
-        "RUNNER_TEST_PG_DSN", "postgresql://root@127.0.0.1:5432/test"),
-        help="the PostgreSQL server for --backend postgres (one schema per run)")
+    add_backend_arguments(parser)
     args = parser.parse_args(argv)
     pg_dsn = args.pg_dsn if args.backend == "postgres" else None
     max_delay = args.max_delay or 0.3 + args.leads * 0.001
