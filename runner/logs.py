@@ -57,6 +57,10 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(fmt: LogFormat = "text", level: int = logging.INFO) -> None:
+    # neither format shows where a call was made from, nor thread or process names: skip
+    # gathering them for every record (the logging HOWTO's "Optimization" section)
+    logging._srcfile = None
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("runner")

@@ -10,9 +10,10 @@ three methods::
     observe_status(write_ids) -> {write_id: Observation}
 
 :class:`CRMRecordPort` maps a validated event to the adapter's narrower record and runs
-each call in a worker thread, so that cancellation and shielding act on a call that is
-really blocked.  A cancelled call is abandoned, not stopped: the thread may still finish
-its write, which is exactly why a cancelled send is *uncertain*.
+each call in a worker thread (a send, in the dispatch run's own thread), so that
+cancellation and shielding act on a call that is really blocked.  A cancelled call is
+abandoned, not stopped: the thread may still finish its write, which is exactly why a
+cancelled send is *uncertain*.
 
 Errors: :class:`BeforeWriteError` is the one typed error that allows another send.
 Adapters translate their own failures at their edge into :class:`TargetError` subclasses;
@@ -123,7 +124,7 @@ def classify_readback(rows: Sequence[TargetRow], expected: CRMRecord, write_id: 
 
 @dataclass(frozen=True)
 class SendResult:
-    """What a send proved: see :meth:`CRMRecordPort.send`."""
+    """What a send proved: see :meth:`CRMRecordPort.send_blocking`."""
 
     verdict: Literal["not_sent", "failed", "unproven"] | Readback
     error: str | None = None
@@ -149,18 +150,15 @@ class CRMRecordPort:
                                               abandon_on_cancel=True)
         return list(rows)
 
-    async def send(self, event: LeadEvent, write_id: str) -> SendResult:
-        """Write, then read back, in one trip to a worker thread (the L5 protocol).
+    def send_blocking(self, event: LeadEvent, write_id: str) -> SendResult:
+        """Write, then read back (the L5 protocol), blocking: called from the dispatch
+        run's worker thread (``runner.tasks.deliver``), which a cancellation abandons.
 
         ``not_sent`` only for ``BeforeWriteError``; ``failed`` for any other write error;
         ``unproven`` when the write returned but the readback failed; otherwise the
         readback's verdict.  Only ``match`` confirms.
         """
         record = self.map(event)
-        return await anyio.to_thread.run_sync(self._send, record, write_id,
-                                              abandon_on_cancel=True)
-
-    def _send(self, record: CRMRecord, write_id: str) -> SendResult:
         try:
             self.adapter.write(record, write_id)
         except BeforeWriteError:

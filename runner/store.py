@@ -47,6 +47,7 @@ __all__ = [
     "AcceptItem",
     "AcceptOutcome",
     "AcceptResultKind",
+    "DispatchSteps",
     "LeadRow",
     "LeadWork",
     "ObservationOutcome",
@@ -61,6 +62,22 @@ __all__ = [
     "open_store",
     "store_exists",
 ]
+
+
+class DispatchSteps(Protocol):
+    """The store calls of a dispatch run, made from the one worker thread that runs it.
+
+    Dispatch runs a page of records in one thread (commit, send, commit, send …), so that a
+    record costs no hop between the event loop and a thread; these are the same
+    transitions as the Store's async methods, blocking.  SQLite makes them on a connection
+    of their own; other stores bridge back to their async methods on the event loop
+    (:class:`runner.io.storeops.LoopDispatchSteps`)."""
+
+    def finish_and_mark(
+        self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
+    ) -> int | None:
+        """As :meth:`Store.finish_and_mark` (with ``done`` None: as ``mark_in_flight``)."""
+        ...
 
 
 class Store(CandidateStore, PipelineStore, Protocol):
@@ -147,6 +164,11 @@ class Store(CandidateStore, PipelineStore, Protocol):
         Returns the next record's attempts, or None if it is no longer dispatchable (the
         outcome is committed either way).  On PostgreSQL with the worker lock held, a lock
         whose session has ended raises ``LockLost`` and changes nothing."""
+        ...
+
+    def dispatch_steps(self) -> AbstractAsyncContextManager[DispatchSteps]:
+        """Blocking :class:`DispatchSteps` for one dispatch run's worker thread, open for
+        the run.  The steps are called from that thread only, never from the event loop."""
         ...
 
     async def record_reconcile(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.invariants import DELETED_TABLE
+from runner.io.storeops import loop_dispatch_steps
 from runner.io.synthetic_target import SyntheticTarget
 from runner.models import CRMRecord
 from runner.port import BeforeWriteError, Observation, TargetReadError, TargetRow
@@ -42,6 +43,10 @@ class KillableStore:
                 raise Crash("the process is dead")
             return attr(*args, **kwargs)
         return call
+
+    def dispatch_steps(self) -> Any:
+        # a dispatch run's steps come back through this wrapper, so they die with it too
+        return loop_dispatch_steps(self)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

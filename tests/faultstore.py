@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from runner.errors import StoreError
+from runner.io.storeops import loop_dispatch_steps
 
 #: attributes that are not operations
 PLAIN = frozenset({"backend", "scope", "path", "schema_version", "aclose", "__aenter__",
@@ -97,6 +98,11 @@ class CountdownStore:
             async for item in factory(*args, **kwargs):
                 yield item
         return wrapped
+
+    def dispatch_steps(self) -> Any:
+        # dispatch's blocking steps come back to this wrapper's own finish_and_mark, so
+        # the operations a dispatch run makes are counted (and failed) like any other
+        return loop_dispatch_steps(self)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -19,6 +19,7 @@ shielded window and re-raises.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
@@ -30,7 +31,7 @@ from runner import crashpoints
 from runner.clock import Clock
 from runner.port import CRMRecordPort
 from runner.states import IllegalTransition, LeadState
-from runner.store import LeadWork, Store
+from runner.store import DispatchSteps, LeadWork, Store
 
 log = logging.getLogger("runner.deliver")
 
@@ -142,37 +143,33 @@ async def dispatch_all(
     statement as the next record's in-flight mark.  Every guarantee holds: the in-flight
     mark still commits before its send, and an outcome not yet committed when the process
     dies leaves its record in flight, which the next start makes uncertain and reconciles
-    (a confirmed one is read back and confirmed again, never resent).  Each record runs
-    in the guard's shield from its in-flight mark to its outcome; the last outcome is
+    (a confirmed one is read back and confirmed again, never resent).
+
+    Each page of records runs in one worker thread (:class:`_PageRun`): commit, send,
+    commit, send, with no hop to the event loop in between, which would cost more than
+    the commit.  The page runs in the guard's shield: a graceful stop lets the record in
+    flight finish and starts no other; a hard stop abandons the thread (which then sends
+    nothing more) and the record in flight is recorded uncertain.  The last outcome is
     committed on the way out, also after a stop (then within a short shielded window).
     """
-    pending: tuple[LeadWork, LeadState] | None = None  # an outcome not yet committed
+    after = 0
+    page = await store.dispatchable_page(after, PAGE) if not guard.stopping else []
+    if not page:
+        return
+    pending: Pending | None = None  # an outcome not yet committed
     try:
-        after = 0
-        while not guard.stopping and (page := await store.dispatchable_page(after, PAGE)):
-            for work in page:
-                after = work.seq
-                if guard.stopping or (limit is not None and summary.dispatched >= limit):
+        async with store.dispatch_steps() as steps:
+            while page:
+                run = _PageRun(steps, port, clock, summary, guard, limit, page, pending)
+                try:
+                    with guard.shield():
+                        await anyio.to_thread.run_sync(run.run, abandon_on_cancel=True)
+                finally:
+                    pending = run.take_over()
+                if run.ended or guard.stopping:
                     return
-                with guard.shield():
-                    done = (pending[0].write_id, pending[1]) if pending else None
-                    if done is not None:
-                        crashpoints.hit("dispatch.before-confirm")
-                    attempts = await store.finish_and_mark(done, work.write_id, clock.now())
-                    if pending is not None:
-                        crashpoints.hit("dispatch.after-confirm")
-                        _log_outcome(*pending)
-                        pending = None
-                    if attempts is None:
-                        continue  # no longer dispatchable: someone else's state
-                    crashpoints.hit("dispatch.after-in-flight")
-                    log.info("sending", extra={"action": "lead.in_flight",
-                                               "key": work.source_lead_id, "attempts": attempts})
-                    summary.dispatched += 1
-                    pending = (work, LeadState.UNCERTAIN)  # until the attempt says more
-                    outcome = await _attempt(port, work)
-                    pending = (work, outcome)
-                    _count(summary, outcome)
+                after = page[-1].seq
+                page = await store.dispatchable_page(after, PAGE)
     finally:
         if pending is not None:
             # recorded whatever happened; after a cancellation only within a short window
@@ -190,6 +187,81 @@ async def dispatch_all(
                     _log_outcome(*pending)
 
 
+#: a sent record and its outcome, not committed yet (uncertain until the send says more)
+Pending = tuple[LeadWork, LeadState]
+
+
+class _PageRun:
+    """One page of dispatch in one worker thread.
+
+    For each record: commit the previous record's outcome together with this record's
+    in-flight mark (``DispatchSteps.finish_and_mark``), then send.  Before each record the
+    thread checks the guard (a graceful stop, the dispatch limit).  The event loop only
+    waits; when the wait ends — the page is done, it failed, or a hard stop abandoned the
+    thread — :meth:`take_over` stops the thread before its next step and hands the loop
+    the outcome not yet committed.  An abandoned thread never starts another commit or
+    send; one already under way finishes, and every transition is guarded by the state it
+    expects, so a late one changes nothing the loop has recorded.
+    """
+
+    def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
+                 summary: CycleSummary, guard: SendGuard, limit: int | None,
+                 page: list[LeadWork], pending: Pending | None) -> None:
+        self.steps, self.port, self.clock, self.summary = steps, port, clock, summary
+        self.guard, self.limit, self.page = guard, limit, page
+        self.ended = False  # stopped or at the limit: no next page
+        self._pending = pending
+        self._abandoned = False
+        self._lock = threading.Lock()  # held only to read or set the two fields above
+
+    def take_over(self) -> Pending | None:
+        with self._lock:
+            self._abandoned = True
+            return self._pending
+
+    def _go_on(self, pending: Pending | None) -> bool:
+        """Set what the loop must record if the run ends here; False once abandoned."""
+        with self._lock:
+            self._pending = pending
+            return not self._abandoned
+
+    def run(self) -> None:
+        summary = self.summary
+        for work in self.page:
+            if self.guard.stopping or (self.limit is not None
+                                       and summary.dispatched >= self.limit):
+                self.ended = True
+                return
+            with self._lock:
+                if self._abandoned:
+                    return
+                pending = self._pending
+            done = (pending[0].write_id, pending[1]) if pending else None
+            if done is not None:
+                crashpoints.hit("dispatch.before-confirm")
+            attempts = self.steps.finish_and_mark(done, work.write_id, self.clock.now())
+            # in flight now (uncertain until the send says more), the previous outcome in
+            going_on = self._go_on((work, LeadState.UNCERTAIN) if attempts is not None else None)
+            if pending is not None:
+                crashpoints.hit("dispatch.after-confirm")
+                _log_outcome(*pending)
+            if attempts is None:
+                continue  # no longer dispatchable: someone else's state
+            crashpoints.hit("dispatch.after-in-flight")
+            log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
+                                       "attempts": attempts})
+            summary.dispatched += 1
+            if not going_on:
+                return
+            with self._lock:  # the last moment a hard stop keeps this send from starting
+                if self._abandoned:
+                    return
+            outcome = _attempt(self.port, work)
+            if not self._go_on((work, outcome)):
+                return  # abandoned while out: the loop has recorded it uncertain
+            _count(summary, outcome)
+
+
 def _count(summary: CycleSummary, outcome: LeadState) -> None:
     if outcome is LeadState.CONFIRMED:
         summary.confirmed += 1
@@ -199,11 +271,12 @@ def _count(summary: CycleSummary, outcome: LeadState) -> None:
         summary.uncertain += 1
 
 
-async def _attempt(port: CRMRecordPort, work: LeadWork) -> LeadState:
+def _attempt(port: CRMRecordPort, work: LeadWork) -> LeadState:
     """One send (L5): only a typed "not sent" is failed-safe, only an exact readback is
     confirmed; everything else — another error, a failed or inexact readback — is
-    uncertain.  A cancellation propagates (the caller records uncertain)."""
-    result = await port.send(work.event, work.write_id)
+    uncertain.  Blocking, in the page's thread: a hard stop abandons it (the loop records
+    uncertain)."""
+    result = port.send_blocking(work.event, work.write_id)
     if result.verdict == "not_sent":
         return LeadState.FAILED_SAFE
     if result.verdict == "match":

@@ -14,6 +14,7 @@ the send does not start.
 from __future__ import annotations
 
 import json
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +23,7 @@ from runner.errors import LockLost
 from runner.ids import WriteId
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.lock import fence_held
+from runner.io.storeops import LoopDispatchSteps, loop_dispatch_steps
 from runner.states import IllegalTransition, LeadState, check_transition
 from runner.storedata import LeadWork
 
@@ -157,6 +159,11 @@ class DeliveryQueries(PostgresBase):
         if done_id not in changed:
             raise IllegalTransition(f"record {done_id} was not in flight")
         return changed.get(next_write_id)
+
+    def dispatch_steps(self) -> AbstractAsyncContextManager[LoopDispatchSteps]:
+        # asyncpg is async: each step hops back to the loop (a network round trip costs
+        # more than the hop)
+        return loop_dispatch_steps(self)
 
     async def record_reconcile(
         self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime

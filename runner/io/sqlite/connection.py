@@ -119,13 +119,40 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
     try:
         await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         await _enable_wal(conn)
-        await conn.execute("PRAGMA synchronous = FULL")
-        await conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
-        await conn.execute("PRAGMA foreign_keys = ON")
-        if (max_pages := os.environ.get(MAX_PAGES_ENV, "").strip()).isdigit():
-            await conn.execute(f"PRAGMA max_page_count = {int(max_pages)}")
+        for pragma in _pragmas(CACHE_KIB):
+            await conn.execute(pragma)
     except BaseException as exc:
         await conn.close()
+        if isinstance(exc, sqlite3.Error):
+            raise translate(exc, "opening the store", path) from None
+        raise
+    return conn
+
+
+def _pragmas(cache_kib: int) -> list[str]:
+    """What every connection to a store sets (after its busy timeout and WAL)."""
+    pragmas = ["PRAGMA synchronous = FULL", f"PRAGMA cache_size = -{cache_kib}",
+               "PRAGMA foreign_keys = ON"]
+    if (max_pages := os.environ.get(MAX_PAGES_ENV, "").strip()).isdigit():
+        pragmas.append(f"PRAGMA max_page_count = {int(max_pages)}")
+    return pragmas
+
+
+def open_blocking(path: str) -> sqlite3.Connection:
+    """A second, blocking connection to an open store (already a WAL runner store), with
+    the same pragmas, for the one thread that uses it (dispatch, see
+    ``runner.store.DispatchSteps``).  Autocommit: each write statement is its own
+    transaction, as on the main connection."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, isolation_level=None,
+                               check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise translate(exc, "opening the store", path) from None
+    try:
+        for pragma in [f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}", *_pragmas(2048)]:
+            conn.execute(pragma)
+    except BaseException as exc:
+        conn.close()
         if isinstance(exc, sqlite3.Error):
             raise translate(exc, "opening the store", path) from None
         raise

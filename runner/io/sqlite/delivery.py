@@ -8,12 +8,18 @@ instead of moving a record along the wrong edge.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from runner.clock import to_text
 from runner.ids import WriteId
+from runner.io.sqlite import connection
 from runner.io.sqlite.base import SQLiteBase
 from runner.states import IllegalTransition, LeadState, check_transition
 
@@ -21,6 +27,73 @@ if TYPE_CHECKING:
     from runner.storework import LeadWork
 
 _WORK_COLUMNS = "seq, source_lead_id, write_id, state, canonical"
+_MARK = (
+    "UPDATE leads SET state = 'in_flight', attempts = attempts + 1, updated_at = :now "
+    "WHERE write_id = :next AND state IN ('prepared', 'failed_safe') "
+    "RETURNING write_id, attempts"
+)
+# one statement, so one commit, for both rows; each row is guarded by the state it must
+# be in, and the triggers write both state_changed events
+_FINISH_AND_MARK = (
+    "UPDATE leads SET "
+    "state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END, "
+    "attempts = attempts + (write_id = :next), updated_at = :now "
+    "WHERE (write_id = :done AND state = 'in_flight') "
+    "OR (write_id = :next AND state IN ('prepared', 'failed_safe')) "
+    "RETURNING write_id, attempts"
+)
+
+
+def _finish_and_mark_args(
+    done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
+) -> tuple[str, dict[str, str]]:
+    if done is None:
+        return _MARK, {"next": next_write_id, "now": to_text(now)}
+    check_transition(LeadState.IN_FLIGHT, done[1])
+    return _FINISH_AND_MARK, {"next": next_write_id, "done": done[0],
+                              "outcome": done[1].value, "now": to_text(now)}
+
+
+def _marked(
+    rows: Sequence[Sequence[Any]], done: tuple[WriteId, LeadState] | None, next_write_id: str
+) -> int | None:
+    changed = {str(r[0]): int(r[1]) for r in rows}
+    if done is not None and done[0] not in changed:
+        raise IllegalTransition(f"record {done[0]} was not in flight")
+    return changed.get(next_write_id)
+
+
+class BlockingDispatchSteps:
+    """``runner.store.DispatchSteps`` on a connection of their own (see
+    ``connection.open_blocking``): the dispatch thread commits without a hop.  The same
+    statements as ``finish_and_mark``; SQLite's write lock, with its busy timeout,
+    orders them against the main connection's writers."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        self._conn, self._path = conn, path
+        self._busy = threading.Lock()
+
+    def finish_and_mark(
+        self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
+    ) -> int | None:
+        sql, params = _finish_and_mark_args(done, next_write_id, now)
+        with self._busy:
+            try:
+                rows = self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise connection.translate(exc, "writing the store", self._path) from None
+        return _marked(rows, done, next_write_id)
+
+    def close(self) -> bool:
+        """Close unless a step is running (a thread abandoned in its commit still holds
+        the connection; it is then left to be closed when it is collected)."""
+        if not self._busy.acquire(blocking=False):
+            return False
+        try:
+            self._conn.close()
+        finally:
+            self._busy.release()
+        return True
 
 
 def _work(row: Sequence[Any]) -> LeadWork:
@@ -62,13 +135,7 @@ class DeliveryQueries(SQLiteBase):
         return await self._page("'prepared', 'failed_safe'", after_seq, limit)
 
     async def mark_in_flight(self, write_id: WriteId, now: datetime) -> int | None:
-        async with self._guard():
-            rows = await self._fetchall(
-                "UPDATE leads SET state = 'in_flight', attempts = attempts + 1, updated_at = ? "
-                "WHERE write_id = ? AND state IN ('prepared', 'failed_safe') RETURNING attempts",
-                (to_text(now), write_id),
-            )
-        return int(rows[0][0]) if rows else None
+        return await self.finish_and_mark(None, write_id, now)
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
         check_transition(LeadState.IN_FLIGHT, outcome)
@@ -87,27 +154,19 @@ class DeliveryQueries(SQLiteBase):
         next_write_id: WriteId,
         now: datetime,
     ) -> int | None:
-        if done is None:
-            return await self.mark_in_flight(next_write_id, now)
-        done_id, outcome = done
-        check_transition(LeadState.IN_FLIGHT, outcome)
+        sql, params = _finish_and_mark_args(done, next_write_id, now)
         async with self._guard():
-            # one statement, so one commit, for both rows; each row is guarded by the
-            # state it must be in, and the triggers write both state_changed events
-            rows = await self._fetchall(
-                "UPDATE leads SET "
-                "state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END, "
-                "attempts = attempts + (write_id = :next), updated_at = :now "
-                "WHERE (write_id = :done AND state = 'in_flight') "
-                "OR (write_id = :next AND state IN ('prepared', 'failed_safe')) "
-                "RETURNING write_id, attempts",
-                {"next": next_write_id, "done": done_id, "outcome": outcome.value,
-                 "now": to_text(now)},
-            )
-        changed = {str(r[0]): int(r[1]) for r in rows}
-        if done_id not in changed:
-            raise IllegalTransition(f"record {done_id} was not in flight")
-        return changed.get(next_write_id)
+            rows = await self._fetchall(sql, params)
+        return _marked(rows, done, next_write_id)
+
+    @asynccontextmanager
+    async def dispatch_steps(self) -> AsyncIterator[BlockingDispatchSteps]:
+        conn = await anyio.to_thread.run_sync(connection.open_blocking, self.path)
+        steps = BlockingDispatchSteps(conn, self.path)
+        try:
+            yield steps
+        finally:
+            steps.close()
 
     async def record_reconcile(
         self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
