@@ -201,3 +201,46 @@ async def test_cancelled_send_is_recorded_uncertain_and_never_resent(
         rec = (await records(worker))["lead-1"]
     assert len(adapter.writes) == 1
     assert rec["state"] in ("confirmed", "uncertain")
+
+
+async def test_a_page_run_abandoned_by_a_cancel_sends_nothing_more(
+    db_location: str, target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dispatch runs a page of records in one worker thread; a cancel abandons the thread
+    mid-send.  When that send returns, the thread must stop: no further in-flight mark,
+    no further send, even though the rest of its page is still in its hands."""
+    from runner.tasks import deliver
+
+    entered, release, finished = anyio.Event(), threading.Event(), threading.Event()
+    token = anyio.lowlevel.current_token()
+    run = deliver._PageRun.run
+
+    def run_and_tell(self: deliver._PageRun) -> None:
+        try:
+            run(self)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(deliver._PageRun, "run", run_and_tell)
+
+    def script(write_id: str) -> str:
+        if not entered.is_set():
+            anyio.from_thread.run_sync(entered.set, token=token)
+            release.wait(10)
+        return "ok"
+
+    adapter = ScriptedAdapter(target, script)
+    async with DurableWorker(db_location, SCOPE, adapter) as worker:
+        for i in range(3):
+            await worker.accept(event(i))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run_cycle)
+            await entered.wait()
+            tg.cancel_scope.cancel()
+        release.set()  # the abandoned send lands now, after its record was recorded
+        assert await anyio.to_thread.run_sync(finished.wait, 10)
+        recs = await records(worker)
+    assert len(adapter.writes) == 1
+    assert recs["lead-0"]["state"] == "uncertain" and recs["lead-0"]["attempts"] == 1
+    assert [(recs[k]["state"], recs[k]["attempts"]) for k in ("lead-1", "lead-2")] == [
+        ("prepared", 0), ("prepared", 0)]
