@@ -259,7 +259,7 @@ def explain(n: int, repeat: int) -> list[tuple[str, float]]:
         indexes = ["DROP INDEX candidates_to_expire", "DROP INDEX candidates_promoting"]
         conn.close()
         steps: list[tuple[str, str, list[str], list[str]]] = [
-            ("plain UPDATEs (the baseline)", "plain", [], []),
+            ("plain UPDATEs on a bare table", "plain", [], []),
             ("+ one audit row per change, set-based", "plain",
              ["audit-expired", "audit-reconciled"], [_OUTBOX]),
             ("runner's table (CHECKs), no triggers or indexes, set-based audit", "store",
