@@ -220,7 +220,8 @@ class _PageRun:
             return self._pending
 
     def _go_on(self, pending: Pending | None) -> bool:
-        """Set what the loop must record if the run ends here; False once abandoned."""
+        """Set what the loop must record if the run ends here; False once abandoned (the
+        loop has then taken over what was pending before)."""
         with self._lock:
             self._pending = pending
             return not self._abandoned
@@ -240,22 +241,21 @@ class _PageRun:
             if done is not None:
                 crashpoints.hit("dispatch.before-confirm")
             attempts = self.steps.finish_and_mark(done, work.write_id, self.clock.now())
-            # in flight now (uncertain until the send says more), the previous outcome in
-            going_on = self._go_on((work, LeadState.UNCERTAIN) if attempts is not None else None)
+            # the previous outcome is in; this record is in flight (uncertain until its
+            # send says more)
+            self._go_on((work, LeadState.UNCERTAIN) if attempts is not None else None)
             if pending is not None:
                 crashpoints.hit("dispatch.after-confirm")
                 _log_outcome(*pending)
             if attempts is None:
                 continue  # no longer dispatchable: someone else's state
             crashpoints.hit("dispatch.after-in-flight")
-            log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
-                                       "attempts": attempts})
             summary.dispatched += 1
-            if not going_on:
-                return
             with self._lock:  # the last moment a hard stop keeps this send from starting
                 if self._abandoned:
                     return
+            log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
+                                       "attempts": attempts})
             outcome = _attempt(self.port, work)
             if not self._go_on((work, outcome)):
                 return  # abandoned while out: the loop has recorded it uncertain
