@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from runner.errors import ConfigMismatch
 from runner.ids import WriteId
+from runner.lazy import reexport
 from runner.states import LeadState
 
 if TYPE_CHECKING:
@@ -27,15 +28,8 @@ if TYPE_CHECKING:
 
 #: the data of the write paths lives in ``runner.storework`` and is importable from here
 #: too, loaded on first use: reading the store for ``status`` never builds those classes
-_WORK = frozenset({"AcceptItem", "AcceptOutcome", "LeadWork", "ObservationWrite", "PollTarget"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WORK:
-        from runner import storework
-
-        return getattr(storework, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = reexport(__name__, "runner.storework", (
+    "AcceptItem", "AcceptOutcome", "LeadWork", "ObservationWrite", "PollTarget"))
 
 AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
 

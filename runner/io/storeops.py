@@ -9,7 +9,7 @@ own methods are the ones that run.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 
 class _Finishing(Protocol):
-    def finish_and_mark(
+    async def finish_and_mark(
         self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
-    ) -> Awaitable[int | None]: ...
+    ) -> int | None: ...
 
 
 class LoopDispatchSteps:
@@ -46,12 +46,7 @@ class LoopDispatchSteps:
     def finish_and_mark(
         self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
     ) -> int | None:
-        return anyio.from_thread.run(self._finish_and_mark, done, next_write_id, now)
-
-    async def _finish_and_mark(
-        self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
-    ) -> int | None:
-        return await self._store.finish_and_mark(done, next_write_id, now)
+        return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now)
 
 
 @asynccontextmanager

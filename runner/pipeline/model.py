@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
 from runner.errors import RunnerError
+from runner.lazy import reexport
 
 if TYPE_CHECKING:
     from runner.pipeline.work import Claim as Claim
@@ -38,18 +39,9 @@ if TYPE_CHECKING:
 #: what a processor round handles (outcomes, claims, records in flight) lives in
 #: ``runner.pipeline.work`` and is importable from here too, loaded on first use: the
 #: adapters' status path never builds those classes
-_WORK = frozenset({
+__getattr__ = reexport(__name__, "runner.pipeline.work", (
     "Claim", "Completion", "Item", "NewRecord", "Outcome", "OutboxEvent", "Output",
-    "failed", "no_output", "not_applicable", "output", "unsupported",
-})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WORK:
-        from runner.pipeline import work
-
-        return getattr(work, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    "failed", "no_output", "not_applicable", "output", "unsupported"))
 
 
 class Stage(StrEnum):

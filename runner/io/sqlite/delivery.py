@@ -84,16 +84,15 @@ class BlockingDispatchSteps:
                 raise connection.translate(exc, "writing the store", self._path) from None
         return _marked(rows, done, next_write_id)
 
-    def close(self) -> bool:
+    def close(self) -> None:
         """Close unless a step is running (a thread abandoned in its commit still holds
         the connection; it is then left to be closed when it is collected)."""
         if not self._busy.acquire(blocking=False):
-            return False
+            return
         try:
             self._conn.close()
         finally:
             self._busy.release()
-        return True
 
 
 def _work(row: Sequence[Any]) -> LeadWork:
