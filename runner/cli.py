@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from runner import logs
+from runner import __version__, logs
 from runner.errors import RunnerError
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
@@ -48,7 +48,7 @@ COMMANDS = {
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; given the command line, only with the subcommands its command needs.
 
-    The command is the first argument (``runner`` has no options before it).  A known
+    The command is the first argument (``runner`` has only ``--version`` before it).  A known
     command gets its own module's subcommands only, which parse it exactly as the full
     parser would; anything else (``--help``, no command, an unknown one) gets them all,
     so that usage and error messages list every command."""
@@ -60,6 +60,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     if argv and argv[0] in COMMANDS:
         modules = (COMMANDS[argv[0]],)
     parser = Parser(prog="runner", description="A crash-safe foreground worker.")
+    parser.add_argument("--version", action="version", version=f"runner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in modules:
         importlib.import_module(name).register(sub)

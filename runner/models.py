@@ -98,27 +98,36 @@ class CRMRecord(_Strict):
         )
 
 
-def describe_validation_error(exc: ValidationError, *, name_unexpected: bool = False) -> str:
-    """A one-line summary of a pydantic error that never echoes the input: neither values
-    nor, unless ``name_unexpected`` (an operator's own config file), the names of
-    unexpected fields (a name is input too, and may be a contact alias); the fields it
-    names are the model's own."""
+def describe_validation_error(exc: ValidationError) -> str:
+    """A one-line summary of a pydantic error that never echoes an input value.  It names
+    the fields: the model's own, and an unexpected field by its name (printable, quoted,
+    at most ``FIELD_NAME_SHOWN`` characters: a name is input too)."""
     parts = []
-    extra = 0
     for err in exc.errors(include_input=False, include_url=False):
-        loc = ".".join(str(p) for p in err["loc"]) or "record"
+        loc = ".".join(_shown_name(p) for p in err["loc"]) or "record"
         kind = err["type"]
-        if kind == "extra_forbidden" and name_unexpected:
+        if kind == "extra_forbidden":
             parts.append(f"{loc}: unexpected field")
-        elif kind == "extra_forbidden":
-            extra += 1
         elif kind == "missing":
             parts.append(f"{loc}: missing")
         else:
             parts.append(f"{loc}: {err['msg']}")
-    if extra:
-        parts.append(f"{extra} unexpected field{'s' if extra > 1 else ''} (names not shown)")
     return "; ".join(parts)
+
+
+#: how much of an unexpected field's name a message shows
+FIELD_NAME_SHOWN = 40
+
+
+def _shown_name(part: str | int) -> str:
+    """A location part as a message shows it: a plain identifier as it is; any other
+    name quoted with its control and non-ASCII characters escaped, cut to
+    ``FIELD_NAME_SHOWN`` characters (so a hostile key cannot forge a line or flood one)."""
+    text = str(part)
+    if text.isidentifier() and text.isascii() and len(text) <= FIELD_NAME_SHOWN:
+        return text
+    cut = text[:FIELD_NAME_SHOWN]
+    return ascii(cut) + ("..." if len(text) > FIELD_NAME_SHOWN else "")
 
 
 def validate_scope(data: dict[str, Any]) -> Scope:
@@ -140,8 +149,9 @@ def validate_event(data: dict[str, Any], scope: Scope) -> LeadEvent:
         ) from None
     wrong = event.scope_mismatches(scope)
     if wrong:
+        verb = "differs" if len(wrong) == 1 else "differ"
         raise BadInputError(
-            f"record outside scope: {', '.join(wrong)} differ from the scope",
+            f"record outside scope: {', '.join(wrong)} {verb} from the scope",
             reason="scope_mismatch",
         )
     return event

@@ -78,7 +78,8 @@ def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
     if pinned != want:
         differ = [name for name in want if pinned.get(name) != want[name]]
         raise ConfigMismatch(
-            "the store is pinned to another scope (" + ", ".join(differ) + " differ); "
+            "the store is pinned to another scope ("
+            + ", ".join(differ) + (" differs" if len(differ) == 1 else " differ") + "); "
             "nothing was changed"
         )
 

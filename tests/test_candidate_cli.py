@@ -67,7 +67,7 @@ REFUSALS = [
     (("candidate", "add", "--id", "c9", "--ttl-minutes", "10", "--analysis-deadline",
       "2026-08-11T12:10:00.000001Z", NOW), "T2"),
     (("candidate", "analyze", "--id", "nope", "--analyst", "a1", NOW), "no candidate 'nope'"),
-    (("candidate", "analyze", "--id", "c1", "--analyst", "a1", NOW), "already analysed"),
+    (("candidate", "analyze", "--id", "c1", "--analyst", "a1", NOW), "already analyzed"),
     (("candidate", "promote", "--id", "nope", "--decision-id", "d1", NOW), "no candidate"),
     (("candidate", "promote", "--id", "c1", "--decision-id", "d1", NOW), "1 of 2 analyses"),
     (("candidate", "promote", "--id", "c-old", "--decision-id", "d1", NOW), "it is expired"),

@@ -66,7 +66,7 @@ def test_t2_holds_in_the_model_itself() -> None:
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"analysis_deadline": T0 - US},        # before creation: could never be analysed
+    {"analysis_deadline": T0 - US},        # before creation: could never be analyzed
     {"ttl": timedelta(0)},
     {"quorum": 0},
 ])

@@ -121,8 +121,8 @@ async def cmd_analyze(args: argparse.Namespace) -> int:
     rules.check_name(args.analyst, "--analyst")
     await require_store(args.db)
     async with await open_store(args.db) as store:
-        analysed = await store.analyze_candidate(args.id, args.analyst, now)
-    emit(analysed.to_json())
+        analyzed = await store.analyze_candidate(args.id, args.analyst, now)
+    emit(analyzed.to_json())
     return 0
 
 

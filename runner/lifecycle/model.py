@@ -53,7 +53,7 @@ class Candidate(BaseModel):
 
     @property
     def analyses(self) -> int:
-        """The number of distinct analysts who analysed this candidate."""
+        """The number of distinct analysts who analyzed this candidate."""
         return len(self.analysts)
 
     @property

@@ -66,7 +66,7 @@ def new_candidate(
     if deadline < now:
         raise RuleViolation(
             f"analysis_deadline {to_text(deadline)} is before the candidate is created "
-            f"({to_text(now)}); it could never be analysed",
+            f"({to_text(now)}); it could never be analyzed",
             reason="deadline_in_past",
         )
     try:
@@ -121,7 +121,7 @@ def unknown(candidate_id: str) -> RuleViolation:
 def _status_refusal(candidate: Candidate, doing: str, reason: str) -> RuleViolation:
     extra = {
         S.PROMOTED: f" (decision {candidate.decision_id}); promoted candidates never change",
-        S.EXPIRED: "; an expired candidate is never analysed or promoted",
+        S.EXPIRED: "; an expired candidate is never analyzed or promoted",
         S.REJECTED: "; rejected candidates are kept for audit and never change",
         S.PROMOTING: " (its promotion is under way; a promotion stuck for more than 60 s "
                      "is resolved by the sweep)",
@@ -136,20 +136,20 @@ def _status_refusal(candidate: Candidate, doing: str, reason: str) -> RuleViolat
 def analysis_refusal(
     candidate: Candidate | None, candidate_id: str, analyst: str, now: datetime
 ) -> RuleViolation | None:
-    """Why ``analyst`` may not analyse the candidate at ``now`` (None: they may)."""
+    """Why ``analyst`` may not analyze the candidate at ``now`` (None: they may)."""
     if candidate is None:
         return unknown(candidate_id)
     if analyst in candidate.analysts:
         return RuleViolation(
-            f"analyst {analyst!r} already analysed candidate {candidate.id!r}; "
+            f"analyst {analyst!r} already analyzed candidate {candidate.id!r}; "
             "the quorum counts distinct analysts",
             reason="duplicate_analyst",
         )
     if candidate.status not in ACTIVE:
-        return _status_refusal(candidate, "analyse", "not_analyzable")
+        return _status_refusal(candidate, "analyze", "not_analyzable")
     if is_past(candidate.analysis_deadline, now):
         return RuleViolation(
-            f"cannot analyse candidate {candidate.id!r}: its analysis_deadline "
+            f"cannot analyze candidate {candidate.id!r}: its analysis_deadline "
             f"{to_text(candidate.analysis_deadline)} has passed",
             reason="past_deadline",
         )

@@ -47,7 +47,7 @@ def validate(doc: dict[str, Any], base: RetrieverConfig) -> RetrieverConfig:
     try:
         return RetrieverConfig.model_validate({**base.model_dump(), **doc})
     except ValidationError as exc:
-        detail = describe_validation_error(exc, name_unexpected=True)  # the operator's file
+        detail = describe_validation_error(exc)
         raise BadInputError(f"invalid retriever config: {detail}",
                             reason="invalid_config") from None
 
