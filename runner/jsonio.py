@@ -122,6 +122,33 @@ def parse_json(data: bytes | str, *, what: str = "document") -> Any:
     return value
 
 
+def storable(value: Any) -> bool:
+    """Whether both backends can store ``value``'s JSON as text: no string in it (key or
+    value) holds the NUL character, which PostgreSQL's text and jsonb refuse, or a lone
+    surrogate, which UTF-8 cannot encode."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, str) and not storable_text(item):
+            return False
+    return True
+
+
+def storable_text(text: str) -> bool:
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_object(data: bytes | str, *, what: str = "document") -> dict[str, Any]:
     value = parse_json(data, what=what)
     if not isinstance(value, dict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -29,6 +30,23 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {name: fields[name] for name in SAFE_FIELDS if name in fields}
 
 
+#: what a text line never prints raw: C0 and C1 controls (newline and ESC among them),
+#: DEL, Unicode line and paragraph separators, and bidirectional overrides and isolates;
+#: a key holding them could forge a log line or drive the terminal
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape(text: str) -> str:
+    """``text`` with every character in ``_UNSAFE`` written as a ``\\xNN`` or ``\\uNNNN``
+    escape, so that one text log line stays one line of plain text."""
+    return _UNSAFE.sub(_escaped, text)
+
+
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         at = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S")
@@ -37,7 +55,7 @@ class TextFormatter(logging.Formatter):
         tail = " ".join(f"{k}={v}" for k, v in extras.items())
         level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
         line = f"{at} {action:<20} {level}{record.getMessage()}"
-        return f"{line}  {tail}" if tail else line
+        return escape(f"{line}  {tail}" if tail else line)
 
 
 #: one encoder for every line (``json.dumps`` with options builds a new one per call)
@@ -75,4 +93,4 @@ def error_line(message: str, *, fmt: LogFormat, reason: str) -> str:
         doc = {"level": "error", "action": "command.failed", "reason": reason,
                "message": message}
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
-    return f"runner: error: {message}"
+    return escape(f"runner: error: {message}")

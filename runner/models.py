@@ -130,13 +130,26 @@ def _shown_name(part: str | int) -> str:
     return ascii(cut) + ("..." if len(text) > FIELD_NAME_SHOWN else "")
 
 
+def nul_fields(model: BaseModel) -> list[str]:
+    """Names of ``model``'s text fields that hold the NUL character.  One rule on both
+    backends: PostgreSQL cannot store U+0000 in text, so no store accepts it."""
+    return [name for name, value in model if isinstance(value, str) and "\x00" in value]
+
+
+def _nul_refusal(names: list[str]) -> str:
+    return "; ".join(f"{name}: must not contain the NUL character (U+0000)" for name in names)
+
+
 def validate_scope(data: dict[str, Any]) -> Scope:
     try:
-        return Scope.model_validate(data)
+        scope = Scope.model_validate(data)
     except ValidationError as exc:
         raise BadInputError(
             f"invalid scope: {describe_validation_error(exc)}", reason="invalid_scope"
         ) from None
+    if nul := nul_fields(scope):
+        raise BadInputError(f"invalid scope: {_nul_refusal(nul)}", reason="invalid_scope")
+    return scope
 
 
 def validate_event(data: dict[str, Any], scope: Scope) -> LeadEvent:
@@ -154,4 +167,8 @@ def validate_event(data: dict[str, Any], scope: Scope) -> LeadEvent:
             f"record outside scope: {', '.join(wrong)} {verb} from the scope",
             reason="scope_mismatch",
         )
+    # the scope fields equal the scope's, which has no NUL; ``source`` is a literal
+    if "\x00" in event.source_lead_id or "\x00" in (event.contact_alias or ""):
+        raise BadInputError(f"invalid record: {_nul_refusal(nul_fields(event))}",
+                            reason="invalid_record")
     return event

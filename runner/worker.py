@@ -20,7 +20,7 @@ from typing import Any
 from runner import intake
 from runner.clock import Clock, SystemClock
 from runner.errors import BadInputError, RuleViolation, UsageError
-from runner.models import LeadEvent, Scope
+from runner.models import LeadEvent, Scope, validate_scope
 from runner.port import CRMAdapter, CRMRecordPort, Missing
 from runner.states import LeadState
 from runner.status import status_document
@@ -40,7 +40,7 @@ class DurableWorker:
         clock: Clock | None = None,
     ) -> None:
         self.db = db
-        self.scope = scope if isinstance(scope, Scope) else Scope.model_validate(dict(scope))
+        self.scope = scope if isinstance(scope, Scope) else validate_scope(dict(scope))
         if port is not None and not isinstance(port, CRMRecordPort):
             port = CRMRecordPort(port)
         self._port = port

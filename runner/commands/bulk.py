@@ -23,7 +23,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from runner.commands.common import say_error
-from runner.errors import BadInputError
+from runner.errors import BadInputError, RunnerError
 from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object
 
 if TYPE_CHECKING:
@@ -104,15 +104,25 @@ async def accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> i
     ready_in, ready_out = anyio.create_memory_object_stream[Batch](max_buffer_size=1)
     rejected = 0
     number = 0
+    failure: RunnerError | None = None
     async with anyio.create_task_group() as tg:
         tg.start_soon(_read, fd, lines_in)
         tg.start_soon(_prepare, intake, lines_out, ready_in)
         async with ready_out:
-            async for batch in ready_out:
-                for result in await intake.commit_batch(batch):
-                    number += 1
-                    rejected += _answer(args, result, number)
-                sys.stdout.flush()
+            try:
+                async for batch in ready_out:
+                    for result in await intake.commit_batch(batch):
+                        number += 1
+                        rejected += _answer(args, result, number)
+                    sys.stdout.flush()
+            except RunnerError as exc:
+                # a store error ends the run with its own exit code: stop the reader and
+                # the parser first, so that closing the stream between them cannot add a
+                # BrokenResourceError beside it (every answer printed was committed)
+                failure = exc
+                tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
     return 65 if rejected else 0
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError
-from runner.jsonio import canonical
+from runner.jsonio import canonical, storable
 from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 from runner.models import WriteId
 from runner.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
@@ -48,7 +48,23 @@ def snapshot_from_json(doc: Mapping[str, Any]) -> Snapshot | Missing:
             return Missing()
         raise BadInputError('a snapshot with "missing" must be exactly {"missing": true}',
                             reason="invalid_snapshot")
+    if not storable(doc):
+        raise BadInputError("a snapshot must not hold a NUL character (U+0000) or a lone surrogate",
+                            reason="invalid_snapshot")
     return Snapshot(dict(doc))
+
+
+#: what a read whose snapshot no store can keep counts as (L12: a failed read)
+UNSTORABLE = ReadFailure("unstorable_status: the target's status holds text no store keeps")
+
+
+def storable_observation(seen: Observation) -> Observation:
+    """A snapshot from the target that no store can keep (a NUL character, a lone
+    surrogate) is a failed read: it keeps the last snapshot and counts in poll health,
+    instead of failing the store write and with it the whole pass."""
+    if isinstance(seen, Snapshot) and not storable(seen.data):
+        return UNSTORABLE
+    return seen
 
 
 def decide(write_id: WriteId, stored: str | None, seen: Observation) -> ObservationWrite:
@@ -79,6 +95,7 @@ async def poll_pass(store: Store, port: CRMRecordPort, clock: Clock, limit: int)
     except Exception as exc:  # noqa: BLE001 - a failed read keeps every snapshot (L12)
         failure = ReadFailure(f"read_error:{type(exc).__name__}")
         seen = {t.write_id: failure for t in due}
+    seen = {write_id: storable_observation(o) for write_id, o in seen.items()}
     writes = [decide(t.write_id, t.snapshot, seen[t.write_id]) for t in due]
     failures = sorted({failure_kind(o) for o in seen.values() if isinstance(o, ReadFailure)})
     crashpoints.hit("poll.before-apply")

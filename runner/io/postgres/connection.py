@@ -92,6 +92,9 @@ def translate(exc: BaseException, doing: str, where: str) -> RunnerError:
                              "its schema and tables, not the database: create it first)")
     if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
         return UsageError(f"bad PostgreSQL DSN: {_one_line(str(exc))}")
+    if isinstance(exc, asyncpg.exceptions.QueryCanceledError):  # 57014, before class 57
+        return StoreError(f"PostgreSQL at {where} cancelled a statement while {doing} "
+                          f"(statement_timeout, or a cancel request): {_one_line(str(exc))}")
     if isinstance(exc, _LOST):
         detail = ("the session has ended" if isinstance(
             exc, asyncpg.exceptions.InternalClientError) else _one_line(str(exc)))

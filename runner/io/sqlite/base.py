@@ -44,7 +44,7 @@ class SQLiteBase(PinnedScope):
         self._reader: object | None = None
 
     async def aclose(self) -> None:
-        await self._conn.close()
+        await connection.close_quietly(self._conn)
 
     def worker_lock(self) -> FileLock:
         from runner.io.filelock import FileLock, lock_path_for  # workers only, not status

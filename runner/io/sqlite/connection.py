@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 
 BUSY_TIMEOUT_MS = 30_000
+#: how long closing a connection may take under a shield
+CLOSE_TIMEOUT = 5.0
 #: the page cache per connection (SQLite's default is 2 MiB): the random write_id index
 #: of a large inbox stays in memory instead of being read back page by page
 CACHE_KIB = 32 * 1024
@@ -113,7 +115,10 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
     _check_sqlite_version()
     uri = f"file:{path}?mode={'rwc' if create else 'rw'}"
     try:
-        conn = await aiosqlite.connect(uri, uri=True, isolation_level=None)
+        # shielded: a connect abandoned by a cancel would leave its thread running, to
+        # answer a closed event loop; opening a file does not wait on locks
+        with anyio.CancelScope(shield=True):
+            conn = await aiosqlite.connect(uri, uri=True, isolation_level=None)
     except sqlite3.Error as exc:
         raise translate(exc, "opening the store", path) from None
     try:
@@ -122,11 +127,20 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
         for pragma in _pragmas(CACHE_KIB):
             await conn.execute(pragma)
     except BaseException as exc:
-        await conn.close()
+        await close_quietly(conn)
         if isinstance(exc, sqlite3.Error):
             raise translate(exc, "opening the store", path) from None
         raise
     return conn
+
+
+async def close_quietly(conn: aiosqlite.Connection) -> None:
+    """Close a connection, also when the caller is being cancelled (shielded, bounded):
+    otherwise its thread outlives the event loop and a transaction it holds keeps the
+    store locked until the process ends.  The original error is what matters."""
+    with (anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT),
+          contextlib.suppress(sqlite3.Error, ValueError)):
+        await conn.close()
 
 
 def _pragmas(cache_kib: int) -> list[str]:

@@ -43,9 +43,9 @@ async def open_sqlite_store(
         else:
             version, pinned = await connection.inspect(conn, path, scope)
     except sqlite3.Error as exc:
-        await conn.close()
+        await connection.close_quietly(conn)
         raise connection.translate(exc, "opening the store", path) from None
     except BaseException:
-        await conn.close()
+        await connection.close_quietly(conn)
         raise
     return SQLiteStore(conn, path, pinned, version)
