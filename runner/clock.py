@@ -8,7 +8,7 @@ backends.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from runner.errors import UsageError
@@ -52,12 +52,26 @@ def from_text(text: str) -> datetime:
     return datetime.strptime(text, _FORMAT).replace(tzinfo=UTC)
 
 
+#: the times an option may name: from the Unix epoch to well before the year 9999, so
+#: that a time plus any TTL, lease or interval runner adds stays a valid time
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 def parse_now(value: str, option: str = "--now") -> datetime:
-    """Parse a time option (``--now`` …): ISO-8601 with a timezone (``Z`` allowed)."""
+    """Parse a time option (``--now`` …): ISO-8601 with a timezone (``Z`` allowed),
+    between ``EARLIEST`` and ``LATEST``."""
     try:
         at = datetime.fromisoformat(value)
     except ValueError:
         raise UsageError(f"{option} {value!r} is not an ISO-8601 time") from None
     if at.tzinfo is None:
         raise UsageError(f"{option} {value!r} has no timezone (add Z or +00:00)")
-    return at.astimezone(UTC)
+    try:
+        at = at.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00
+        at = EARLIEST - timedelta(days=1)
+    if not EARLIEST <= at < LATEST:
+        raise UsageError(f"{option} {value!r} is outside the times runner takes "
+                         f"({EARLIEST.year} to {LATEST.year - 1})")
+    return at

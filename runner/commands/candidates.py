@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from runner.clock import parse_now
-from runner.commands.common import clock_from, common_options, emit
+from runner.commands.common import clock_from, common_options, emit, number
 from runner.errors import StoreNotFound
 from runner.jsonio import dumps_line
 from runner.lifecycle import rules
@@ -24,19 +24,6 @@ from runner.storedata import describe_location, open_store, store_exists
 #: 10 years: a bound that keeps every computed time far from datetime's limits
 MAX_TTL_MINUTES = 10 * 366 * 24 * 60
 FAULTS = ("crash-before-decision", "crash-after-decision")
-
-
-def _int_between(low: int, high: int) -> Any:
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-        if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"{number} is not between {low} and {high}")
-        return number
-
-    return parse
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -49,9 +36,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add = verbs.add_parser("add", parents=[common_options()],
                            help="create a discovered candidate (T1, T2)")
     add.add_argument("--id", required=True, help="the candidate's id (unique)")
-    add.add_argument("--quorum", type=_int_between(1, 1000), default=DEFAULT_QUORUM,
+    add.add_argument("--quorum", type=number(int, 1, 1000), default=DEFAULT_QUORUM,
                      help=f"distinct analyses needed to promote (default {DEFAULT_QUORUM})")
-    add.add_argument("--ttl-minutes", type=_int_between(1, MAX_TTL_MINUTES), default=30,
+    add.add_argument("--ttl-minutes", type=number(int, 1, MAX_TTL_MINUTES), default=30,
                      help="expires_at = created_at + this (default 30)")
     add.add_argument("--analysis-deadline",
                      help="ISO-8601 with a timezone, on or before expires_at "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from runner import logs
@@ -17,6 +19,43 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog.removeprefix('runner ')}: {message}")
+
+
+#: the largest number of seconds any duration option takes (one day)
+MAX_SECONDS = 86_400.0
+#: the largest count (cycles, records per cycle) an option takes
+MAX_COUNT = 10**9
+
+
+def number(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse ``type``: a finite ``kind`` between ``low`` and ``high`` inclusive
+    (``inf``, ``nan`` and ``1e308`` seconds are usage errors, never a crash later)."""
+    def parse(value: str) -> int | float:
+        try:
+            parsed = kind(value)
+        except ValueError:
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{value!r} is not {what}") from None
+        if not math.isfinite(parsed) or not low <= parsed <= high:
+            raise argparse.ArgumentTypeError(f"{value!r} must be between {low:g} and {high:g}")
+        return parsed
+    return parse
+
+
+def module_name(value: str) -> str:
+    """An argparse ``type`` for ``--plugin``: an absolute dotted module name, checked
+    before anything is imported."""
+    parts = value.split(".")
+    if not all(part.isidentifier() for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a module name (dotted identifiers, such as my_pkg.plugin)")
+    return value
+
+
+def plugin_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        type=module_name,
+                        help=f"{help_text} (repeatable; trusted code: it runs as runner)")
 
 
 def common_options(*, scope: str = "none", target: str = "none") -> Parser:

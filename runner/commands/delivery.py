@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from runner.commands.common import check_paths, clock_from, common_options, emit
+from runner.commands.common import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    check_paths,
+    clock_from,
+    common_options,
+    emit,
+    number,
+    plugin_option,
+)
 from runner.commands.leads import load_scope, read_record
+from runner.errors import UsageError
 from runner.jsonio import read_json_object
 from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 
@@ -18,29 +28,14 @@ if TYPE_CHECKING:
     from runner.worker import DurableWorker
 
 
-def _number(kind: type[int] | type[float], low: float, high: float | None = None,
-            ) -> Callable[[str], Any]:
-    def parse(value: str) -> int | float:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if number != number:  # NaN compares false with every bound
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number")
-        if number < low or (high is not None and number > high):
-            bound = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
-            raise argparse.ArgumentTypeError(f"{value!r} must be {bound}")
-        return number
-    return parse
-
-
 def _fault_option(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("--fault", action="append", metavar="F", help=help_text)
 
 
 def _poll_option(parser: argparse.ArgumentParser) -> None:
     low, high = POLL_LIMIT_RANGE
-    parser.add_argument("--poll-limit", type=_number(int, low, high), default=DEFAULT_POLL_LIMIT,
+    parser.add_argument("--poll-limit", type=number(int, low, high),
+                        default=DEFAULT_POLL_LIMIT,
                         metavar="N", help=f"records per poll pass ({low}-{high}, default "
                                           f"{DEFAULT_POLL_LIMIT})")
 
@@ -54,7 +49,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="run one cycle (recover, reconcile, dispatch, poll pass); print its summary")
     _fault_option(once, faults)
     _poll_option(once)
-    once.add_argument("--dispatch-limit", type=_number(int, 1), metavar="N",
+    once.add_argument("--dispatch-limit", type=number(int, 1, MAX_COUNT), metavar="N",
                       help="send at most N records per cycle (default: all)")
     once.set_defaults(handler=cmd_once)
 
@@ -63,16 +58,19 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="run cycles in the foreground until --cycles or SIGINT/SIGTERM")
     _fault_option(start, faults)
     _poll_option(start)
-    start.add_argument("--dispatch-limit", type=_number(int, 1), metavar="N",
+    start.add_argument("--dispatch-limit", type=number(int, 1, MAX_COUNT), metavar="N",
                        help="send at most N records per cycle (default: all)")
-    start.add_argument("--interval", type=_number(float, 0), default=5.0, metavar="S",
+    start.add_argument("--interval", type=number(float, 0, MAX_SECONDS), default=5.0,
+                       metavar="S",
                        help="seconds to wait between cycles (default 5)")
-    start.add_argument("--cycles", type=_number(int, 1), metavar="N",
+    start.add_argument("--cycles", type=number(int, 1, MAX_COUNT), metavar="N",
                        help="stop after N cycles (default: run until signalled)")
-    start.add_argument("--grace", type=_number(float, 0), default=30.0, metavar="S",
+    start.add_argument("--grace", type=number(float, 0, MAX_SECONDS), default=30.0,
+                       metavar="S",
                        help="seconds a send in flight may take to finish after the first "
                             "signal (default 30)")
-    start.add_argument("--sweep-interval", type=_number(float, 1), default=300.0, metavar="S",
+    start.add_argument("--sweep-interval", type=number(float, 1, MAX_SECONDS), default=300.0,
+                       metavar="S",
                        help="run the candidate lifecycle sweep at start and then every S "
                             "seconds of UTC wall time (default 300)")
     start.add_argument("--workers", metavar="NAME,...",
@@ -81,8 +79,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     start.add_argument("--retriever-config", metavar="FILE",
                        help="the raw retriever's JSON config file (re-read before every "
                             "batch)")
-    start.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                       help="import MODULE and call its register(registry) (repeatable)")
+    plugin_option(start, "import MODULE and call its register(registry)")
     start.set_defaults(handler=cmd_start)
 
     observe = sub.add_parser(
@@ -169,7 +166,6 @@ def _pipeline_tasks(args: argparse.Namespace) -> list[loop.BackgroundTask]:
     if not args.workers:
         return []
     from runner.commands.pipeline import WORKER_NAMES
-    from runner.errors import UsageError
     from runner.pipeline.engine import WorkerSettings, default_registry
     from runner.tasks.pipeline import pipeline_background_tasks
 
@@ -192,7 +188,23 @@ async def cmd_observe(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_poll_faults(values: Sequence[str] | None) -> None:
+    """``poll-status`` reads and never sends: a fault that could only act on a send (or a
+    crash point it never passes) would be accepted and do nothing, so it is refused."""
+    from runner.io.faults import CRASH_AT, Fault, crash_point_option, parse_faults
+
+    idle = sorted(parse_faults(values) - {Fault.READ_ERROR})
+    if idle:
+        raise UsageError(f"poll-status: --fault {', '.join(idle)} does not apply to polling "
+                         "(poll-status takes read-error or crash-at:poll.*)")
+    crash_at = crash_point_option(values)
+    if crash_at and not crash_at.removeprefix(CRASH_AT).startswith("poll."):
+        raise UsageError(f"poll-status: --fault {crash_at} is never reached by a poll pass "
+                         "(poll-status takes crash-at:poll.*)")
+
+
 async def cmd_poll_status(args: argparse.Namespace) -> int:
+    check_poll_faults(args.fault)
     async with open_worker(args) as worker:
         summary = await worker.poll(args.poll_limit)
     emit(summary.to_json())

@@ -11,7 +11,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from runner.commands.common import Parser, clock_from, common_options, emit
+from runner.commands.common import (
+    Parser,
+    clock_from,
+    common_options,
+    emit,
+    number,
+    plugin_option,
+)
 from runner.storedata import open_store
 
 if TYPE_CHECKING:
@@ -22,40 +29,25 @@ JOB_NAMES = ("backfill", "replay-core", "replay-generic-materialization",
              "replay-domain-projection")
 
 
-def _number(kind: type[int] | type[float], low: float, high: float) -> Any:
-    def parse(value: str) -> int | float:
-        try:
-            number = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-        if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"{value!r} must be between {low:g} and "
-                                             f"{high:g}")
-        return number
-    return parse
-
-
 def tuning_options() -> Parser:
     """Per-worker settings (P10), shared by ``worker``, ``job`` and ``start``."""
     parent = Parser(add_help=False)
-    parent.add_argument("--batch-size", type=_number(int, 1, 10_000), default=100,
+    parent.add_argument("--batch-size", type=number(int, 1, 10_000), default=100,
                         metavar="N", help="inputs per claim (default 100)")
-    parent.add_argument("--concurrency", type=_number(int, 1, 64), default=1, metavar="N",
+    parent.add_argument("--concurrency", type=number(int, 1, 64), default=1, metavar="N",
                         help="batches in flight at once per worker (default 1)")
-    parent.add_argument("--poll-interval", type=_number(float, 0.01, 3600), default=1.0,
+    parent.add_argument("--poll-interval", type=number(float, 0.01, 3600), default=1.0,
                         metavar="S", help="seconds between polls when idle (default 1)")
-    parent.add_argument("--lease", type=_number(float, 0.1, 86_400), default=30.0,
+    parent.add_argument("--lease", type=number(float, 0.1, 86_400), default=30.0,
                         metavar="S", help="lease duration in seconds, renewed every "
                                           "third of it while a batch runs (default 30)")
-    parent.add_argument("--max-attempts", type=_number(int, 1, 1000), default=5,
+    parent.add_argument("--max-attempts", type=number(int, 1, 1000), default=5,
                         metavar="N", help="attempts before a retryable failure is final "
                                           "(default 5)")
-    parent.add_argument("--backoff", type=_number(float, 0, 86_400), default=1.0,
+    parent.add_argument("--backoff", type=number(float, 0, 86_400), default=1.0,
                         metavar="S", help="first retry delay, doubled each attempt "
                                           "(default 1, at most 300)")
-    parent.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                        help="import MODULE and call its register(registry) to add "
-                             "processors (repeatable)")
+    plugin_option(parent, "import MODULE and call its register(registry) to add processors")
     return parent
 
 
@@ -66,7 +58,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="run one pipeline worker in the foreground (a cycle = one claim-process-"
              "complete round)")
     worker.add_argument("name", choices=WORKER_NAMES)
-    worker.add_argument("--cycles", type=_number(int, 1, 10**9), metavar="N",
+    worker.add_argument("--cycles", type=number(int, 1, 10**9), metavar="N",
                         help="stop after N cycles (default: run until signalled)")
     worker.add_argument("--config", metavar="FILE",
                         help="raw-retriever: its JSON config file, re-read before every "
@@ -79,9 +71,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     job.add_argument("--force", action="store_true",
                      help="replay: recompute terminal inputs too (previous results are "
                           "kept as history)")
-    job.add_argument("--from-seq", type=_number(int, 0, 2**62), default=0, metavar="SEQ",
+    job.add_argument("--from-seq", type=number(int, 0, 2**62), default=0, metavar="SEQ",
                      help="backfill: read outbox events after SEQ (default 0)")
-    job.add_argument("--to-seq", type=_number(int, 0, 2**62), metavar="SEQ",
+    job.add_argument("--to-seq", type=number(int, 0, 2**62), metavar="SEQ",
                      help="backfill: up to SEQ (default: the last event now)")
     job.add_argument("--kinds", metavar="K,K",
                      help="backfill: event kinds to ingest (default accepted,"
@@ -91,8 +83,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     backlog = sub.add_parser(
         "backlog", parents=[common_options()],
         help="print pending inputs per stage and processor version (changes nothing)")
-    backlog.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                         help="count the processors MODULE registers too")
+    plugin_option(backlog, "count the processors MODULE registers too")
     backlog.set_defaults(handler=cmd_backlog)
 
 

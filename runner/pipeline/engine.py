@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import os
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -132,7 +134,16 @@ def default_registry(plugins: Sequence[str] = ()) -> Registry:
         registry.register(proc)
     for name in plugins:
         try:
-            module = importlib.import_module(name)
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as exc:  # a parent package that is missing
+            raise UsageError(f"cannot import plugin {name!r}: {exc}") from None
+        if found is None:
+            raise UsageError(f"cannot import plugin {name!r}: no module of that name")
+        try:
+            # stdout carries runner's JSON lines only: what a module prints as it is
+            # imported goes to stderr
+            with contextlib.redirect_stdout(sys.stderr):
+                module = importlib.import_module(name)
         except ImportError as exc:
             raise UsageError(f"cannot import plugin {name!r}: {exc}") from None
         hook = getattr(module, "register", None)

@@ -35,7 +35,11 @@ class PgLocation:
 
 
 def parse(location: str) -> PgLocation:
-    parts = urlsplit(location)
+    try:
+        parts = urlsplit(location)
+        parts.port  # noqa: B018 - parsed lazily: a bad port or host raises here
+    except ValueError as exc:  # the message names the part, never the password
+        raise UsageError(f"bad PostgreSQL DSN: {exc}") from None
     if parts.scheme not in ("postgresql", "postgres"):
         raise UsageError("a PostgreSQL store is a postgresql:// DSN")
     params = parse_qsl(parts.query, keep_blank_values=True)
