@@ -96,3 +96,23 @@ def test_hot_config_keeps_the_effective_configuration_when_the_file_is_bad(
     assert hot.desired == {"batch_size": 3, "extra": 1}
     view = hot.view("now")
     assert view.effective == {"batch_size": 3, "kinds": ["accepted"], "poll_interval": 1.0}
+
+
+def test_hot_config_reads_a_bounded_amount_and_refuses_devices(tmp_path: Path) -> None:
+    import tracemalloc
+
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as handle:
+        handle.truncate(64 << 20)  # sparse: 64 MiB that take no disk
+    hot = HotConfig(str(huge), RetrieverConfig(batch_size=7))
+    tracemalloc.start()
+    try:
+        assert hot.reload()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak  # at most the document limit (1 MiB) and change was read
+    assert "larger than" in (hot.error or "") and hot.effective.batch_size == 7
+    device = HotConfig("/dev/zero", RetrieverConfig(batch_size=7))
+    assert device.reload() and "not a regular file" in (device.error or "")
+    assert device.effective.batch_size == 7

@@ -14,7 +14,9 @@ The file is a JSON object, every field optional::
 
 from __future__ import annotations
 
-from pathlib import Path
+import errno
+import os
+import stat
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
@@ -52,6 +54,18 @@ def validate(doc: dict[str, Any], base: RetrieverConfig) -> RetrieverConfig:
                             reason="invalid_config") from None
 
 
+def read_bounded(path: str) -> bytes:
+    """At most ``MAX_DOCUMENT_BYTES + 1`` bytes of a regular file (one byte more than a
+    config may have, so that a larger one is refused as too large without being held in
+    memory).  A device or a FIFO (``/dev/zero``, a pipe with no writer) is refused
+    without blocking on it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return handle.read(MAX_DOCUMENT_BYTES + 1)
+
+
 class HotConfig:
     """The desired and effective configuration of one raw retriever."""
 
@@ -70,7 +84,7 @@ class HotConfig:
             self._seen = b""
             return first
         try:
-            data = Path(self.path).read_bytes()[: MAX_DOCUMENT_BYTES + 1]
+            data = read_bounded(self.path)
         except OSError as exc:
             return self._fail(b"", None, f"cannot read {self.path!r}: "
                                          f"{exc.strerror or exc}")
