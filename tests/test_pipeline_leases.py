@@ -157,3 +157,36 @@ async def test_a_cancelled_round_gives_its_batch_back(store: Store, scope: Scope
     again = await store.claim(REF, "next-worker", 10, LEASE, now_ms(clock))
     assert len(again.items) == 4  # at once, not after the 30 s lease
     assert {i.attempts for i in again.items} == {2}
+
+
+class _SlowBlocking(Processor):
+    """A plain blocking ``process_one``, slower per batch than the lease."""
+
+    ref = REF
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def process_one(self, item: Item) -> Outcome:
+        import time
+
+        time.sleep(self.seconds)  # blocking work: the thread, not the loop, waits
+        return LeadFacts().process_one(item)
+
+
+async def test_a_blocking_processor_slower_than_its_lease_drains_the_backlog(
+    store: Store, scope: Scope
+) -> None:
+    await _inputs(store, scope, 6)
+    settings = WorkerSettings(lease_seconds=0.3, batch_size=2)
+    slow = _SlowBlocking(0.25)  # 0.5 s per batch of 2: past the 0.3 s lease
+    rounds = []
+    with anyio.fail_after(30):
+        while True:
+            result = await run_round(store, slow, "blocking-worker", settings, SystemClock())
+            if not result.claimed:
+                break
+            rounds.append(result)
+    assert [(r.claimed, r.refused, r.outcomes) for r in rounds] == [
+        (2, False, {"output": 2})] * 3
+    assert len(await level(store, 2)) == 6

@@ -63,12 +63,20 @@ log = logging.getLogger("runner.pipeline")
 
 
 class Processor:
-    """Base class: set ``ref`` and implement :meth:`process` (a whole batch at once) or
-    :meth:`process_one` (one input at a time)."""
+    """Base class: set ``ref`` and implement :meth:`process` (a whole batch at once, on
+    the event loop: it must not block) or :meth:`process_one` (one input at a time, a
+    plain blocking function).
+
+    The ``process_one`` calls of a batch run in a worker thread, so a slow one cannot
+    starve the lease renewal that runs on the loop meanwhile (a batch slower than its
+    lease would otherwise lose its claim at every round and never finish)."""
 
     ref: ProcessorRef
 
     async def process(self, items: Sequence[Item]) -> Sequence[Outcome]:
+        return await anyio.to_thread.run_sync(self._all, items)
+
+    def _all(self, items: Sequence[Item]) -> list[Outcome]:
         return [self._one(item) for item in items]
 
     def process_one(self, item: Item) -> Outcome:
