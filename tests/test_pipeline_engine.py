@@ -5,6 +5,7 @@ bumps, normal and force replay."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -273,3 +274,35 @@ async def test_the_schema_keeps_records_outcomes_and_history(
     # pipeline bookkeeping wrote no outbox event
     assert query(db_location, "SELECT DISTINCT kind FROM outbox ORDER BY kind") == [
         ("accepted",)]
+
+
+async def test_the_retriever_closes_gaps_its_hot_config_left_behind_the_cursor(
+    store: Store, scope: Scope, tmp_path: Path
+) -> None:
+    import json as _json
+
+    from runner.pipeline.hotconfig import HotConfig, RetrieverConfig
+    from runner.pipeline.stages import raw_ingestion
+    from runner.pipeline.workers import run_worker
+
+    await lead_history(store, scope, 4, confirm=[0, 1, 2, 3])  # accepted + state changes
+    config_file = tmp_path / "retriever.json"
+    config_file.write_text(_json.dumps({"kinds": ["accepted"], "batch_size": 3}))
+    config = HotConfig(str(config_file), RetrieverConfig())
+    clock = FixedClock(NOW)
+
+    async def cycles(n: int) -> None:
+        await run_worker(store, raw_ingestion.WORKER, registry=default_registry(),
+                         clock=clock, cycles=n, config=config)
+
+    await cycles(10)  # the whole outbox read; only "accepted" events ingested
+    last = await store.outbox_last_seq()
+    assert await store.cursor_position(raw_ingestion.CURSOR) == last
+    assert len(await level(store, 1)) == 4
+    config_file.write_text(_json.dumps({"kinds": list(raw_ingestion.LEAD_KINDS),
+                                        "batch_size": 3}))
+    assert await store.outbox_pending(0, raw_ingestion.LEAD_KINDS) > 0  # behind the cursor
+    await cycles(10)  # no backfill job: the worker itself reads what it skipped
+    assert await store.outbox_pending(0, raw_ingestion.LEAD_KINDS) == 0
+    assert len(await level(store, 1)) == last
+    assert await store.cursor_position(raw_ingestion.CURSOR) == last

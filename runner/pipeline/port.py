@@ -115,6 +115,10 @@ class PipelineStore(Protocol):
         raw ingestion backlog, counted from the records, not from a cursor)."""
         ...
 
+    async def outbox_first_pending(self, after_seq: int, kinds: Sequence[str]) -> int | None:
+        """The lowest sequence of those events (None: there is none)."""
+        ...
+
     # -- configuration, levels, funnel ---------------------------------------------------
 
     async def record_worker_config(self, view: WorkerConfigView) -> None: ...

@@ -118,6 +118,7 @@ def _default_config(settings: WorkerSettings) -> HotConfig:
 async def _run_retriever(store: PipelineStore, config: HotConfig, clock: Clock,
                          budget: _Budget, emit: Emit) -> None:
     name = raw_ingestion.WORKER
+    gaps = raw_ingestion.Gaps()
     async with store.wakeups(Stage.RAW_INGESTION) as wake:
         while (cycle := budget.take()) is not None:
             if config.reload():  # the next batch runs with what the file says now
@@ -125,7 +126,7 @@ async def _run_retriever(store: PipelineStore, config: HotConfig, clock: Clock,
                 if config.error:
                     log.warning("%s", config.error, extra={
                         "action": "pipeline.config_invalid", "worker": name})
-            result = await raw_ingestion.run_cycle(store, config.effective.ingest, clock)
+            result = await raw_ingestion.run_cycle(store, config.effective.ingest, clock, gaps)
             emit(WorkerCycle(name, cycle, result))
             if result.claimed < config.effective.batch_size and not _last(budget):
                 await wake.wait(config.effective.poll_interval)

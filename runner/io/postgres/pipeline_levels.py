@@ -69,7 +69,7 @@ SET desired = excluded.desired, effective = excluded.effective, error = excluded
     updated_at = excluded.updated_at
 """
 _OUTBOX_PENDING = """
-SELECT count(*) FROM {s}.outbox o
+SELECT count(*), min(o.seq) FROM {s}.outbox o
 WHERE o.seq > $1 AND o.kind = ANY($2::text[])
   AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_records r
                   WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)
@@ -199,11 +199,21 @@ class PipelineLevelQueries(PostgresBase):
         return int(rows[0]["last"])
 
     async def outbox_pending(self, after_seq: int, kinds: Sequence[str]) -> int:
+        count, _ = await self._outbox_pending(after_seq, kinds)
+        return count
+
+    async def outbox_first_pending(self, after_seq: int, kinds: Sequence[str]) -> int | None:
+        _, first = await self._outbox_pending(after_seq, kinds)
+        return first
+
+    async def _outbox_pending(self, after_seq: int, kinds: Sequence[str]
+                              ) -> tuple[int, int | None]:
         if not kinds:
-            return 0
+            return 0, None
         async with self._guard():
             rows = await self._fetch(_OUTBOX_PENDING, after_seq, list(kinds))
-        return int(rows[0][0])
+        first = rows[0][1]
+        return int(rows[0][0]), None if first is None else int(first)
 
     async def record_worker_config(self, view: WorkerConfigView) -> None:
         desired = None if view.desired is None else canonical(view.desired)

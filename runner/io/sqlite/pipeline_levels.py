@@ -106,15 +106,22 @@ class PipelineLevelQueries(SQLiteBase):
         return int(rows[0][0])
 
     async def outbox_pending(self, after_seq: int, kinds: Sequence[str]) -> int:
+        return int(await self._outbox_pending("count(*)", after_seq, kinds) or 0)
+
+    async def outbox_first_pending(self, after_seq: int, kinds: Sequence[str]) -> int | None:
+        first = await self._outbox_pending("min(o.seq)", after_seq, kinds)
+        return None if first is None else int(first)
+
+    async def _outbox_pending(self, what: str, after_seq: int, kinds: Sequence[str]) -> Any:
         if not kinds:
-            return 0
+            return None
         async with self._guard():
             rows = await self._fetchall(
-                f"SELECT count(*) FROM outbox o WHERE o.seq > ? "
+                f"SELECT {what} FROM outbox o WHERE o.seq > ? "
                 f"AND o.kind IN ({','.join('?' * len(kinds))}) "
                 "AND NOT EXISTS (SELECT 1 FROM pipeline_records r "
                 "WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)", (after_seq, *kinds))
-        return int(rows[0][0])
+        return rows[0][0]
 
     async def record_worker_config(self, view: WorkerConfigView) -> None:
         desired = None if view.desired is None else canonical(view.desired)

@@ -7,6 +7,13 @@ a range twice (a lost cursor, a backfill, two retrievers) never writes a second 
 cursor moves forward in the same transaction as the records: it saves re-reading, it is
 never the proof that an event was ingested (the D1 record is).
 
+The cursor only moves forward, past events of kinds the retriever did not tail at the
+time (a hot configuration may leave a kind out, then take it back).  Those events stay in
+the backlog (it is counted from the records), and the worker closes such gaps itself
+(:class:`Gaps`): when it starts, and whenever the tailed kinds change, it looks for the
+first pending event behind the cursor and re-reads from there up to the cursor, a batch
+per cycle, before it goes on with the tail.
+
 A D1 record keeps only what the pipeline uses, named by key: the event's sequence, kind,
 time, the lead's key and tenant, its form, and per kind the delivery states or the
 observed business ``status``.  Never a contact field, never a whole snapshot.
@@ -88,12 +95,33 @@ async def ingest_events(store: PipelineStore, events: Sequence[OutboxEvent],
         "skipped": len(events) - len(wanted)})
 
 
-async def run_cycle(store: PipelineStore, settings: IngestSettings, clock: Clock
-                    ) -> RoundResult:
-    """One batch of the tail: events after the cursor, ingested, cursor moved."""
+@dataclass
+class Gaps:
+    """What one retriever knows of the events behind its cursor that it skipped."""
+
+    #: the kinds the last look behind the cursor was for (None: not looked yet)
+    checked: tuple[str, ...] | None = None
+    #: re-read the outbox after this sequence, up to the cursor (None: no gap left)
+    after: int | None = None
+
+
+async def run_cycle(store: PipelineStore, settings: IngestSettings, clock: Clock,
+                    gaps: Gaps | None = None) -> RoundResult:
+    """One batch: of a gap behind the cursor while ``gaps`` has one, else of the tail
+    (events after the cursor, ingested, cursor moved)."""
     from runner.pipeline.engine import RoundResult
 
     after = await store.cursor_position(CURSOR)
+    if gaps is not None:
+        if gaps.checked != settings.kinds:
+            gaps.checked = settings.kinds
+            first = await store.outbox_first_pending(0, settings.kinds)
+            gaps.after = first - 1 if first is not None and first <= after else None
+        if gaps.after is not None:
+            behind = await store.read_outbox(gaps.after, settings.batch_size, after)
+            gaps.after = behind[-1].seq if behind and behind[-1].seq < after else None
+            if behind:
+                return await ingest_events(store, behind, settings.kinds, clock, cursor=None)
     events = await store.read_outbox(after, settings.batch_size)
     if not events:
         return RoundResult()
@@ -125,5 +153,6 @@ async def backfill(store: PipelineStore, settings: IngestSettings, clock: Clock,
 
 async def pending(store: PipelineStore, kinds: Sequence[str]) -> int:
     """The raw ingestion backlog: events of the tailed kinds not in D1 (an event skipped
-    while its kind was not tailed stays pending until a backfill reads it)."""
+    while its kind was not tailed stays pending until the worker's gap check, or a
+    backfill, reads it)."""
     return await store.outbox_pending(0, kinds)
