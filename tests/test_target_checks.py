@@ -261,3 +261,19 @@ def test_a_target_locked_before_the_write_is_not_sent(workdir: Path, db_location
     assert anyio.run(cycle)["confirmed"] == 1
     assert [r[4] for r in sheet_rows(path)] == ["lead-1", "lead-2"]
     target.close()
+
+
+def test_a_target_on_a_network_filesystem_is_refused_before_any_record_is_marked(
+    inbox: Inbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    remote = inbox.dir / "remote"
+    remote.mkdir(mode=0o700)
+    fake = inbox.dir / "mountinfo"
+    fake.write_text("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
+                    f"40 22 0:35 / {remote} rw - nfs4 server:/export rw\n")
+    monkeypatch.setenv("RUNNER_MOUNTINFO", str(fake))
+    store_before = dump_store(inbox.db)
+    code, _, err = inbox.once(remote / "t.db")
+    assert code == 77 and "network filesystem" in err, err
+    assert dump_store(inbox.db) == store_before
+    assert list(remote.iterdir()) == []

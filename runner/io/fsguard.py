@@ -97,7 +97,8 @@ def check_filesystem(directory: str, what: str = "store") -> None:
     if mount is not None and is_network_fstype(mount.fstype):
         raise UnsafeLocation(
             f"refusing a {what} on a network filesystem ({mount.fstype} at "
-            f"{mount.mount_point}): its locks cannot keep two writers apart"
+            f"{mount.mount_point}): its locks cannot keep two "
+            f"{'workers' if what == 'store' else 'writers'} apart"
         )
 
 
