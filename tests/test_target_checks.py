@@ -17,7 +17,7 @@ import io
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -149,17 +149,36 @@ def test_a_bad_target_is_refused_before_any_record_is_marked(inbox: Inbox, kind:
     assert len(sheet_rows(inbox.dir / "good.db")) == 3
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through any file mode")
+@contextlib.contextmanager
+def read_only_directory(path: Path) -> Iterator[Path]:
+    """A directory nobody can create files in: mode 0500, or for root (who writes through
+    any mode) the immutable attribute."""
+    path.mkdir(mode=0o500)
+    if os.geteuid() != 0:
+        yield path
+        return
+    import shutil
+    import subprocess
+
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(path)],
+                                        capture_output=True).returncode:
+        pytest.skip("root needs chattr +i to have a read-only directory")
+    try:
+        yield path
+    finally:
+        subprocess.run([chattr, "-i", str(path)], check=True)
+
+
 def test_a_read_only_target_directory_is_refused_before_any_record_is_marked(
     inbox: Inbox,
 ) -> None:
-    locked = inbox.dir / "locked"
-    locked.mkdir(mode=0o500)
-    store_before = dump_store(inbox.db)
-    exit_code, _, err = inbox.once(locked / "t.db")
-    assert exit_code == 74, err
-    assert dump_store(inbox.db) == store_before
-    assert list(locked.iterdir()) == []
+    with read_only_directory(inbox.dir / "locked") as locked:
+        store_before = dump_store(inbox.db)
+        exit_code, _, err = inbox.once(locked / "t.db")
+        assert exit_code == 74 and "cannot create the target" in err, err
+        assert dump_store(inbox.db) == store_before
+        assert list(locked.iterdir()) == []
 
 
 def test_a_send_that_cannot_open_its_target_is_not_sent(workdir: Path) -> None:
