@@ -121,8 +121,6 @@ class DurableWorker:
                 yield await deliver.recover(self.store, self.clock)
             finally:
                 self._locked = False
-        #: the target passed the checks before work (and is pinned, if it can be)
-        self._target_checked = False
 
     async def run_cycle(
         self,
@@ -147,9 +145,8 @@ class DurableWorker:
         low, high = poll.POLL_LIMIT_RANGE
         if not low <= limit <= high:
             raise UsageError(f"poll limit must be between {low} and {high}")
-        port = self.port
         check = target.TRUSTED if self._target_checked else None
-        return await poll.poll_pass(self.store, port, self.clock, limit, check)
+        return await poll.poll_pass(self.store, self.port, self.clock, limit, check)
 
     async def observe(
         self, record: Mapping[str, Any] | LeadEvent, snapshot: Mapping[str, Any]

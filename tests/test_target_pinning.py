@@ -311,3 +311,23 @@ def test_two_workers_pinning_at_once_end_with_one_pin(db_location: str) -> None:
     results = pg.run(both)
     winners = [r for r in results if r is not None]
     assert len(winners) == 1 and pinned(db_location) == winners[0]
+
+
+class CountingCRM(NamedCRM):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.asked = 0
+
+    def target_id(self) -> str:
+        self.asked += 1
+        return self.name
+
+
+async def test_the_checks_run_once_per_open_worker(db_location: str) -> None:
+    crm = CountingCRM("crm-a")
+    async with DurableWorker(db_location, SCOPE, crm) as worker:
+        for i in range(3):
+            await worker.accept(event(i))
+            await worker.run_cycle()
+            await worker.poll()
+    assert crm.asked == 1 and len(crm.rows) == 3
