@@ -12,15 +12,26 @@
     ├── StoreError                   74  the store could not be read or written (I/O, full, corrupt,
     │   │                                server unreachable or the connection dropped)
     │   ├── StoreFull                74  no space left for the store: the change was not written
-    │   └── LockLost                 74  the worker lock's database session ended under us
+    │   ├── LockLost                 74  the worker lock's database session ended under us
+    │   └── TargetUnavailable        74  the --target cannot be opened, read or written, or is
+    │       │                            not a target (a foreign SQLite file, not SQLite at all)
+    │       └── TargetAbsent         74  no target there, where one must already exist
     ├── LockHeld                     75  another live worker holds the lock
     │   └── StoreBusy                75  the store stayed locked longer than the busy timeout
     ├── UnsafeLocation               77  network filesystem, symlink, directory others can write
     ├── AccessDenied                 77  the database refused us: authentication or permission
     └── ConfigMismatch               78  the store's pinned scope differs from --scope
-        └── SchemaTooNew             78  the store was written by a newer runner
+        ├── SchemaTooNew             78  the store was written by a newer runner
+        └── TargetMismatch           78  the target is not the one pinned into the store (another
+                                         target, or none at that path for a pinned store)
 
-Target errors are not here: they belong to the port (``runner.port``) and become record
+The target errors of this table are the *checks before work* (``runner.tasks.target``):
+a delivery run checks that its target opens, can be written and is the store's own before
+any record is marked in flight, and a failure there stops the run with its exit code,
+having changed no record and no file.  A symlinked target path or an unsafe directory is
+``UnsafeLocation`` (77), as for the store.
+
+Errors of a send are not here: they belong to the port (``runner.port``) and become record
 states, never exit codes.  Driver exceptions (sqlite3, asyncpg, OSError) are translated
 into these where they enter, with ``raise ... from exc``, so no raw driver error reaches
 the command line.
@@ -94,6 +105,21 @@ class LockLost(StoreError):
     reason = "lock_lost"
 
 
+class TargetUnavailable(StoreError):
+    """The target cannot be used: it does not open, cannot be read or written, or is not a
+    target at all.  Raised by the checks before work, never by a send (a send's failure
+    becomes a record state)."""
+
+    reason = "target_unavailable"
+
+
+class TargetAbsent(TargetUnavailable):
+    """No target at the given location, where one must already exist (reads never create
+    a target, nor does a run for a store that has delivered before)."""
+
+    reason = "target_absent"
+
+
 class LockHeld(RunnerError):
     exit_code = 75
     reason = "locked"
@@ -126,3 +152,10 @@ class ConfigMismatch(RunnerError):
 
 class SchemaTooNew(ConfigMismatch):
     reason = "schema_too_new"
+
+
+class TargetMismatch(ConfigMismatch):
+    """The target is not the one pinned into the store (SPEC L9): like the scope, the
+    target a store delivers to is pinned, and another one is refused, changing nothing."""
+
+    reason = "target_mismatch"

@@ -9,6 +9,20 @@ three methods::
     read_back(write_id) -> list[TargetRow]     the rows carrying that write_id
     observe_status(write_ids) -> {write_id: Observation}
 
+and, optionally, two more that let runner check the target before work (SPEC L9, E6)::
+
+    target_id() -> str | None                  the target's stable identity, read without
+                                               creating or changing anything; None: this
+                                               target cannot be pinned
+    prepare_writes(create) -> None             make sure writes can start (it opens, it is
+                                               writable); may create a new target only if
+                                               ``create``
+
+A store pins the identity of the first target it delivers to, as it pins its scope, and
+refuses any other one later (``runner.tasks.target``); only the pinned target can report a
+record explicitly missing.  An adapter without ``target_id`` (or answering None) keeps
+working as before: it cannot be pinned, so runner trusts it to be the store's own.
+
 :class:`CRMRecordPort` maps a validated event to the adapter's narrower record and runs
 each call in a worker thread (a send, in the dispatch run's own thread), so that
 cancellation and shielding act on a call that is really blocked.  A cancelled call is
@@ -103,6 +117,18 @@ class CRMAdapter(Protocol):
     def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]: ...
 
 
+class IdentifiedAdapter(Protocol):
+    """The optional identity of an adapter's target (see the module docstring)."""
+
+    def target_id(self) -> str | None: ...
+
+
+class PreparedAdapter(Protocol):
+    """The optional check that a target can take writes (see the module docstring)."""
+
+    def prepare_writes(self, create: bool) -> None: ...
+
+
 Readback = Literal["match", "none", "ambiguous", "mismatch"]
 
 
@@ -139,6 +165,27 @@ class CRMRecordPort:
     @staticmethod
     def map(event: LeadEvent) -> CRMRecord:
         return CRMRecord.from_event(event)
+
+    @property
+    def pinnable(self) -> bool:
+        """Whether the adapter can name its target (it has ``target_id``)."""
+        return callable(getattr(self.adapter, "target_id", None))
+
+    async def identify(self) -> str | None:
+        """The target's identity (None: not pinnable).  Never creates a target; raises
+        what the adapter raises (the caller decides what a failure means)."""
+        target_id = getattr(self.adapter, "target_id", None)
+        if not callable(target_id):
+            return None
+        found = await anyio.to_thread.run_sync(target_id, abandon_on_cancel=True)
+        return str(found) if found is not None else None
+
+    async def prepare_writes(self, *, create: bool) -> None:
+        """Let the adapter check that writes can start (creating the target only with
+        ``create``); a no-op for an adapter without ``prepare_writes``."""
+        prepare = getattr(self.adapter, "prepare_writes", None)
+        if callable(prepare):
+            await anyio.to_thread.run_sync(prepare, create, abandon_on_cancel=True)
 
     async def write(self, event: LeadEvent, write_id: str) -> None:
         record = self.map(event)

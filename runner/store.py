@@ -171,6 +171,16 @@ class Store(CandidateStore, PipelineStore, Protocol):
         the run.  The steps are called from that thread only, never from the event loop."""
         ...
 
+    async def pinned_target(self) -> str | None:
+        """The identity of the target pinned into the store (L9), None before the first
+        delivery run pins one."""
+        ...
+
+    async def pin_target(self, target_id: str, now: datetime) -> str:
+        """Pin ``target_id`` if the store has no target pinned yet; returns the pinned
+        identity (the caller refuses a different one).  A pin is never changed."""
+        ...
+
     async def record_reconcile(
         self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
     ) -> None:

@@ -25,7 +25,7 @@ from runner.port import CRMAdapter, CRMRecordPort, Missing
 from runner.states import LeadState
 from runner.status import status_document
 from runner.store import Store, open_store
-from runner.tasks import deliver, poll
+from runner.tasks import deliver, poll, target
 
 
 class DurableWorker:
@@ -48,6 +48,8 @@ class DurableWorker:
         self._store: Store | None = None
         self._intake: intake.Intake | None = None
         self._locked = False
+        #: the target passed the checks before work (and is pinned, if it can be)
+        self._target_checked = False
 
     @property
     def store(self) -> Store:
@@ -62,6 +64,7 @@ class DurableWorker:
         return self
 
     async def aclose(self) -> None:
+        self._target_checked = False
         if self._store is not None:
             store, self._store, self._intake = self._store, None, None
             await store.aclose()
@@ -94,6 +97,16 @@ class DurableWorker:
             raise UsageError("this DurableWorker has no port; pass one to deliver records")
         return self._port
 
+    async def check_target(self) -> None:
+        """The checks before work (``runner.tasks.target``): the target opens, can be
+        written and is the store's own (pinned on first use).  Raises with an exit code
+        (74 unavailable, 77 unsafe location, 78 another target) and changes nothing
+        otherwise.  Done once per open worker: ``run_cycle`` calls it before taking the
+        lock, so a bad target never even recovers a record."""
+        if not self._target_checked:
+            await target.check_for_writes(self.store, self.port, self.clock)
+            self._target_checked = True
+
     @asynccontextmanager
     async def hold_lock(self) -> AsyncIterator[int]:
         """Hold the worker lock (L7); on acquiring it every in-flight record becomes
@@ -118,6 +131,7 @@ class DurableWorker:
     ) -> deliver.CycleSummary:
         """One cycle: recover -> reconcile -> dispatch (L8), under the worker lock."""
         summary = summary if summary is not None else deliver.CycleSummary()
+        await self.check_target()
         async with self.hold_lock() as recovered:
             summary.recovered += recovered
             await deliver.run_cycle(self.store, self.port, self.clock, guard=guard,
@@ -126,11 +140,13 @@ class DurableWorker:
 
     async def poll(self, limit: int = poll.DEFAULT_POLL_LIMIT) -> poll.PollSummary:
         """One bounded, fair status poll pass over confirmed records (L12).  Takes no lock:
-        observations never risk a duplicate write."""
+        observations never risk a duplicate write.  Never creates a target: one that is
+        absent, unreadable or not the pinned one fails every read of the pass."""
         low, high = poll.POLL_LIMIT_RANGE
         if not low <= limit <= high:
             raise UsageError(f"poll limit must be between {low} and {high}")
-        return await poll.poll_pass(self.store, self.port, self.clock, limit)
+        check = target.TRUSTED if self._target_checked else None
+        return await poll.poll_pass(self.store, self.port, self.clock, limit, check)
 
     async def observe(
         self, record: Mapping[str, Any] | LeadEvent, snapshot: Mapping[str, Any]

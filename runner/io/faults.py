@@ -110,6 +110,16 @@ class FaultyAdapter:
         if Fault.TIMEOUT in self.faults:
             raise AmbiguousWriteError("simulated timeout after the request was sent")
 
+    def target_id(self) -> str | None:
+        """The inner adapter's identity (faults are of calls, not of which target)."""
+        inner = getattr(self.inner, "target_id", None)
+        return inner() if callable(inner) else None
+
+    def prepare_writes(self, create: bool) -> None:
+        inner = getattr(self.inner, "prepare_writes", None)
+        if callable(inner):
+            inner(create)
+
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
         if Fault.HANG_READBACK in self.faults:
             hang("read_back")

@@ -92,16 +92,17 @@ def _read_mountinfo() -> str:
         return ""  # not Linux, or no /proc: nothing to judge by
 
 
-def check_filesystem(directory: str) -> None:
+def check_filesystem(directory: str, what: str = "store") -> None:
     mount = mount_for(directory, parse_mountinfo(_read_mountinfo()))
     if mount is not None and is_network_fstype(mount.fstype):
         raise UnsafeLocation(
-            f"refusing a store on a network filesystem ({mount.fstype} at "
-            f"{mount.mount_point}): its locks cannot keep two workers apart"
+            f"refusing a {what} on a network filesystem ({mount.fstype} at "
+            f"{mount.mount_point}): its locks cannot keep two "
+            f"{'workers' if what == 'store' else 'writers'} apart"
         )
 
 
-def check_directory(directory: str) -> None:
+def check_directory(directory: str, what: str = "store") -> None:
     try:
         info = os.stat(directory)
     except FileNotFoundError:
@@ -109,9 +110,11 @@ def check_directory(directory: str) -> None:
     mode = info.st_mode
     if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
         raise UnsafeLocation(
-            f"refusing a store in {directory!r}: other users can write to it "
+            f"refusing a {what} in {directory!r}: other users can write to it "
             f"(mode {stat.S_IMODE(mode):o}, no sticky bit); use a private directory"
         )
+    if what != "store":
+        return  # the privacy advice is about the store's records
     if mode & (stat.S_IRWXG | stat.S_IRWXO) or info.st_uid != os.geteuid():
         log.warning(
             "store directory is not private (mode %o); a private directory (0700) is safer",
@@ -166,6 +169,30 @@ def prepare_store_path(db: str, *, create: bool) -> str:
         create_private_file(path)
     if os.path.exists(path) and not os.path.isfile(path):
         raise UsageError(f"{db!r} is not a regular file")
+    return path
+
+
+def check_target_path(target: str) -> str:
+    """Check where a SQLite target lives, changing nothing; returns the absolute path.
+
+    The same location rules as a store (no symlink, no directory others can write without
+    the sticky bit, no network filesystem: the target's write lock is what makes a busy
+    target a "not sent"), and a directory that does not exist means no target is there:
+    ``TargetAbsent``.  Raises UnsafeLocation / TargetAbsent / TargetUnavailable.
+    """
+    from runner.errors import TargetAbsent, TargetUnavailable
+
+    path = os.path.abspath(target)
+    check_not_symlink(path, "target path")
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise TargetAbsent(f"no target at {target!r}: directory {directory!r} does not exist")
+    check_directory(directory, "target")
+    check_filesystem(os.path.realpath(directory), "target")
+    for suffix in ("-wal", "-shm", "-journal"):
+        check_not_symlink(path + suffix, "target side file")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise TargetUnavailable(f"target {target!r} is not a regular file")
     return path
 
 

@@ -1,21 +1,53 @@
 """The synthetic CRM target (SPEC L9): a SQLite file that behaves like a spreadsheet.
 
-One table, exactly ``sheet(row_id INTEGER PRIMARY KEY, write_id, tenant, source,
+One sheet, exactly ``sheet(row_id INTEGER PRIMARY KEY, write_id, tenant, source,
 source_lead_id, is_test, contact_alias, status TEXT NOT NULL DEFAULT 'new')``.  Like a
 spreadsheet it does not deduplicate: appending the same record twice makes two rows.
 Preventing that is the worker's job, and the tests count rows here to prove it.
 
-Errors are translated at this edge: a failure to even open the file means the request
-never left (``BeforeWriteError``); a failure during the insert or its commit is ambiguous.
+Beside the sheet, ``target_meta`` holds the target's identity: a random ``target_id``
+written once, in the transaction that creates the target.  A store pins it (like its
+scope) and refuses any other target later (``runner.tasks.target``).  A sheet made before
+identities existed gets one the first time a delivery run opens it for writes.
+
+What may change a file, and when:
+
+* reads (``read_back``, ``observe_status``, ``target_id``) never create or change a
+  target: an absent or empty file is ``TargetAbsent``, and reads fail;
+* only a write path (``prepare_writes(create=True)``, ``write``) creates a new target, in
+  a private (0600) file made with ``O_EXCL``;
+* a file that is not a target (not SQLite, or SQLite without a sheet of the target's
+  shape) is refused *before* anything is opened for writing: it is only read, through a
+  read-only connection (or ``immutable=1`` for a WAL file with no pending ``-wal``, so
+  not even side files appear), and is left byte for byte as it was.
+
+Errors are translated at this edge.  A write is ``BeforeWriteError`` (nothing was sent)
+when the target cannot be opened, or when its write lock cannot be taken: each write takes
+the lock first (``BEGIN IMMEDIATE``), and until it holds it nothing of the row exists, so
+a target that stays locked longer than the busy timeout is "not sent".  A failure after
+the lock is taken (the insert, the commit) is ambiguous.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import sqlite3
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
 
+from runner.errors import (
+    RunnerError,
+    StoreError,
+    TargetAbsent,
+    TargetUnavailable,
+    UnsafeLocation,
+)
 from runner.io import fsguard
 from runner.models import CRMRecord
 from runner.port import (
@@ -40,6 +72,89 @@ CREATE TABLE IF NOT EXISTS sheet (
 #: whole sheet.  It is not a constraint: the sheet still accepts duplicate rows.
 SHEET_INDEX = "CREATE INDEX IF NOT EXISTS sheet_by_write_id ON sheet (write_id)"
 FIELDS = ("tenant", "source", "source_lead_id", "is_test", "contact_alias")
+SHEET_COLUMNS = ("row_id", "write_id", *FIELDS, "status")
+#: the target's identity, written once when the target is created (or first opened for
+#: writes, for a sheet made before identities existed)
+META = "CREATE TABLE IF NOT EXISTS target_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+#: how long a target call waits for the target's lock (seconds)
+BUSY_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Found:
+    """What is at a target path, judged without changing anything."""
+
+    kind: Literal["absent", "empty", "target"]
+    target_id: str | None = None  # a target made before identities existed has none
+
+
+def _is_target(conn: sqlite3.Connection) -> bool | None:
+    """True: a sheet of the target's shape; None: no schema at all (a new file); False:
+    something else (a foreign database)."""
+    tables = {str(row[0]) for row in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    objects = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    if not objects:
+        return None
+    if "sheet" not in tables:
+        return False
+    columns = tuple(str(row[1]) for row in conn.execute("PRAGMA table_info(sheet)"))
+    return columns == SHEET_COLUMNS
+
+
+def _read_id(conn: sqlite3.Connection) -> str | None:
+    has_meta = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                            "AND name = 'target_meta'").fetchone()
+    if not has_meta:
+        return None
+    row = conn.execute("SELECT value FROM target_meta WHERE key = 'target_id'").fetchone()
+    return str(row[0]) if row else None
+
+
+def inspect_target(path: str, busy_timeout: float = BUSY_TIMEOUT) -> Found:
+    """Judge what is at ``path`` (an absolute, checked path) without changing it.
+
+    Raises ``TargetUnavailable`` for a file that cannot be read or is not a target (not
+    SQLite; SQLite without a sheet of the target's shape), ``UnsafeLocation`` for a
+    symlink planted meanwhile."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Found("absent")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeLocation(f"refusing a symlinked target path {path!r}") from None
+        raise TargetUnavailable(f"cannot read the target {path!r}: {exc.strerror}") from None
+    try:
+        header = os.read(fd, 100)
+    finally:
+        os.close(fd)
+    if not header:
+        return Found("empty")
+    if not header.startswith(SQLITE_MAGIC):
+        raise TargetUnavailable(f"{path!r} is not a SQLite database, so not a target; "
+                                "it was left untouched")
+    # a WAL database (header bytes 18-19 = 2) with no -wal file has everything in the main
+    # file: read it as immutable, which creates no side file at all
+    wal = len(header) >= 20 and header[18] == 2 and header[19] == 2
+    mode = "immutable=1" if wal and not os.path.exists(path + "-wal") else "mode=ro"
+    try:
+        conn = sqlite3.connect(f"file:{quote(path)}?{mode}", uri=True)
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            shape = _is_target(conn)
+            if shape is None:
+                return Found("empty")
+            if not shape:
+                raise TargetUnavailable(
+                    f"{path!r} is a SQLite database but not a target (no sheet table of the "
+                    "target's shape); it was left untouched")
+            return Found("target", _read_id(conn))
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise TargetUnavailable(f"cannot read the target {path!r}: {exc}") from None
 
 
 def _as_bool(value: Any) -> Any:
@@ -48,42 +163,156 @@ def _as_bool(value: Any) -> Any:
     return bool(value) if value in (0, 1) and not isinstance(value, str) else value
 
 
-class SyntheticTarget:
-    """A CRM adapter over a local SQLite file (blocking; runner calls it in a thread)."""
+def _message(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, RunnerError) else str(exc)
 
-    def __init__(self, path: str) -> None:
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        # the transaction may be gone already; the original error is what matters
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+class SyntheticTarget:
+    """A CRM adapter over a local SQLite file (blocking; runner calls it in a thread).
+
+    ``busy_timeout`` (seconds) bounds every wait for the target's lock."""
+
+    def __init__(self, path: str, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         self.path = path
+        self.busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
+        self._id: str | None = None
         self._mutex = threading.Lock()
 
-    def _connect(self) -> sqlite3.Connection:
-        if self._conn is None:
-            fsguard.check_not_symlink(self.path, "target path")
-            fsguard.create_private_file(self.path)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA busy_timeout = 30000")
+    # -- opening ----------------------------------------------------------------------
+
+    def _open(self, create: bool) -> sqlite3.Connection:
+        """The connection; on first use, check the file before anything may change it.
+        Without ``create`` nothing is created: an absent or empty file is TargetAbsent."""
+        if self._conn is not None:
+            return self._conn
+        path = fsguard.check_target_path(self.path)
+        found = inspect_target(path, self.busy_timeout)
+        if found.kind != "target" and not create:
+            what = "no target" if found.kind == "absent" else "an empty file, not a target"
+            raise TargetAbsent(f"{what} at {self.path!r} (a target is never created here)")
+        if found.kind == "absent":
+            try:
+                fsguard.create_private_file(path)
+            except StoreError as exc:  # cannot create it (a read-only directory, …)
+                raise TargetUnavailable(f"cannot create the target: {exc.message}") from None
+        try:
+            conn = sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True,
+                                   isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise TargetUnavailable(f"cannot open the target {self.path!r}: {exc}") from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             # committed rows survive the death of any process (they are in the WAL file);
             # the synthetic target does not pay an fsync per row, as a remote CRM's
             # durability is not ours to pay for
             conn.execute("PRAGMA synchronous = NORMAL")
+            self._id = _read_id(conn)
+        except sqlite3.Error as exc:
+            conn.close()
+            raise TargetUnavailable(f"cannot open the target {self.path!r}: {exc}") from None
+        self._conn = conn
+        return conn
+
+    def _ensure_identity(self, conn: sqlite3.Connection) -> None:
+        """Make the sheet and the identity, once, in one transaction (two processes
+        creating a target at once end with one identity)."""
+        if self._id is not None:
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            shape = _is_target(conn)
+            if shape is False:  # changed under us since it was inspected
+                raise TargetUnavailable(f"{self.path!r} is a SQLite database but not a target")
             conn.execute(SHEET)
             conn.execute(SHEET_INDEX)
-            self._conn = conn
-        return self._conn
+            conn.execute(META)
+            conn.execute("INSERT OR IGNORE INTO target_meta (key, value) "
+                         "VALUES ('target_id', ?)", (uuid.uuid4().hex,))
+            found = _read_id(conn)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback_quietly(conn)
+            raise TargetUnavailable(f"cannot set up the target {self.path!r}: {exc}") from None
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+        self._id = found
+
+    def _connect(self, create: bool = True) -> sqlite3.Connection:
+        """Open for writes: the target exists (created with ``create``) and has its
+        identity.  Raises RunnerErrors (TargetAbsent, TargetUnavailable, UnsafeLocation)."""
+        conn = self._open(create)
+        self._ensure_identity(conn)
+        return conn
 
     def close(self) -> None:
         with self._mutex:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+                self._id = None
+
+    # -- the optional port methods: identity and the check before writes ----------------
+
+    def target_id(self) -> str:
+        """The target's identity, read without creating or changing anything."""
+        with self._mutex:
+            self._open(create=False)
+            if self._id is None:
+                raise TargetUnavailable(
+                    f"the target {self.path!r} has no identity yet (it was made before "
+                    "targets were pinned); a delivery run (once, start) gives it one")
+            return self._id
+
+    def prepare_writes(self, create: bool) -> None:
+        """Check that writes can start: the target opens (created only with ``create``),
+        has its identity, and can be written: its write lock is tried without waiting and
+        released at once.  A lock that another writer holds right now is no reason to stop
+        (a send then waits for it, and is "not sent" if it cannot take it in time); a
+        target that refuses writes (a read-only file or filesystem) is."""
+        with self._mutex:
+            conn = self._connect(create)
+            try:
+                conn.execute("PRAGMA busy_timeout = 0")
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.execute("ROLLBACK")
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            except sqlite3.OperationalError as exc:
+                _rollback_quietly(conn)
+                if "locked" in str(exc) or "busy" in str(exc):
+                    return  # writable, busy now: the sends wait for it
+                raise TargetUnavailable(f"the target {self.path!r} cannot be written: "
+                                        f"{exc}") from None
+            except sqlite3.Error as exc:
+                _rollback_quietly(conn)
+                raise TargetUnavailable(f"the target {self.path!r} cannot be written: "
+                                        f"{exc}") from None
+
+    # -- the port ---------------------------------------------------------------------
 
     def write(self, record: CRMRecord, write_id: str) -> None:
         with self._mutex:
             try:
                 conn = self._connect()
-            except (sqlite3.Error, OSError) as exc:
-                raise BeforeWriteError(f"target unavailable: {exc}") from None
+            except (RunnerError, sqlite3.Error, OSError) as exc:
+                raise BeforeWriteError(f"target unavailable: {_message(exc)}") from None
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                # the write lock was not taken: nothing of this row reached the sheet
+                _rollback_quietly(conn)
+                raise BeforeWriteError(f"target not written (its lock: {exc})") from None
             try:
                 conn.execute(
                     "INSERT INTO sheet (write_id, tenant, source, source_lead_id, is_test,"
@@ -91,19 +320,21 @@ class SyntheticTarget:
                     (write_id, record.tenant, record.source, record.source_lead_id,
                      int(record.is_test), record.contact_alias),
                 )
+                conn.execute("COMMIT")
             except sqlite3.Error as exc:
+                _rollback_quietly(conn)
                 raise AmbiguousWriteError(f"target write failed: {exc}") from None
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
         with self._mutex:
             try:
-                rows = self._connect().execute(
+                rows = self._open(create=False).execute(
                     "SELECT write_id, tenant, source, source_lead_id, is_test, contact_alias,"
                     " status FROM sheet WHERE write_id = ? ORDER BY row_id",
                     (write_id,),
                 ).fetchall()
-            except (sqlite3.Error, OSError) as exc:
-                raise TargetReadError(f"target readback failed: {exc}") from None
+            except (RunnerError, sqlite3.Error, OSError) as exc:
+                raise TargetReadError(f"target readback failed: {_message(exc)}") from None
         return [
             TargetRow(
                 write_id=row[0],
@@ -117,7 +348,7 @@ class SyntheticTarget:
         found: dict[str, list[str]] = {w: [] for w in write_ids}
         with self._mutex:
             try:
-                conn = self._connect()
+                conn = self._open(create=False)
                 for start in range(0, len(write_ids), 500):
                     chunk = list(write_ids[start : start + 500])
                     marks = ",".join("?" * len(chunk))
@@ -126,8 +357,8 @@ class SyntheticTarget:
                         chunk,
                     ):
                         found[write_id].append(status)
-            except (sqlite3.Error, OSError) as exc:
-                raise TargetReadError(f"target status read failed: {exc}") from None
+            except (RunnerError, sqlite3.Error, OSError) as exc:
+                raise TargetReadError(f"target status read failed: {_message(exc)}") from None
         out: dict[str, Observation] = {}
         for write_id, statuses in found.items():
             if not statuses:

@@ -21,6 +21,7 @@ from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 from runner.models import WriteId
 from runner.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
 from runner.store import ObservationWrite, Store
+from runner.tasks.target import ReadCheck, check_for_reads
 
 log = logging.getLogger("runner.poll")
 
@@ -84,18 +85,36 @@ def failure_kind(seen: ReadFailure) -> str:
     return seen.reason.split(":", 1)[0].strip() or "read_failed"
 
 
-async def poll_pass(store: Store, port: CRMRecordPort, clock: Clock, limit: int) -> PollSummary:
-    """Read the status of at most ``limit`` confirmed records, oldest poll first."""
+def _untrusted(seen: Observation) -> Observation:
+    """A missing from a target not pinned yet is not believed (L9): a failed read."""
+    return ReadFailure("target_not_pinned") if isinstance(seen, Missing) else seen
+
+
+async def poll_pass(store: Store, port: CRMRecordPort, clock: Clock, limit: int,
+                    check: ReadCheck | None = None) -> PollSummary:
+    """Read the status of at most ``limit`` confirmed records, oldest poll first.
+
+    ``check``: what the caller already knows of the target (``TRUSTED`` after the checks
+    before work); else the target is checked here (``runner.tasks.target``): an absent,
+    unreadable, foreign or unpinned-other target fails every read of the pass."""
     summary = PollSummary()
     due = await store.poll_page(limit)
     if not due:
         return summary
-    try:
-        seen: dict[str, Observation] = await port.observe_status([t.write_id for t in due])
-    except Exception as exc:  # noqa: BLE001 - a failed read keeps every snapshot (L12)
-        failure = ReadFailure(f"read_error:{type(exc).__name__}")
-        seen = {t.write_id: failure for t in due}
-    seen = {write_id: storable_observation(o) for write_id, o in seen.items()}
+    if check is None:
+        check = await check_for_reads(store, port)
+    seen: dict[str, Observation]
+    if check.failure is not None:
+        seen = {t.write_id: ReadFailure(check.failure) for t in due}
+    else:
+        try:
+            seen = await port.observe_status([t.write_id for t in due])
+        except Exception as exc:  # noqa: BLE001 - a failed read keeps every snapshot (L12)
+            failure = ReadFailure(f"read_error:{type(exc).__name__}")
+            seen = {t.write_id: failure for t in due}
+        if not check.trusted:
+            seen = {w: _untrusted(o) for w, o in seen.items()}
+        seen = {w: storable_observation(o) for w, o in seen.items()}
     writes = [decide(t.write_id, t.snapshot, seen[t.write_id]) for t in due]
     failures = sorted({failure_kind(o) for o in seen.values() if isinstance(o, ReadFailure)})
     crashpoints.hit("poll.before-apply")

@@ -98,6 +98,21 @@ def _work(row: Any) -> LeadWork:
 
 
 class DeliveryQueries(PostgresBase):
+    async def pinned_target(self) -> str | None:
+        async with self._guard():
+            rows = await self._fetch("SELECT target_id FROM {s}.target_pin")
+        return str(rows[0]["target_id"]) if rows else None
+
+    async def pin_target(self, target_id: str, now: datetime) -> str:
+        # a pin never changes once written (the schema refuses it), so the insert and the
+        # read need no common transaction: whatever the read sees is final
+        async with self._guard():
+            await self._fetch(
+                "INSERT INTO {s}.target_pin (target_id, pinned_at) VALUES ($1, $2) "
+                "ON CONFLICT (only_row) DO NOTHING", target_id, to_text(now))
+            rows = await self._fetch("SELECT target_id FROM {s}.target_pin")
+        return str(rows[0]["target_id"])
+
     async def recover_in_flight(self, now: datetime) -> list[str]:
         async with self._guard():
             rows = await self._fetch(

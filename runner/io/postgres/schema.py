@@ -252,6 +252,25 @@ FOR EACH ROW EXECUTE FUNCTION {s}.poll_health_event();
 """
 )
 
+#: v6, the pinned target (L9, issue 15), as on SQLite: the identity of the target this
+#: store delivers to, pinned by the first delivery run and never changed after; one row
+V6 = (
+    """
+CREATE TABLE {s}.target_pin (
+    only_row  boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    target_id text NOT NULL CHECK (length(target_id) > 0),
+    pinned_at text NOT NULL
+);
+"""
+    + _refuse("target_pin_fixed", "the pinned target never changes")
+    + """
+CREATE TRIGGER target_pin_no_change BEFORE UPDATE OR DELETE ON {s}.target_pin
+FOR EACH ROW EXECUTE FUNCTION {s}.target_pin_fixed();
+CREATE TRIGGER target_pin_no_truncate BEFORE TRUNCATE ON {s}.target_pin
+FOR EACH STATEMENT EXECUTE FUNCTION {s}.target_pin_fixed();
+"""
+)
+
 #: a new store's schema (only when it does not exist yet: CREATE SCHEMA needs the CREATE
 #: privilege on the database even with IF NOT EXISTS, and a DBA may have made the schema
 #: for runner's role beforehand, ``CREATE SCHEMA runner AUTHORIZATION runner``)
@@ -266,7 +285,7 @@ CREATE TABLE {s}.schema_migrations (
 """
 
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
-MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1}
+MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6}
 LATEST = max(MIGRATIONS)
 
 

@@ -111,7 +111,9 @@ def _check_sqlite_version() -> None:
 
 
 async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
-    """Open the file with runner's pragmas; nothing is created unless ``create``."""
+    """Open the file with runner's pragmas; nothing is created unless ``create``.  A file
+    that is not a runner store, or was written by a newer runner, is refused before any
+    pragma that writes (WAL), so it is left byte for byte as it was."""
     _check_sqlite_version()
     uri = f"file:{path}?mode={'rwc' if create else 'rw'}"
     try:
@@ -123,6 +125,9 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
         raise translate(exc, "opening the store", path) from None
     try:
         await conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # refuse a file that is not a runner store (or is a newer one) before anything
+        # changes it: switching to WAL rewrites the file's header
+        _check_header(*await _read_header(conn), path)
         await _enable_wal(conn)
         for pragma in _pragmas(CACHE_KIB):
             await conn.execute(pragma)

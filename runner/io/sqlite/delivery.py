@@ -109,6 +109,21 @@ def _work(row: Sequence[Any]) -> LeadWork:
 
 
 class DeliveryQueries(SQLiteBase):
+    async def pinned_target(self) -> str | None:
+        async with self._guard():
+            rows = await self._fetchall("SELECT target_id FROM target_pin")
+        return str(rows[0][0]) if rows else None
+
+    async def pin_target(self, target_id: str, now: datetime) -> str:
+        # a pin never changes once written (the schema refuses it), so the insert and the
+        # read need no common transaction: whatever the read sees is final
+        async with self._guard():
+            await self._fetchall(
+                "INSERT INTO target_pin (only_row, target_id, pinned_at) VALUES (1, ?, ?) "
+                "ON CONFLICT (only_row) DO NOTHING", (target_id, to_text(now)))
+            rows = await self._fetchall("SELECT target_id FROM target_pin")
+        return str(rows[0][0])
+
     async def recover_in_flight(self, now: datetime) -> list[str]:
         async with self._guard():
             rows = await self._fetchall(

@@ -164,8 +164,26 @@ BEGIN
 END;
 """
 
+#: v6, the pinned target (L9, issue 15): the identity of the target this store delivers
+#: to, pinned like the scope by the first delivery run and never changed after (the
+#: triggers refuse it); at most one row.  A store made before v6 has none until its first
+#: delivery run pins one (``runner.tasks.target`` says when that is safe).
+V6 = """
+CREATE TABLE target_pin (
+    only_row  INTEGER PRIMARY KEY CHECK (only_row = 1),
+    target_id TEXT NOT NULL CHECK (length(target_id) > 0),
+    pinned_at TEXT NOT NULL
+) STRICT;
+
+CREATE TRIGGER target_pin_no_update BEFORE UPDATE ON target_pin
+BEGIN SELECT RAISE(ABORT, 'the pinned target never changes'); END;
+
+CREATE TRIGGER target_pin_no_delete BEFORE DELETE ON target_pin
+BEGIN SELECT RAISE(ABORT, 'the pinned target never changes'); END;
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
-MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1}
+MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6}
 LATEST = max(MIGRATIONS)
 
 
