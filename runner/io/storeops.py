@@ -77,6 +77,7 @@ class PollOps:
         def _transaction(self) -> AbstractAsyncContextManager[Any]: ...
         async def _observations(self, writes: Sequence[ObservationWrite], at: str) -> int: ...
         async def _poll_health(self, failure: str | None, at: str) -> bool: ...
+        async def _clamp_poll_times(self, at: str) -> None: ...
 
     async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
         if not writes:
@@ -93,6 +94,9 @@ class PollOps:
     ) -> tuple[int, bool]:
         at = to_text(now)
         async with self._transaction():
+            # time that went backwards: a poll time after ``now`` counts as ``now``, so
+            # the records polled "in the future" take their turn again (oldest poll first)
+            await self._clamp_poll_times(at)
             changed = await self._observations(writes, at) if writes else 0
             return changed, await self._poll_health(failure, at)
 

@@ -133,12 +133,25 @@ def _status_refusal(candidate: Candidate, doing: str, reason: str) -> RuleViolat
     )
 
 
+def _before_creation(candidate: Candidate, doing: str, now: datetime) -> RuleViolation | None:
+    """Time that went backwards: nothing is done to a candidate before it existed."""
+    if now >= candidate.created_at:
+        return None
+    return RuleViolation(
+        f"cannot {doing} candidate {candidate.id!r} at {to_text(now)}: it was created at "
+        f"{to_text(candidate.created_at)}, later (a clock that went backwards?)",
+        reason="before_creation",
+    )
+
+
 def analysis_refusal(
     candidate: Candidate | None, candidate_id: str, analyst: str, now: datetime
 ) -> RuleViolation | None:
     """Why ``analyst`` may not analyze the candidate at ``now`` (None: they may)."""
     if candidate is None:
         return unknown(candidate_id)
+    if (early := _before_creation(candidate, "analyze", now)) is not None:
+        return early
     if analyst in candidate.analysts:
         return RuleViolation(
             f"analyst {analyst!r} already analyzed candidate {candidate.id!r}; "
@@ -165,6 +178,8 @@ def promotion_refusal(
     """
     if candidate is None:
         return unknown(candidate_id)
+    if (early := _before_creation(candidate, "promote", now)) is not None:
+        return early
     if candidate.status not in ACTIVE:
         return _status_refusal(candidate, "promote", "not_promotable")
     rule = expiry_rule(candidate, now)

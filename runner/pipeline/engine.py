@@ -48,6 +48,7 @@ import anyio
 from runner.clock import Clock
 from runner.errors import UsageError
 from runner.pipeline.model import (
+    MAX_DELAY_SECONDS,
     Claim,
     Completion,
     Item,
@@ -167,6 +168,11 @@ class RetryPolicy:
     backoff_seconds: float = 1.0
     backoff_max_seconds: float = 300.0
 
+    def __post_init__(self) -> None:
+        # a delay is at most backoff_max_seconds: within the clock horizon
+        if self.backoff_seconds < 0 or not 0 <= self.backoff_max_seconds <= MAX_DELAY_SECONDS:
+            raise ValueError(f"backoffs must be between 0 and {MAX_DELAY_SECONDS:g} s")
+
     def delay_ms(self, attempts: int) -> int:
         delay = self.backoff_seconds * 2 ** max(attempts - 1, 0)
         return int(min(delay, self.backoff_max_seconds) * 1000)
@@ -181,6 +187,10 @@ class WorkerSettings:
     poll_interval: float = 1.0
     lease_seconds: float = 30.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.lease_seconds <= MAX_DELAY_SECONDS:
+            raise ValueError(f"lease_seconds must be in (0, {MAX_DELAY_SECONDS:g}]")
 
     @property
     def lease_ms(self) -> int:

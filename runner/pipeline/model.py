@@ -74,6 +74,15 @@ OUTCOME_KINDS: tuple[OutcomeKind, ...] = (
     "output", "no_output", "not_applicable", "unsupported", "failed")
 
 
+#: further ahead than any lease or retry time runner sets (each at most a day): a claim
+#: or retry time in the store beyond ``now`` plus this was written by a clock that ran
+#: ahead (a test's ``--now``, a host whose clock jumped), and counts as due now, so no
+#: input waits for that clock to come back
+CLOCK_HORIZON_MS = 2 * 86_400_000
+#: the longest lease or retry delay a worker may set
+MAX_DELAY_SECONDS = 86_400.0
+
+
 class LeaseLost(RunnerError):
     """A completion or renewal under a lease that is no longer ours (expired, or taken by
     another worker with a newer fencing token).  Nothing was written."""

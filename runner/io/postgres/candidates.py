@@ -58,7 +58,7 @@ RETURNING seq
 _ANALYZE = f"""
 INSERT INTO {{s}}.candidate_analyses (candidate_id, analyst, analyzed_at)
 SELECT id, $2, $3 FROM {{s}}.candidates
-WHERE id = $1 AND {ACTIVE_TERM} AND analysis_deadline >= $3
+WHERE id = $1 AND {ACTIVE_TERM} AND analysis_deadline >= $3 AND created_at <= $3
 ON CONFLICT (candidate_id, analyst) DO NOTHING
 RETURNING seq
 """
@@ -67,6 +67,7 @@ _BEGIN_PROMOTION = f"""
 UPDATE {{s}}.candidates
 SET status = 'promoting', promotion_locked_at = $2, reason = 'promotion', updated_at = $2
 WHERE id = $1 AND {ACTIVE_TERM} AND analyses >= quorum AND expires_at >= $2
+  AND created_at <= $2
 RETURNING seq
 """
 _RECORD_DECISION = """

@@ -86,6 +86,10 @@ class ObserveQueries(PostgresBase, PollOps):
         await self._fetch(_POLLED, at, [w.write_id for w in writes], missing, MISSING_SNAPSHOT)
         return really_changed
 
+    async def _clamp_poll_times(self, at: str) -> None:
+        await self._fetch("UPDATE {s}.leads SET last_polled_at = $1 "
+                          "WHERE state = 'confirmed' AND last_polled_at > $1", at)
+
     async def _poll_health(self, failure: str | None, at: str) -> bool:
         """Inside a transaction, under the store's poll-health lock (see the module)."""
         await self._fetch("SELECT pg_advisory_xact_lock($1)",

@@ -29,6 +29,7 @@ from typing import Any
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.connection import stable_key
 from runner.pipeline.model import (
+    CLOCK_HORIZON_MS,
     Claim,
     Completion,
     Item,
@@ -79,7 +80,8 @@ SELECT (SELECT count(*) FROM {s}.pipeline_work
 _CLAIM = """
 WITH picked AS (
     SELECT id FROM {s}.pipeline_work
-    WHERE processor = $1 AND version = $2 AND state <> 'done' AND available_at <= $3
+    WHERE processor = $1 AND version = $2 AND state <> 'done'
+      AND (available_at <= $3 OR available_at > $3 + $7::bigint)
     ORDER BY available_at
     LIMIT $4
     FOR UPDATE SKIP LOCKED
@@ -179,7 +181,7 @@ class PipelineWorkQueries(PostgresBase):
         expires = now_ms + lease_ms
         async with self._guard():
             rows = await self._fetch(_CLAIM, ref.name, ref.version, now_ms, limit, owner,
-                                     expires)
+                                     expires, CLOCK_HORIZON_MS)
         items = tuple(sorted(
             (Item(int(r["id"]), int(r["input_id"]), str(r["key"]), json.loads(r["payload"]),
                   int(r["input_rev"]), int(r["attempts"])) for r in rows),

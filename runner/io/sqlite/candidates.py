@@ -59,7 +59,7 @@ RETURNING seq
 _ANALYZE = f"""
 INSERT INTO candidate_analyses (candidate_id, analyst, analyzed_at)
 SELECT id, :analyst, :now FROM candidates
-WHERE id = :id AND {ACTIVE_TERM} AND analysis_deadline >= :now
+WHERE id = :id AND {ACTIVE_TERM} AND analysis_deadline >= :now AND created_at <= :now
 ON CONFLICT (candidate_id, analyst) DO NOTHING
 RETURNING seq
 """
@@ -68,6 +68,7 @@ _BEGIN_PROMOTION = f"""
 UPDATE candidates
 SET status = 'promoting', promotion_locked_at = :now, reason = 'promotion', updated_at = :now
 WHERE id = :id AND {ACTIVE_TERM} AND analyses >= quorum AND expires_at >= :now
+  AND created_at <= :now
 RETURNING seq
 """
 _RECORD_DECISION = """

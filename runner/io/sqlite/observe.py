@@ -81,6 +81,10 @@ class ObserveQueries(SQLiteBase, PollOps):
             )
         return really_changed
 
+    async def _clamp_poll_times(self, at: str) -> None:
+        await self._fetchall("UPDATE leads SET last_polled_at = ? "
+                             "WHERE state = 'confirmed' AND last_polled_at > ?", (at, at))
+
     async def _poll_health(self, failure: str | None, at: str) -> bool:
         open_runs = await self._fetchall(
             "SELECT run, failure FROM poll_health WHERE recovered_at IS NULL "

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.io.sqlite.base import SQLiteBase
 from runner.pipeline.model import (
+    CLOCK_HORIZON_MS,
     LeaseLost,
     ProcessorRef,
     canonical,
@@ -79,7 +80,7 @@ SET state = 'claimed', owner = :owner, fence = :token, available_at = :expires,
     input_rev = (SELECT r.rev FROM pipeline_records r WHERE r.id = pipeline_work.input_id)
 WHERE id IN (SELECT id FROM pipeline_work
              WHERE processor = :name AND version = :version AND state <> 'done'
-               AND available_at <= :now
+               AND (available_at <= :now OR available_at > :far)
              ORDER BY available_at LIMIT :limit)
 RETURNING id
 """
@@ -175,7 +176,8 @@ class PipelineWorkQueries(SQLiteBase):
             token = int((await self._fetchall(_NEXT_FENCE))[0][0])
             taken = await self._fetchall(_CLAIM, {
                 "owner": owner, "token": token, "expires": expires, "name": ref.name,
-                "version": ref.version, "now": now_ms, "limit": limit})
+                "version": ref.version, "now": now_ms, "limit": limit,
+                "far": now_ms + CLOCK_HORIZON_MS})
             rows = await self._fetchall(_CLAIMED_ITEMS, (token,)) if taken else []
         items = tuple(Item(int(r[0]), int(r[1]), str(r[2]), json.loads(r[3]), int(r[4]),
                            int(r[5])) for r in rows)
