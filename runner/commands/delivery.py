@@ -138,7 +138,12 @@ async def _run(
     background: Sequence[loop.BackgroundTask] = (),
 ) -> int:
     from runner import loop
+    from runner.storedata import is_postgres
 
+    if not is_postgres(args.db):
+        from runner.io.filelock import probe
+
+        probe(args.db)  # a live worker refuses us at once, before the store is touched
     async with open_worker(args) as worker:
         return await loop.run(worker, settings, _emit_cycle, background)
 

@@ -86,3 +86,64 @@ def _read_pid(fd: int) -> int | None:
 
 def lock_path_for(db_path: str) -> str:
     return os.path.abspath(db_path) + ".lock"
+
+
+def probe(db_path: str) -> None:
+    """Raise LockHeld at once if a live worker holds the lock of ``db_path``'s store;
+    else return, holding nothing.  A worker calls this before it opens the store, so a
+    second worker is refused whatever the store's own state (a first worker stopped with
+    SIGSTOP in the middle of a commit keeps the store locked, not the lock file).
+    Creates nothing: no lock file, no worker."""
+    path = lock_path_for(db_path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # no lock file (no worker yet), or one the real acquire will refuse
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_pid(fd)
+        who = f"pid {holder}" if holder else "another process"
+        raise LockHeld(f"another worker ({who}) holds the lock {path!r}; not starting",
+                       holder_pid=holder) from None
+    except OSError:
+        return
+    finally:
+        os.close(fd)  # closing the description releases a lock taken here
+
+
+def holder(db_path: str) -> tuple[int, str] | None:
+    """The pid written in the lock file of ``db_path``'s store and that process's state
+    (``running``, ``stopped``, …), if a live process holds the lock; else None.  Read
+    only: it takes no lock."""
+    path = lock_path_for(db_path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_pid(fd)
+        else:
+            return None  # nobody holds it
+        return (pid, process_state(pid)) if pid else None
+    finally:
+        os.close(fd)
+
+
+#: /proc/PID/stat state letters, in words
+_STATES = {"R": "running", "S": "sleeping", "D": "waiting on the disk", "T": "stopped",
+           "t": "stopped by a debugger", "Z": "a zombie"}
+
+
+def process_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return "unknown"
+    # the state follows the command name, which is in parentheses and may hold spaces
+    letter = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else ""
+    return _STATES.get(letter, "unknown")

@@ -75,7 +75,8 @@ def translate(exc: BaseException, doing: str, path: str | None = None) -> Runner
     code = getattr(exc, "sqlite_errorcode", None)
     primary = code & 0xFF if isinstance(code, int) else None
     if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
-        return StoreBusy(f"store stayed locked while {doing}; try again")
+        return StoreBusy(f"store stayed locked for {BUSY_TIMEOUT_MS // 1000} s while "
+                         f"{doing}{_busy_cause(path)}; try again")
     if primary == SQLITE_FULL or "database or disk is full" in text:
         return StoreFull(f"the store is full ({doing}): {FULL_ADVICE}")
     if primary == SQLITE_IOERR or "disk I/O error" in text:
@@ -146,6 +147,21 @@ async def close_quietly(conn: aiosqlite.Connection) -> None:
     with (anyio.CancelScope(shield=True), anyio.move_on_after(CLOSE_TIMEOUT),
           contextlib.suppress(sqlite3.Error, ValueError)):
         await conn.close()
+
+
+def _busy_cause(path: str | None) -> str:
+    """Who is likely holding the store: the worker named by its lock file, and whether
+    that process is stopped (SIGSTOP, Ctrl-Z), which holds a commit open until resumed."""
+    from runner.io.filelock import holder
+
+    found = holder(path) if path else None
+    if found is None:
+        return ""
+    pid, state = found
+    if state.startswith("stopped"):
+        return (f" (worker pid {pid} holds the worker lock and is {state}: resume it with "
+                f"`kill -CONT {pid}` or `fg` in its terminal)")
+    return f" (worker pid {pid} holds the worker lock; it is {state})"
 
 
 def _pragmas(cache_kib: int) -> list[str]:
