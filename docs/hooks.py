@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from mkdocs.exceptions import PluginError
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -113,7 +115,7 @@ def render_cli(arg: str) -> str:
     path = tuple(arg.split())
     commands = _commands()
     if path not in commands:
-        raise ValueError(f"gen:cli: no command {' '.join(path)!r}")
+        raise PluginError(f"gen:cli: no command {' '.join(path)!r}")
     _seen_commands.add(path)
     text, parser = commands[path]
     rows = [_option_row(a) for a in parser._actions
@@ -235,7 +237,7 @@ def _outbox_events() -> list[tuple[str, str, list[str], str]]:
                 "the candidate's `id`" if subject == "NEW.id" else "none")
             found.append((match.group(2), subject, keys, match.group(1)))
     if not found:
-        raise ValueError("gen:outbox-kinds: no outbox triggers found in the SQLite schema")
+        raise PluginError("gen:outbox-kinds: no outbox triggers found in the SQLite schema")
     return found
 
 
@@ -351,7 +353,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
 def render_results(arg: str) -> str:
     kind, _, backend = arg.partition(" ")
     if kind not in RENDERERS:
-        raise ValueError(f"gen:results: unknown kind {kind!r}")
+        raise PluginError(f"gen:results: unknown kind {kind!r}")
     directory = ROOT / "bench" / "results"
     docs = [d for d in _all(kind, directory) if not backend or d.get("backend") == backend]
     if not docs:
@@ -447,7 +449,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     def replace(match: re.Match[str]) -> str:
         name, arg = match.group(1), (match.group(2) or "").strip()
         if name not in GENERATORS:
-            raise ValueError(f"{page.file.src_path}: unknown placeholder gen:{name}")
+            raise PluginError(f"{page.file.src_path}: unknown placeholder gen:{name}")
         return GENERATORS[name](arg)
 
     return PLACEHOLDER.sub(replace, markdown)
@@ -459,4 +461,4 @@ def on_post_build(config: Any) -> None:
     missing = set(_commands()) - _seen_commands
     if missing:
         names = ", ".join(" ".join(p) for p in sorted(missing))
-        raise ValueError(f"the CLI reference has no section for: {names}")
+        raise PluginError(f"the CLI reference has no section for: {names}")
