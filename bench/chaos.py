@@ -3,6 +3,9 @@
     python bench/chaos.py --runs 1000 --seed 8          # the documented full run
     python bench/chaos.py --runs 50 --seed 8            # what CI runs (tests/test_chaos.py)
 
+``--record`` also writes the figures, dated, to ``bench/results/chaos-<UTC>.json``
+(``bench/results.py``): the documentation renders the latest of them.
+
 Each run is an episode in a fresh private directory, seeded by ``(seed, run)`` so any one
 can be replayed alone with ``--only RUN``:
 
@@ -52,6 +55,7 @@ from bench.chaos_lane import (  # noqa: E402
     drop_postgres_schema,
     postgres_location,
 )
+from bench.results import record  # noqa: E402
 from runner.crashpoints import POINTS  # noqa: E402
 
 
@@ -197,6 +201,33 @@ def summarize(episodes: list[Episode], seed: int, jobs: int, seconds: float) -> 
     return "\n".join(lines), ok
 
 
+def figures(episodes: list[Episode], seed: int, jobs: int, backend: str, seconds: float,
+            ok: bool) -> dict[str, object]:
+    """The run's audit figures, for ``bench/results/chaos-*.json``."""
+    states: Counter[str] = Counter()
+    candidates: Counter[str] = Counter()
+    for ep in episodes:
+        states.update(ep.states)
+        candidates.update(ep.candidates)
+    return {
+        "backend": backend, "runs": len(episodes), "seed": seed, "jobs": jobs,
+        "seconds": round(seconds, 1), "ok": ok,
+        "fired": sum(e.fired for e in episodes),
+        "not_reached": sum(not e.fired for e in episodes),
+        "restart_crashed": sum(e.restart_crashed for e in episodes),
+        "violations": [v for e in episodes for v in e.violations],
+        "points": {p: {"runs": sum(e.point == p for e in episodes),
+                       "fired": sum(e.fired for e in episodes if e.point == p),
+                       "restart_crashed": sum(e.restart_crashed for e in episodes
+                                              if e.point == p)} for p in POINTS},
+        "end_states": dict(sorted(states.items())),
+        "records": sum(states.values()),
+        "target_rows": sum(e.rows for e in episodes),
+        "recovered_by_readback": sum(e.recovered for e in episodes),
+        "candidates": dict(sorted(candidates.items())),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=50)
@@ -205,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=int, help="replay one run of the deck")
     parser.add_argument("--keep", action="store_true", help="keep every run's directory")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--record", action="store_true",
+                        help="also write the figures to bench/results/chaos-<UTC>.json")
     add_backend_arguments(parser)
     args = parser.parse_args(argv)
     pg_dsn = args.pg_dsn if args.backend == "postgres" else None
@@ -215,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         episodes = list(pool.map(
             lambda i: run_episode(args.seed, i, points[i], root, pg_dsn), indices))
-    text, ok = summarize(episodes, args.seed, args.jobs, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    text, ok = summarize(episodes, args.seed, args.jobs, seconds)
     text = text.replace("chaos:", f"chaos ({args.backend}):", 1)
     print(text, flush=True)
     if args.json:
@@ -225,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             "violations": [v for e in episodes for v in e.violations],
             "points": {p: sum(e.fired for e in episodes if e.point == p) for p in POINTS},
         }), encoding="utf-8")
+    if args.record:
+        record("chaos", figures(episodes, args.seed, args.jobs, args.backend, seconds, ok),
+               script="bench/chaos.py", argv=argv)
     for ep in episodes:
         if not ep.violations and not args.keep:
             shutil.rmtree(ep.directory, ignore_errors=True)

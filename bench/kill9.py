@@ -4,6 +4,9 @@ random moments, restarted to completion, then counted the way Jepsen counts.
     python bench/kill9.py --runs 20 --leads 1000 --seed 9      # the documented full run
     python bench/kill9.py --runs 3 --leads 300 --seed 9        # what CI runs
 
+``--record`` also writes the figures, dated, to ``bench/results/kill9-<UTC>.json``
+(``bench/results.py``): the documentation renders the latest of them.
+
 Each run: a client accepts the leads (one commit per answer; only answered keys count as
 accepted); then 1-3 times a ``start`` worker is started and SIGKILLed after a random
 delay (before it took the lock, mid-send, between commits, after it was done: wherever
@@ -46,6 +49,7 @@ from bench.chaos_lane import (  # noqa: E402
     postgres_location,
 )
 from bench.invariants import audit, query  # noqa: E402
+from bench.results import record  # noqa: E402
 
 RUN = str(ROOT / "run.py")
 CHILD = str(ROOT / "bench" / "child.py")
@@ -165,9 +169,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="kill within this many seconds of a start (default: scaled "
                              "to --leads, about the time a start needs to send them all)")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--record", action="store_true",
+                        help="also write the figures to bench/results/kill9-<UTC>.json")
     add_backend_arguments(parser)
     args = parser.parse_args(argv)
     pg_dsn = args.pg_dsn if args.backend == "postgres" else None
+    started = time.monotonic()
     max_delay = args.max_delay or 0.3 + args.leads * 0.001
     root = Path(tempfile.mkdtemp(prefix="runner-kill9-"))
     results = [one_run(i, args.leads, args.seed, max_delay, root, pg_dsn)
@@ -179,6 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "ok": ok, "runs": len(results), "seed": args.seed,
             "results": [r.__dict__ for r in results]}), encoding="utf-8")
+    if args.record:
+        totals = {c: sum(getattr(r, c) for r in results) for c in COLUMNS[1:]}
+        totals["seconds"] = round(totals["seconds"], 1)
+        record("kill9", {
+            "backend": args.backend, "runs": len(results), "leads": args.leads,
+            "seed": args.seed, "max_delay": max_delay, "ok": ok,
+            "seconds": round(time.monotonic() - started, 1), "totals": totals,
+            "violations": [v for r in results for v in r.violations],
+            "results": [{**r.__dict__, "seconds": round(r.seconds, 1)} for r in results]},
+            script="bench/kill9.py", argv=argv)
     if ok:
         shutil.rmtree(root, ignore_errors=True)
     else:

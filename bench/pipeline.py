@@ -21,6 +21,9 @@ creates on first use and re-runs itself in.
     python bench/pipeline.py              # N = 20,000, workers 1 and 4
     python bench/pipeline.py --quick      # N = 2,000 (CI: runs it, does not judge it)
 
+A run that is not ``--quick`` (nor ``--runner-only``) also writes its rows, dated, to
+``bench/results/pipeline-<UTC>.json`` (``bench/results.py``).
+
 Enqueueing (or writing the inputs) is not timed; the clock runs from the moment every
 worker process is started and ready until the last one has drained the queue.  Prints a
 table and, last, one line of JSON.
@@ -355,7 +358,23 @@ def main() -> int:
         print(f"{row['backend']:<9} {row['workers']:>7} {mine_s:>10} {row['baseline']:<26} "
               f"{other:>9} {ratio:>6}")
     print(json.dumps({"n": n, "batch": args.batch, "rows": rows}))
+    if not args.quick and not args.runner_only:
+        from bench.results import record
+
+        record("pipeline", {"n": n, "batch": args.batch, "rows": rows,
+                            "versions": _versions()}, script="bench/pipeline.py", argv=None)
     return 0
+
+
+def _versions() -> dict[str, str]:
+    from contextlib import suppress
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("huey", "pgqueuer", "asyncpg"):
+        with suppress(PackageNotFoundError):
+            found[name] = version(name)
+    return found
 
 
 if __name__ == "__main__":

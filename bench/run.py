@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Run every benchmark of issue 9 and print one table: figure, baseline, ratio, target.
 
-    python -m bench            # full sizes (a few minutes)
+    python -m bench            # full sizes (a few minutes); writes bench/results/bench-*.json
     python -m bench --quick    # small sizes, for CI (which runs it but does not judge it)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
-The last line is the table as JSON.
+The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
+also writes it, dated and with the machine, to ``bench/results/`` (``bench/results.py``),
+which is where the documentation takes its figures from.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import leads, sweep
 from bench.common import Row, machine, print_table
+from bench.results import record
 
 FULL = {"single": 3000, "bulk": 100_000, "concurrent": 10_000, "dispatch": 2000,
         "sweep": 100_000, "scale": 100_000}
@@ -65,7 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"runner benchmarks ({'quick' if args.quick else 'full'}, seed {args.seed}; "
           f"{machine()}; {time.perf_counter() - started:.0f} s)\n")
     print_table(rows)
+    seconds = time.perf_counter() - started
     print(json.dumps([asdict(r) for r in rows], separators=(",", ":")))
+    if not args.quick and wanted is None:
+        record("bench", {"mode": "full", "seed": args.seed, "sizes": sizes,
+                         "seconds": round(seconds, 1), "summary": machine(),
+                         "rows": [asdict(r) for r in rows]},
+               script="-m bench", argv=argv)
     return 0
 
 

@@ -19,7 +19,9 @@ UPDATE statements from stdlib, timed twice:
     python bench/sweep.py --quick    # N = 5,000, one run (CI)
     python bench/sweep.py --explain  # where the time goes: the same sweep with parts removed
 
-Prints a short report and, last, one line of JSON.
+``--explain`` at full size also writes its steps, dated, to
+``bench/results/sweep-explain-<UTC>.json`` (``bench/results.py``); the sweep itself is
+recorded by ``python -m bench``.  Prints a short report and, last, one line of JSON.
 """
 
 from __future__ import annotations
@@ -36,9 +38,14 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from runner.clock import to_text
-from runner.lifecycle.rules import stuck_cutoff
-from runner.store import open_store
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.results import record  # noqa: E402
+from runner.clock import to_text  # noqa: E402
+from runner.lifecycle.rules import stuck_cutoff  # noqa: E402
+from runner.store import open_store  # noqa: E402
 
 T0 = datetime(2026, 8, 11, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(minutes=60)
@@ -306,6 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n:,} candidates, median of {repeat} run(s), stdlib sqlite3, synchronous=FULL")
         for label, seconds in steps:
             print(f"{label:64s} {seconds * 1000:8.1f} ms  {seconds / base:4.1f} x")
+        if not args.quick:
+            record("sweep-explain", {
+                "n": n, "repeat": repeat,
+                "steps": [{"step": label, "ms": round(seconds * 1000, 1),
+                           "ratio": round(seconds / base, 2)} for label, seconds in steps]},
+                script="bench/sweep.py", argv=argv)
         return 0
     n, repeat = (5_000, 1) if args.quick else (args.n, max(1, args.repeat))
     runs = [run_once(n) for _ in range(repeat)]

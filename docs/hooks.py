@@ -1,0 +1,464 @@
+"""MkDocs hook: the parts of the documentation that are generated at build time.
+
+Why: a reference typed by hand drifts from the code, and a figure typed by hand drifts
+from the measurement.  A page holds a placeholder, ``<!-- gen:NAME -->`` or
+``<!-- gen:NAME ARG -->``, and this hook replaces it while the site is built:
+
+* ``cli-commands``, ``cli COMMAND [SUBCOMMAND]``: from the argparse parsers
+  (``runner.cli.build_parser``); the build fails if a command has no section;
+* ``exit-codes``: from the error classes of ``runner/errors.py``;
+* ``crash-points``: from ``runner/crashpoints.py``;
+* ``lead-transitions``, ``candidate-transitions``: from the transition tables;
+* ``outbox-kinds``: from the SQLite schema's outbox triggers;
+* ``results KIND``: the latest machine-written results file ``bench/results/KIND-*.json``;
+* ``api DOTTED.NAME``: a class's signature, docstring and public methods;
+* ``include FILE``: a file of the repository (the changelog).
+
+An unknown placeholder fails the build (``mkdocs build --strict`` fails on any error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from mkdocs.exceptions import PluginError
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PLACEHOLDER = re.compile(r"<!-- gen:([\w-]+)(?: ([^>]*?))? -->")
+
+#: command paths that have a ``cli`` section, collected while pages are built
+_seen_commands: set[tuple[str, ...]] = set()
+
+
+# -- the CLI ---------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    os.environ["COLUMNS"] = "88"  # argparse wraps usage to the terminal's width
+    from runner.cli import build_parser
+
+    return build_parser()
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, str, Any]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield name, helps.get(name, ""), sub
+
+
+def _commands() -> dict[tuple[str, ...], tuple[str, argparse.ArgumentParser]]:
+    """Every runnable command path (``("candidate", "add")``), with its help and parser."""
+    found: dict[tuple[str, ...], tuple[str, argparse.ArgumentParser]] = {}
+
+    def walk(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> None:
+        subs = list(_subcommands(parser))
+        if not subs and path:
+            return
+        for name, text, sub in subs:
+            if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+                walk(sub, (*path, name))
+            else:
+                found[(*path, name)] = (text, sub)
+
+    walk(_parser(), ())
+    return found
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("*", "\\*").replace("\n", " ")
+
+
+def _option_row(action: argparse.Action) -> str:
+    if action.option_strings:
+        name = ", ".join(f"`{o}`" for o in action.option_strings)
+        if action.nargs != 0 and (action.metavar or not action.choices):
+            name += f" `{action.metavar or action.dest.upper()}`"
+    else:
+        name = f"`{action.metavar or action.dest.upper()}`"
+    notes = []
+    if action.choices and not isinstance(action, argparse._SubParsersAction):
+        notes.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
+    default = action.default
+    said = "default" in (action.help or "")
+    if default not in (None, False, [], argparse.SUPPRESS) and action.nargs != 0 and not said:
+        notes.append(f"default `{default}`")
+    if isinstance(action, argparse._AppendAction) and "repeatable" not in (action.help or ""):
+        notes.append("repeatable")
+    required = "yes" if action.required or not action.option_strings else ""
+    text = action.help or ""
+    if notes:
+        text = f"{text} ({'; '.join(notes)})" if text else "; ".join(notes)
+    return f"| {name} | {required} | {_cell(text)} |"
+
+
+def _group_notes(parser: argparse.ArgumentParser) -> list[str]:
+    notes = []
+    for group in parser._mutually_exclusive_groups:
+        names = " / ".join(f"`{a.option_strings[0]}`" for a in group._group_actions)
+        notes.append(f"{'Exactly one' if group.required else 'At most one'} of {names}.")
+    return notes
+
+
+def render_cli(arg: str) -> str:
+    path = tuple(arg.split())
+    commands = _commands()
+    if path not in commands:
+        raise PluginError(f"gen:cli: no command {' '.join(path)!r}")
+    _seen_commands.add(path)
+    text, parser = commands[path]
+    rows = [_option_row(a) for a in parser._actions
+            if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
+    lines = parser.format_usage().removeprefix("usage: ").rstrip().splitlines()
+    usage = "\n".join([lines[0], *(line[len("usage: "):] for line in lines[1:])])
+    out = [f"*{text}*" if text else "", "", "```text", usage, "```", "",
+           "| option | required | meaning |", "|---|---|---|", *rows]
+    notes = _group_notes(parser)
+    if notes:
+        out += ["", *notes]
+    return "\n".join(out)
+
+
+def render_cli_commands(_: str) -> str:
+    rows = ["| command | what it does |", "|---|---|"]
+    for path, (text, _) in _commands().items():
+        anchor = "-".join(path)
+        rows.append(f"| [`runner {' '.join(path)}`](#{anchor}) | {_cell(text)} |")
+    return "\n".join(rows)
+
+
+# -- exit codes, crash points, states, outbox ------------------------------------------
+
+
+def render_exit_codes(_: str) -> str:
+    import inspect
+
+    from runner import errors
+
+    described: dict[str, str] = {}
+    last = ""
+    for line in (errors.__doc__ or "").splitlines():
+        match = re.match(r"^[\s│├└─]*(\w+)\s+(\d+)\s+(.*)$", line)
+        if match:
+            last = match.group(1)
+            described[last] = match.group(3).strip()
+        elif last and re.match(r"^[\s│]*\s{10,}\S", line):
+            described[last] += " " + line.strip(" │")
+        else:
+            last = ""
+    classes = [c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, errors.RunnerError)
+               and c is not errors.RunnerError]
+    rows = ["| exit | error class | `reason` | meaning |", "|---|---|---|---|"]
+    for cls in sorted(classes, key=lambda c: c.exit_code):  # stable: definition order
+        base = cls.__mro__[1].__name__
+        name = f"`{cls.__name__}`" + (f" (a `{base}`)" if base != "RunnerError" else "")
+        param = inspect.signature(cls.__init__).parameters.get("reason")
+        reason = f"`{cls.reason}`"
+        if param is not None:  # set per error: the default, and others by input
+            reason = f"`{param.default}` or a more precise one"
+        rows.append(f"| {cls.exit_code} | {name} | {reason} | "
+                    f"{_cell(described.get(cls.__name__, ''))} |")
+    return "\n".join(rows)
+
+
+def render_crash_points(_: str) -> str:
+    from runner.crashpoints import POINTS
+
+    rows = ["| point | where the process dies |", "|---|---|"]
+    rows += [f"| `{point}` | {_cell(where)} |" for point, where in POINTS.items()]
+    return "\n".join(rows)
+
+
+def _transition_table(transitions: Any) -> str:
+    rows = ["| from | may move to |", "|---|---|"]
+    for src, targets in transitions.items():
+        to = ", ".join(f"`{t.value}`" for t in sorted(targets)) or "nothing (terminal)"
+        rows.append(f"| `{src.value}` | {to} |")
+    return "\n".join(rows)
+
+
+def render_lead_transitions(_: str) -> str:
+    from runner.states import TRANSITIONS
+
+    return _transition_table(TRANSITIONS)
+
+
+def render_candidate_transitions(_: str) -> str:
+    from runner.lifecycle.states import TRANSITIONS
+
+    return _transition_table(TRANSITIONS)
+
+
+def _split_top(args: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in args:
+        if char == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+            continue
+        depth += char == "("
+        depth -= char == ")"
+        current += char
+    if current.strip():
+        parts.append(current.strip())
+    return parts
+
+
+def _outbox_events() -> list[tuple[str, str, list[str], str]]:
+    """(kind, subject, payload keys, trigger) for every outbox INSERT in the SQLite schema."""
+    found = []
+    pattern = re.compile(
+        r"CREATE TRIGGER (\w+)[^;]*?INSERT INTO outbox \(kind, subject, payload, at\)\s*"
+        r"VALUES \('(\w+)', ([^,]+),\s*json_object\(", re.S)
+    sources = (ROOT / "runner" / "io" / "sqlite").glob("*.py")
+    for source in sorted(sources, key=lambda p: (p.name != "schema.py", p.name)):
+        text = source.read_text(encoding="utf-8")
+        for match in pattern.finditer(text):
+            depth, end = 1, match.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                end += 1
+            args = _split_top(text[match.end():end - 1])
+            keys = [a.strip("'") for a in args[0::2]]
+            subject = match.group(3).strip()
+            subject = "the lead's `source_lead_id`" if "source_lead_id" in subject else (
+                "the candidate's `id`" if subject == "NEW.id" else "none")
+            found.append((match.group(2), subject, keys, match.group(1)))
+    if not found:
+        raise PluginError("gen:outbox-kinds: no outbox triggers found in the SQLite schema")
+    return found
+
+
+def render_outbox_kinds(_: str) -> str:
+    rows = ["| kind | subject | payload keys | written by trigger |", "|---|---|---|---|"]
+    for kind, subject, keys, trigger in _outbox_events():
+        rows.append(f"| `{kind}` | {subject} | {', '.join(f'`{k}`' for k in keys)} | "
+                    f"`{trigger}` |")
+    return "\n".join(rows)
+
+
+# -- measured figures ------------------------------------------------------------------
+
+
+def _num(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _provenance(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    load = ", ".join(str(x) for x in m.get("load_average", []))
+    return (f"Measured {doc['date']} by `{doc['command']}` on {m['cpus']} CPUs "
+            f"({m['cpu_model'] or 'unknown model'}), Python {m['python']}, SQLite "
+            f"{m['sqlite']}; load average at the end {load}. Source: `{doc['file']}`.")
+
+
+def _render_bench(doc: dict[str, Any]) -> str:
+    rows = ["| benchmark | runner | baseline (same run) | ratio | target | met |",
+            "|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        digits = 1 if r["unit"] in ("ms", "MB peak") else 0
+        base_digits = 1 if r["baseline_unit"] in ("ms",) else 0
+        rows.append(f"| {r['name']} | {_num(r['figure'], digits)} {r['unit']} | "
+                    f"{_num(r['baseline'], base_digits)} {r['baseline_unit']} | "
+                    f"{r['ratio']:.2f} | {_cell(r['target'])} | "
+                    f"{'yes' if r['met'] else '**no**'} |")
+    notes = [f"* **{r['name']}**: {_cell(r['note'])}" for r in doc["rows"] if r["note"]]
+    return "\n".join([_provenance(doc) + f" Wall time {doc['seconds']} s.", "", *rows, "",
+                      "What each baseline is, as the run printed it:", "", *notes])
+
+
+def _render_sweep_explain(doc: dict[str, Any]) -> str:
+    rows = ["| step | time | ratio |", "|---|---|---|"]
+    rows += [f"| {_cell(s['step'])} | {s['ms']:,.1f} ms | {s['ratio']:.1f} |"
+             for s in doc["steps"]]
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} candidates, median of "
+                      f"{doc['repeat']} fresh run(s).", "", *rows])
+
+
+def _render_pipeline(doc: dict[str, Any]) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
+    rows = ["| backend | workers | runner, no-op claim + complete | baseline, same run | "
+            "baseline | ratio |", "|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        mine = f"{_num(r['runner']['per_s'])} /s" if r["runner"] else "n/a"
+        other = f"{_num(r['other']['per_s'])} /s" if r["other"] else "-"
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] else "n/a"
+        rows.append(f"| {r['backend']} | {r['workers']} | {mine} | {_cell(r['baseline'])} | "
+                    f"{other} | {ratio} |")
+    return "\n".join([_provenance(doc) + f" N = {doc['n']:,} inputs, runner batch "
+                      f"{doc['batch']}; comparison packages: {versions}.", "", *rows])
+
+
+def _render_chaos(doc: dict[str, Any]) -> str:
+    verdict = "PASS" if doc["ok"] else "FAIL"
+    rows = ["| crash point | runs dealt | fired | restart crashed too |", "|---|---|---|---|"]
+    rows += [f"| `{p}` | {v['runs']} | {v['fired']} | {v['restart_crashed']} |"
+             for p, v in doc["points"].items()]
+    states = ", ".join(f"{k} {_num(v)}" for k, v in doc["end_states"].items())
+    candidates = ", ".join(f"{k} {_num(v)}" for k, v in doc["candidates"].items())
+    lines = [
+        _provenance(doc), "",
+        f"**{verdict}, {len(doc['violations'])} violations.** Backend {doc['backend']}, "
+        f"{doc['runs']:,} runs (seed {doc['seed']}, {doc['jobs']} jobs, "
+        f"{doc['seconds'] / 60:.1f} min): {doc['fired']:,} crashed at their dealt point, "
+        f"{doc['not_reached']:,} never reached it, and {doc['restart_crashed']:,} restarts "
+        f"crashed again at a second point.", "",
+        f"* end states of {_num(doc['records'])} records: {states};",
+        f"* {_num(doc['target_rows'])} target rows; "
+        f"{_num(doc['recovered_by_readback'])} records recovered from uncertain by readback;",
+        f"* candidates: {candidates}.", "", *rows]
+    return "\n".join(lines)
+
+
+def _render_kill9(doc: dict[str, Any]) -> str:
+    verdict = "PASS" if doc["ok"] else "FAIL"
+    t = doc["totals"]
+    head = ["run", "leads", "kills", "confirmed", "uncertain", "recovered", "lost",
+            "duplicated", "unexpected", "seconds"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["results"]:
+        rows.append("| " + " | ".join(str(r[c]) for c in head) + " |")
+    rows.append("| **total** | " + " | ".join(f"**{t[c]}**" for c in head[1:]) + " |")
+    return "\n".join([
+        _provenance(doc), "",
+        f"**{verdict}** (lost = duplicated = unexpected = 0 required). Backend "
+        f"{doc['backend']}, {doc['runs']} runs of {doc['leads']:,} leads (seed {doc['seed']}, "
+        f"kills within {doc['max_delay']:.2f} s of each start, {doc['seconds'] / 60:.1f} min): "
+        f"{t['kills']} kills, {t['recovered']} records recovered by readback, "
+        f"{t['uncertain']} left uncertain, {t['lost']} lost, {t['duplicated']} duplicated, "
+        f"{t['unexpected']} unexpected.", "", *rows])
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "bench": _render_bench,
+    "sweep-explain": _render_sweep_explain,
+    "pipeline": _render_pipeline,
+    "chaos": _render_chaos,
+    "kill9": _render_kill9,
+}
+
+
+def render_results(arg: str) -> str:
+    kind, _, backend = arg.partition(" ")
+    if kind not in RENDERERS:
+        raise PluginError(f"gen:results: unknown kind {kind!r}")
+    directory = ROOT / "bench" / "results"
+    docs = [d for d in _all(kind, directory) if not backend or d.get("backend") == backend]
+    if not docs:
+        return (f"!!! note \"No recorded run yet\"\n    No `bench/results/{kind}-*.json` file"
+                f"{' for ' + backend if backend else ''} is in the repository yet: the "
+                f"command above writes one.")
+    return RENDERERS[kind](docs[-1])
+
+
+def _all(kind: str, directory: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(directory.glob(f"{kind}-2*.json")):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc["file"] = f"bench/results/{path.name}"
+        out.append(doc)
+    return out
+
+
+def _doc(obj: Any) -> str:
+    import inspect
+
+    text = inspect.getdoc(obj) or ""
+    return text.replace("``", "`")
+
+
+def _sig(obj: Any) -> str:
+    import inspect
+
+    text = str(inspect.signature(obj)).replace("'", "")
+    return text.replace("(self, ", "(").replace("(self)", "()")
+
+
+def render_api(arg: str) -> str:
+    """A class or function of the public API: signature, docstring, public methods."""
+    import importlib
+    import inspect
+
+    module_name, _, name = arg.rpartition(".")
+    obj = getattr(importlib.import_module(module_name), name)
+    out = []
+    if inspect.isclass(obj):
+        try:
+            sig = _sig(obj)
+        except (TypeError, ValueError):
+            sig = ""
+        out += [f"```python\nclass {name}{sig}\n```", "", _doc(obj), ""]
+        for attr, member in vars(obj).items():
+            if attr.startswith("_") and attr not in ("__aenter__",):
+                continue
+            if isinstance(member, property):
+                out += [f"* **`{attr}`** (property){': ' + _doc(member) if _doc(member) else ''}",
+                        ""]
+                continue
+            func = getattr(member, "__func__", member)
+            if not callable(func) or isinstance(func, type):
+                continue
+            prefix = "async " if inspect.iscoroutinefunction(func) else ""
+            if inspect.isasyncgenfunction(getattr(func, "__wrapped__", None)):
+                prefix = "async with "
+            out += [f"* **`{prefix}{attr}{_sig(func)}`**", ""]
+            if _doc(func):
+                out += ["    " + _doc(func).replace("\n", "\n    "), ""]
+    else:
+        out += [f"```python\n{name}{_sig(obj)}\n```", "", _doc(obj)]
+    return "\n".join(out)
+
+
+def render_include(arg: str) -> str:
+    text = (ROOT / arg).read_text(encoding="utf-8")
+    # the file's own title is the page's; links into docs/ become site links
+    text = re.sub(r"^# .*\n", "", text, count=1)
+    return text.replace("](docs/", "](")
+
+
+GENERATORS: dict[str, Callable[[str], str]] = {
+    "cli": render_cli,
+    "cli-commands": render_cli_commands,
+    "exit-codes": render_exit_codes,
+    "crash-points": render_crash_points,
+    "lead-transitions": render_lead_transitions,
+    "candidate-transitions": render_candidate_transitions,
+    "outbox-kinds": render_outbox_kinds,
+    "results": render_results,
+    "include": render_include,
+    "api": render_api,
+}
+
+
+# -- MkDocs events ---------------------------------------------------------------------
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    def replace(match: re.Match[str]) -> str:
+        name, arg = match.group(1), (match.group(2) or "").strip()
+        if name not in GENERATORS:
+            raise PluginError(f"{page.file.src_path}: unknown placeholder gen:{name}")
+        return GENERATORS[name](arg)
+
+    return PLACEHOLDER.sub(replace, markdown)
+
+
+def on_post_build(config: Any) -> None:
+    if not _seen_commands:
+        return  # a partial build (mkdocs serve of one page) checks nothing
+    missing = set(_commands()) - _seen_commands
+    if missing:
+        names = ", ".join(" ".join(p) for p in sorted(missing))
+        raise PluginError(f"the CLI reference has no section for: {names}")
