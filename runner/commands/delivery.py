@@ -138,17 +138,24 @@ async def _run(
     background: Sequence[loop.BackgroundTask] = (),
 ) -> int:
     from runner import loop
+
+    async with open_worker(args) as worker:
+        return await loop.run(worker, settings, _emit_cycle, background)
+
+
+def _probe_lock(args: argparse.Namespace) -> None:
+    """A live worker refuses us at once, before the store is touched (and before the
+    delivery modules are imported): a worker stopped inside a commit holds the store."""
     from runner.storedata import is_postgres
 
     if not is_postgres(args.db):
         from runner.io.filelock import probe
 
-        probe(args.db)  # a live worker refuses us at once, before the store is touched
-    async with open_worker(args) as worker:
-        return await loop.run(worker, settings, _emit_cycle, background)
+        probe(args.db)
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
+    _probe_lock(args)
     from runner import loop
 
     return await _run(args, loop.LoopSettings(
@@ -156,6 +163,7 @@ async def cmd_once(args: argparse.Namespace) -> int:
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
+    _probe_lock(args)
     from runner import loop
     from runner.tasks.sweep import sweep_background_task
 
