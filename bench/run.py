@@ -3,6 +3,7 @@
 
     python -m bench            # full sizes (a few minutes); writes bench/results/bench-*.json
     python -m bench --quick    # small sizes, for CI (which runs it but does not judge it)
+    python -m bench soak --minutes 30 [--backend postgres]   # the endurance run
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -43,11 +44,28 @@ def sweep_row(n: int) -> list[Row]:
                 f"what they cost: bench/sweep.py --explain)")]
 
 
+def soak_row() -> list[Row]:
+    from bench import soak
+
+    started = time.perf_counter()
+    code = soak.main(["--quick"])
+    return [Row("soak, quick (sqlite)", time.perf_counter() - started, "s", 60, "s",
+                (time.perf_counter() - started) / 60, "pass", code == 0,
+                "loss/duplicate audit and ceilings (bench/soak.py); full: python -m bench "
+                "soak --minutes 30")]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["soak"]:  # python -m bench soak --minutes 30 (bench/soak.py)
+        from bench import soak
+
+        return soak.main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--seed", type=int, default=20261130)
-    parser.add_argument("--only", help="comma-separated: accept,dispatch,poll,sweep,startup,scale")
+    parser.add_argument("--only",
+                        help="comma-separated: accept,dispatch,poll,sweep,startup,scale,soak")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     rng = random.Random(args.seed)
@@ -59,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         ("sweep", lambda: sweep_row(sizes["sweep"])),
         ("startup", lambda: leads.startup()),
         ("scale", lambda: leads.scale(sizes["scale"])),
+        # the endurance run: only its quick variant here (~45 s, no results file); the
+        # full one is its own command, ``python -m bench soak --minutes 30``
+        ("soak", soak_row),
     ]
     rows: list[Row] = []
     started = time.perf_counter()

@@ -5,7 +5,8 @@
     RunnerError                      exit code
     ├── UsageError                   2   bad command line, --db and --target the same file
     ├── BadInputError                65  invalid record or scope file, outside scope, conflict
-    │   └── RuleViolation            65  a domain rule refused the operation
+    │   ├── RuleViolation            65  a domain rule refused the operation
+    │   └── OutboxPruned             65  a read of the outbox below its prune floor
     ├── StoreNotFound                66  a read-only command named a store that does not exist,
     │                                    or a PostgreSQL database that does not exist
     ├── SimulatedCrash               73  a --fault crash-* fired (where os._exit is not used)
@@ -75,6 +76,15 @@ class RuleViolation(BadInputError):
 
     def __init__(self, message: str, *, reason: str = "rule_violation") -> None:
         super().__init__(message, reason=reason)
+
+
+class OutboxPruned(BadInputError):
+    """A read of the outbox from a sequence below its prune floor: those events were
+    exported and pruned (``runner outbox prune``); nothing is returned rather than a
+    silently shorter stream."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="pruned")
 
 
 class StoreNotFound(RunnerError):

@@ -1,4 +1,12 @@
 """Bounds and defaults that commands check before any heavy module is imported."""
 
 DEFAULT_POLL_LIMIT = 100
+
+#: the SQLite page cache of a background task's own store connection (each pipeline
+#: worker and the sweep open one), in KiB.  The lead cycle's connection keeps the
+#: adapter's larger default (32 MiB, for the random write_id index of a large inbox); a
+#: page cache fills as the store grows and is never given back, so with four pipeline
+#: workers at the default a long run's worker held up to 6 x 32 MiB of cached pages.
+#: Bounded so: 32 MiB (lead cycle) + 5 x 4 MiB (background) + 2 MiB (dispatch thread).
+BACKGROUND_CACHE_KIB = 4 * 1024
 POLL_LIMIT_RANGE = (1, 1000)

@@ -39,14 +39,17 @@ def head_json(summary: StoreSummary) -> dict[str, Any]:
 
 
 def tail_json(summary: StoreSummary) -> dict[str, Any]:
-    return {
-        "outbox": {
-            "count": summary.outbox_count,
-            "last_seq": summary.outbox_last_seq,
-            "by_kind": summary.outbox_by_kind,
-        },
-        "poll_health": summary.poll_health,
+    """``outbox.count`` and ``outbox.by_kind`` count the events in the store; after a prune
+    (``runner outbox prune``) ``outbox.pruned`` counts those removed (kept + pruned = every
+    event ever written) and ``last_seq`` stays the last sequence handed out."""
+    outbox: dict[str, Any] = {
+        "count": summary.outbox_count,
+        "last_seq": summary.outbox_last_seq,
+        "by_kind": summary.outbox_by_kind,
     }
+    if summary.outbox_pruned is not None:
+        outbox["pruned"] = summary.outbox_pruned
+    return {"outbox": outbox, "poll_health": summary.poll_health}
 
 
 def lifecycle_json(summary: CandidateSummary) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from runner.ids import WriteId
 from runner.lifecycle.port import CandidateStore
 from runner.pipeline.port import PipelineStore
+from runner.retention import RetentionStore
 from runner.states import LeadState
 from runner.storedata import (
     AcceptItem,
@@ -80,7 +81,7 @@ class DispatchSteps(Protocol):
         ...
 
 
-class Store(CandidateStore, PipelineStore, Protocol):
+class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
     """A durable store.  Use as ``async with await open_store(...) as store``.
 
     The candidate lifecycle operations (SPEC C) come from ``CandidateStore``, the staged

@@ -68,6 +68,9 @@ class StoreSummary:
     outbox_last_seq: int
     outbox_by_kind: dict[str, int]
     poll_health: list[dict[str, Any]] = field(default_factory=list)
+    #: once something was pruned: {"floor", "count", "by_kind"} of the events removed
+    #: (``runner.retention``); the counts above are of the events still in the store
+    outbox_pruned: dict[str, Any] | None = None
 
 
 def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
@@ -111,14 +114,17 @@ async def store_exists(location: str) -> bool:
 
 
 async def open_store(
-    location: str, *, scope: Scope | None = None, create: bool = True
+    location: str, *, scope: Scope | None = None, create: bool = True,
+    cache_kib: int | None = None,
 ) -> Store:
     """Open (and with ``create``, create and migrate) the store at ``location``.
 
     With ``scope``, the scope is pinned if the store has none yet, in the same transaction
     that creates the store (K9), or compared with the pinned one (ConfigMismatch, exit 78).
     Without ``create`` nothing is written: a missing store is StoreNotFound and an older
-    schema is reported, not migrated.
+    schema is reported, not migrated.  ``cache_kib`` bounds the SQLite page cache of this
+    connection (the adapter's default otherwise); PostgreSQL caches on the server and
+    ignores it.
     """
     if is_postgres(location):
         from runner.io.postgres import open_postgres_store
@@ -126,4 +132,4 @@ async def open_store(
         return await open_postgres_store(location, scope=scope, create=create)
     from runner.io.sqlite.store import open_sqlite_store
 
-    return await open_sqlite_store(location, scope=scope, create=create)
+    return await open_sqlite_store(location, scope=scope, create=create, cache_kib=cache_kib)

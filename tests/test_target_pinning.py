@@ -163,11 +163,21 @@ def make_pre_pinning(db: str, target: Path) -> None:
     made before identities (no target_meta)."""
     if pg.is_pg(db):
         schema = pg.schema_of(db)
-        pg.execute(f'DROP TABLE "{schema}".target_pin; DROP FUNCTION "{schema}".target_pin_fixed();'
-                   f' DELETE FROM "{schema}".schema_migrations WHERE version = 6')
+        s = f'"{schema}"'
+        # v7 (outbox retention) first, then v6
+        pg.execute(f"DROP TABLE {s}.outbox_retention, {s}.outbox_prunes;"
+                   f" DROP FUNCTION {s}.outbox_prunes_fixed(), {s}.outbox_retention_kept(),"
+                   f" {s}.outbox_retention_guard(), {s}.outbox_prune_guard() CASCADE;"
+                   f" DROP TRIGGER outbox_no_update ON {s}.outbox;"
+                   f" CREATE TRIGGER outbox_no_change BEFORE UPDATE OR DELETE ON {s}.outbox"
+                   f" FOR EACH ROW EXECUTE FUNCTION {s}.outbox_append_only();"
+                   f" DELETE FROM {s}.schema_migrations WHERE version = 7;"
+                   f' DROP TABLE {s}.target_pin; DROP FUNCTION {s}.target_pin_fixed();'
+                   f' DELETE FROM {s}.schema_migrations WHERE version = 6')
     else:
         conn = sqlite3.connect(db)
-        conn.executescript("DROP TABLE target_pin; PRAGMA user_version = 5;")
+        conn.executescript("DROP TABLE outbox_retention; DROP TABLE outbox_prunes;"
+                           "DROP TABLE target_pin; PRAGMA user_version = 5;")
         conn.close()
     conn = sqlite3.connect(target)
     conn.executescript("DROP TABLE target_meta;")
@@ -204,7 +214,7 @@ def test_a_store_made_before_pinning_adopts_only_the_target_it_delivered_to(
 
 
 def test_the_pin_is_in_a_migration_of_its_own_and_never_changes(db_location: str) -> None:
-    assert sqlite_schema.LATEST == pg_schema.LATEST == 6
+    assert sqlite_schema.LATEST == pg_schema.LATEST >= 6
     assert "target_pin" in sqlite_schema.MIGRATIONS[6]
     assert "target_pin" in pg_schema.MIGRATIONS[6]
 

@@ -110,9 +110,10 @@ def sweep_background_task(
     next_run(datetime.now(UTC), interval)  # refuse a bad interval when the task is built
 
     async def task() -> None:
+        from runner.limits import BACKGROUND_CACHE_KIB
         from runner.store import open_store
 
-        store = await open_store(db)
+        store = await open_store(db, cache_kib=BACKGROUND_CACHE_KIB)
         try:
             await run_sweep_schedule(store, clock or SystemClock(), interval=interval,
                                      sleep=sleep)

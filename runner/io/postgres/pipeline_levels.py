@@ -26,9 +26,9 @@ import anyio
 import asyncpg
 
 from runner.io.postgres import connection
-from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.dsn import PgLocation
 from runner.io.postgres.pipeline_schema import CHANNEL
+from runner.io.postgres.retention import RetentionQueries
 from runner.pipeline.model import (
     FUNNEL_KEY_PREFIX,
     LevelCounts,
@@ -164,12 +164,13 @@ class ListenWakeups:
             await connection.close_quietly(conn)
 
 
-class PipelineLevelQueries(PostgresBase):
+class PipelineLevelQueries(RetentionQueries):
     async def read_outbox(self, after_seq: int, limit: int, upto_seq: int | None = None
                           ) -> list[OutboxEvent]:
         async with self._guard():
             rows = await self._fetch(
                 _READ_OUTBOX, after_seq, MAX_SEQ if upto_seq is None else upto_seq, limit)
+        await self.check_outbox_floor(after_seq)  # after the read: it vouches for it
         return [OutboxEvent(int(r["seq"]), str(r["kind"]), r["subject"],
                             json.loads(r["payload"]), str(r["at"]), r["form_id"])
                 for r in rows]

@@ -8,7 +8,8 @@ no session's ``search_path`` can send a write elsewhere.  Applied versions are r
 
 The database enforces the invariants itself, as the SQLite triggers do:
 
-* the outbox is append-only: UPDATE, DELETE and TRUNCATE raise;
+* the outbox is append-only: UPDATE and TRUNCATE raise, and DELETE raises above the
+  recorded prune floor (v7, ``runner.retention``);
 * lead records are never deleted (DELETE and TRUNCATE raise) and their key, content and
   ``write_id`` never change;
 * a state change outside ``runner.states.TRANSITIONS`` raises (the list in the trigger is
@@ -34,6 +35,10 @@ from __future__ import annotations
 from runner.io.postgres.candidates_schema import CANDIDATES_V1
 from runner.io.postgres.pipeline_schema import PIPELINE_V1
 from runner.states import LeadState, allowed_pairs
+
+#: ``runner.pipeline.stages.raw_ingestion.CURSOR`` (not imported: opening a store stays
+#: light; tests/test_retention.py keeps the two equal)
+RETRIEVER_CURSOR = "raw-retriever:outbox"
 
 
 def _state_list() -> str:
@@ -271,6 +276,98 @@ FOR EACH STATEMENT EXECUTE FUNCTION {s}.target_pin_fixed();
 """
 )
 
+#: v7, outbox retention (K3, E6, issue 15; ``runner.retention``), as on SQLite: DELETE of
+#: an outbox event raises above the recorded prune floor (UPDATE and TRUNCATE still raise
+#: always); the floor only moves up, never past the export watermark, the raw retriever's
+#: cursor or the newest event (the counter's ``last_seq``); the watermark only moves
+#: forward; every prune is recorded in ``outbox_prunes``, which never changes
+V7 = (
+    """
+CREATE TABLE {s}.outbox_retention (
+    only_row         boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    floor            bigint NOT NULL DEFAULT 0 CHECK (floor >= 0),
+    export_watermark bigint CHECK (export_watermark >= 0),
+    updated_at       text
+);
+INSERT INTO {s}.outbox_retention (floor) VALUES (0);
+
+CREATE TABLE {s}.outbox_prunes (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    from_floor bigint NOT NULL,
+    to_floor   bigint NOT NULL,
+    removed    bigint NOT NULL,
+    by_kind    jsonb NOT NULL,
+    limited_by text NOT NULL,
+    at         text NOT NULL
+);
+"""
+    + _refuse("outbox_prunes_fixed", "the prune record never changes")
+    + _refuse("outbox_retention_kept", "the retention row is kept")
+    + """
+CREATE TRIGGER outbox_prunes_no_change BEFORE UPDATE OR DELETE ON {s}.outbox_prunes
+FOR EACH ROW EXECUTE FUNCTION {s}.outbox_prunes_fixed();
+CREATE TRIGGER outbox_prunes_no_truncate BEFORE TRUNCATE ON {s}.outbox_prunes
+FOR EACH STATEMENT EXECUTE FUNCTION {s}.outbox_prunes_fixed();
+CREATE TRIGGER outbox_retention_no_delete BEFORE DELETE ON {s}.outbox_retention
+FOR EACH ROW EXECUTE FUNCTION {s}.outbox_retention_kept();
+CREATE TRIGGER outbox_retention_no_truncate BEFORE TRUNCATE ON {s}.outbox_retention
+FOR EACH STATEMENT EXECUTE FUNCTION {s}.outbox_retention_kept();
+
+CREATE FUNCTION {s}.outbox_retention_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    newest bigint := (SELECT last_seq FROM {s}.outbox_counter);
+    cursor bigint := coalesce((SELECT position FROM {s}.pipeline_cursors
+                               WHERE name = '{cursor}'), 0);
+BEGIN
+    IF NEW.floor < OLD.floor THEN
+        RAISE EXCEPTION 'the prune floor only moves up'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF OLD.export_watermark IS NOT NULL AND (NEW.export_watermark IS NULL
+                                             OR NEW.export_watermark < OLD.export_watermark)
+    THEN
+        RAISE EXCEPTION 'the export watermark only moves forward'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NEW.export_watermark > newest THEN
+        RAISE EXCEPTION 'the export watermark is past the newest event'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NEW.floor > OLD.floor THEN
+        IF NEW.export_watermark IS NOT NULL AND NEW.floor > NEW.export_watermark THEN
+            RAISE EXCEPTION 'never prune what has not been exported'
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        IF NEW.floor > cursor THEN
+            RAISE EXCEPTION 'never prune what the raw retriever has not read'
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        IF NEW.floor >= newest THEN
+            RAISE EXCEPTION 'the newest event is always kept'
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER outbox_retention_guard BEFORE UPDATE ON {s}.outbox_retention
+FOR EACH ROW EXECUTE FUNCTION {s}.outbox_retention_guard();
+
+CREATE FUNCTION {s}.outbox_prune_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.seq > (SELECT floor FROM {s}.outbox_retention) THEN
+        RAISE EXCEPTION 'outbox is append-only above its prune floor'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN OLD;
+END $$;
+DROP TRIGGER outbox_no_change ON {s}.outbox;
+CREATE TRIGGER outbox_no_update BEFORE UPDATE ON {s}.outbox
+FOR EACH ROW EXECUTE FUNCTION {s}.outbox_append_only();
+CREATE TRIGGER outbox_no_delete BEFORE DELETE ON {s}.outbox
+FOR EACH ROW EXECUTE FUNCTION {s}.outbox_prune_guard();
+"""
+).replace("{cursor}", RETRIEVER_CURSOR)
+
 #: a new store's schema (only when it does not exist yet: CREATE SCHEMA needs the CREATE
 #: privilege on the database even with IF NOT EXISTS, and a DBA may have made the schema
 #: for runner's role beforehand, ``CREATE SCHEMA runner AUTHORIZATION runner``)
@@ -285,7 +382,8 @@ CREATE TABLE {s}.schema_migrations (
 """
 
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
-MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6}
+MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
+                              7: V7}
 LATEST = max(MIGRATIONS)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.io.postgres import connection
@@ -12,6 +13,7 @@ from runner.io.postgres.leads import LeadQueries
 from runner.io.postgres.observe import ObserveQueries
 from runner.io.postgres.pipeline_levels import PipelineLevelQueries
 from runner.io.postgres.pipeline_work import PipelineWorkQueries
+from runner.storedata import StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import Scope
@@ -19,6 +21,15 @@ if TYPE_CHECKING:
 
 class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
                     PipelineWorkQueries, PipelineLevelQueries):
+    async def summary(self) -> StoreSummary:
+        lead_summary = await LeadQueries.summary(self)
+        retention = await self.retention_state()
+        if retention.floor == 0:
+            return lead_summary
+        return replace(lead_summary, outbox_pruned={
+            "floor": retention.floor, "count": retention.pruned,
+            "by_kind": retention.pruned_by_kind})
+
     async def __aenter__(self) -> PostgresStore:
         return self
 

@@ -111,7 +111,8 @@ def _check_sqlite_version() -> None:
         )
 
 
-async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
+async def connect(path: str, *, create: bool, cache_kib: int | None = None
+                  ) -> aiosqlite.Connection:
     """Open the file with runner's pragmas; nothing is created unless ``create``.  A file
     that is not a runner store, or was written by a newer runner, is refused before any
     pragma that writes (WAL), so it is left byte for byte as it was."""
@@ -130,7 +131,7 @@ async def connect(path: str, *, create: bool) -> aiosqlite.Connection:
         # changes it: switching to WAL rewrites the file's header
         _check_header(*await _read_header(conn), path)
         await _enable_wal(conn)
-        for pragma in _pragmas(CACHE_KIB):
+        for pragma in _pragmas(cache_kib or CACHE_KIB):
             await conn.execute(pragma)
     except BaseException as exc:
         await close_quietly(conn)

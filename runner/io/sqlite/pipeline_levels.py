@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from runner.io.sqlite.base import SQLiteBase
+from runner.io.sqlite.retention import RetentionQueries
 from runner.pipeline.model import (
     FUNNEL_KEY_PREFIX,
     LevelCounts,
@@ -71,7 +71,7 @@ class PollWakeups:
         await anyio.sleep(seconds)
 
 
-class PipelineLevelQueries(SQLiteBase):
+class PipelineLevelQueries(RetentionQueries):
     async def read_outbox(self, after_seq: int, limit: int, upto_seq: int | None = None
                           ) -> list[OutboxEvent]:
         from runner.pipeline.work import OutboxEvent
@@ -79,6 +79,7 @@ class PipelineLevelQueries(SQLiteBase):
         async with self._guard():
             rows = await self._fetchall(
                 _READ_OUTBOX, (after_seq, MAX_SEQ if upto_seq is None else upto_seq, limit))
+        await self.check_outbox_floor(after_seq)  # after the read: it vouches for it
         return [OutboxEvent(int(r[0]), str(r[1]), r[2], json.loads(r[3]), str(r[4]), r[5])
                 for r in rows]
 

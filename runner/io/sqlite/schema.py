@@ -7,7 +7,8 @@ transaction and two processes creating it at once end with one store.
 
 Invariants are enforced by the schema itself, not only by the code that writes it:
 
-* the outbox is append-only (UPDATE and DELETE raise);
+* the outbox is append-only (UPDATE raises; DELETE raises above the recorded prune
+  floor, v7);
 * lead records are never deleted and their key, content and ``write_id`` never change;
 * a state change outside ``runner.states.TRANSITIONS`` raises;
 * every insert and every state change writes its outbox event in the same statement's
@@ -21,6 +22,11 @@ from runner.io.sqlite.pipeline_schema import PIPELINE_V1
 from runner.states import LeadState, allowed_pairs
 
 APPLICATION_ID = 0x52554E52  # "RUNR"
+
+
+#: ``runner.pipeline.stages.raw_ingestion.CURSOR`` (not imported: opening a store stays
+#: light; tests/test_retention.py keeps the two equal)
+RETRIEVER_CURSOR = "raw-retriever:outbox"
 
 
 def _state_list() -> str:
@@ -182,8 +188,65 @@ CREATE TRIGGER target_pin_no_delete BEFORE DELETE ON target_pin
 BEGIN SELECT RAISE(ABORT, 'the pinned target never changes'); END;
 """
 
+#: v7, outbox retention (K3, E6, issue 15; ``runner.retention``): the outbox stays
+#: append-only above a recorded prune floor and may lose events only below it.  The
+#: floor only moves up and never past the export watermark (once one is recorded), the
+#: raw retriever's cursor or the newest event; the watermark only moves forward; every
+#: prune is recorded in ``outbox_prunes``, which never changes.
+V7 = f"""
+CREATE TABLE outbox_retention (
+    only_row         INTEGER PRIMARY KEY CHECK (only_row = 1),
+    floor            INTEGER NOT NULL DEFAULT 0 CHECK (floor >= 0),
+    export_watermark INTEGER CHECK (export_watermark >= 0),
+    updated_at       TEXT
+) STRICT;
+INSERT INTO outbox_retention (only_row, floor) VALUES (1, 0);
+
+CREATE TABLE outbox_prunes (
+    id         INTEGER PRIMARY KEY,
+    from_floor INTEGER NOT NULL,
+    to_floor   INTEGER NOT NULL,
+    removed    INTEGER NOT NULL,
+    by_kind    TEXT NOT NULL,
+    limited_by TEXT NOT NULL,
+    at         TEXT NOT NULL
+) STRICT;
+
+CREATE TRIGGER outbox_prunes_fixed BEFORE UPDATE ON outbox_prunes
+BEGIN SELECT RAISE(ABORT, 'the prune record never changes'); END;
+CREATE TRIGGER outbox_prunes_kept BEFORE DELETE ON outbox_prunes
+BEGIN SELECT RAISE(ABORT, 'the prune record never changes'); END;
+CREATE TRIGGER outbox_retention_kept BEFORE DELETE ON outbox_retention
+BEGIN SELECT RAISE(ABORT, 'the retention row is kept'); END;
+
+CREATE TRIGGER outbox_retention_guard BEFORE UPDATE ON outbox_retention
+BEGIN
+    SELECT RAISE(ABORT, 'the prune floor only moves up') WHERE NEW.floor < OLD.floor;
+    SELECT RAISE(ABORT, 'the export watermark only moves forward')
+    WHERE OLD.export_watermark IS NOT NULL
+      AND (NEW.export_watermark IS NULL OR NEW.export_watermark < OLD.export_watermark);
+    SELECT RAISE(ABORT, 'the export watermark is past the newest event')
+    WHERE NEW.export_watermark > (SELECT coalesce(max(seq), 0) FROM outbox);
+    SELECT RAISE(ABORT, 'never prune what has not been exported')
+    WHERE NEW.floor > OLD.floor AND NEW.export_watermark IS NOT NULL
+      AND NEW.floor > NEW.export_watermark;
+    SELECT RAISE(ABORT, 'never prune what the raw retriever has not read')
+    WHERE NEW.floor > OLD.floor
+      AND NEW.floor > coalesce((SELECT position FROM pipeline_cursors
+                                WHERE name = '{RETRIEVER_CURSOR}'), 0);
+    SELECT RAISE(ABORT, 'the newest event is always kept')
+    WHERE NEW.floor > OLD.floor AND NEW.floor >= (SELECT coalesce(max(seq), 0) FROM outbox);
+END;
+
+DROP TRIGGER outbox_no_delete;
+CREATE TRIGGER outbox_no_delete BEFORE DELETE ON outbox
+WHEN OLD.seq > (SELECT floor FROM outbox_retention)
+BEGIN SELECT RAISE(ABORT, 'outbox is append-only above its prune floor'); END;
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
-MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6}
+MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
+                              7: V7}
 LATEST = max(MIGRATIONS)
 
 

@@ -23,7 +23,12 @@ class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries
                   PipelineWorkQueries, PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
-        return replace(lead_summary, poll_health=await self.poll_health_runs())
+        retention = await self.retention_state()
+        pruned = None if retention.floor == 0 else {
+            "floor": retention.floor, "count": retention.pruned,
+            "by_kind": retention.pruned_by_kind}
+        return replace(lead_summary, poll_health=await self.poll_health_runs(),
+                       outbox_pruned=pruned)
 
     async def __aenter__(self) -> SQLiteStore:
         return self
@@ -33,10 +38,10 @@ class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries
 
 
 async def open_sqlite_store(
-    location: str, *, scope: Scope | None, create: bool
+    location: str, *, scope: Scope | None, create: bool, cache_kib: int | None = None
 ) -> SQLiteStore:
     path = connection.prepare_path(location, create=create)
-    conn = await connection.connect(path, create=create)
+    conn = await connection.connect(path, create=create, cache_kib=cache_kib)
     try:
         if create:
             version, pinned = await connection.migrate_and_pin(conn, path, scope)
