@@ -177,8 +177,6 @@ async def run(
     """Run the lead loop (and background tasks) until ``cycles`` or a signal.  Returns the
     exit code.  Raises LockHeld at once if another worker holds the lock."""
     shutdown = Shutdown(settings.grace)
-    # the checks before work come first: a bad target changes nothing, not even recovery
-    await worker.check_target()
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:
             async with worker.hold_lock() as recovered, anyio.create_task_group() as tg:

@@ -101,23 +101,27 @@ class DurableWorker:
         """The checks before work (``runner.tasks.target``): the target opens, can be
         written and is the store's own (pinned on first use).  Raises with an exit code
         (74 unavailable, 77 unsafe location, 78 another target) and changes nothing
-        otherwise.  Done once per open worker: ``run_cycle`` calls it before taking the
-        lock, so a bad target never even recovers a record."""
+        otherwise.  Done once per open worker: ``hold_lock`` calls it once the lock is
+        held (a second worker is refused by the lock first, exit 75) and before recovery,
+        so a bad target never even recovers a record."""
         if not self._target_checked:
             await target.check_for_writes(self.store, self.port, self.clock)
             self._target_checked = True
 
     @asynccontextmanager
     async def hold_lock(self) -> AsyncIterator[int]:
-        """Hold the worker lock (L7); on acquiring it every in-flight record becomes
-        uncertain.  Yields how many were recovered.  Raises LockHeld (exit 75) at once if
-        another live worker holds it."""
+        """Hold the worker lock (L7); on acquiring it the target is checked (if this
+        worker has a port), then every in-flight record becomes uncertain.  Yields how
+        many were recovered.  Raises LockHeld (exit 75) at once if another live worker
+        holds it."""
         if self._locked:
             yield 0
             return
         async with self.store.worker_lock():
             self._locked = True
             try:
+                if self._port is not None:
+                    await self.check_target()
                 yield await deliver.recover(self.store, self.clock)
             finally:
                 self._locked = False
@@ -131,7 +135,6 @@ class DurableWorker:
     ) -> deliver.CycleSummary:
         """One cycle: recover -> reconcile -> dispatch (L8), under the worker lock."""
         summary = summary if summary is not None else deliver.CycleSummary()
-        await self.check_target()
         async with self.hold_lock() as recovered:
             summary.recovered += recovered
             await deliver.run_cycle(self.store, self.port, self.clock, guard=guard,

@@ -26,6 +26,7 @@ import pytest
 from runner import BeforeWriteError, DurableWorker
 from runner.cli import main
 from runner.errors import RunnerError
+from runner.io.filelock import FileLock, lock_path_for
 from runner.io.synthetic_target import SyntheticTarget
 from runner.models import CRMRecord
 from runner.port import Observation, TargetRow
@@ -61,7 +62,9 @@ def foreign_sqlite(path: Path, *, wal: bool = False) -> Path:
 
 
 class Inbox:
-    """A store with three prepared records, driven through ``main`` in process."""
+    """A store with three prepared records, driven through ``main`` in process.  Its
+    worker lock file exists, as it does once any worker has run: a delivery run takes the
+    lock (a second worker is refused by it first, exit 75), then checks the target."""
 
     def __init__(self, workdir: Path, scope_file: Path, db: str) -> None:
         self.dir, self.db, self.scope = workdir, db, scope_file
@@ -69,6 +72,10 @@ class Inbox:
             record = write_json(workdir / f"e{i}.json", event(i))
             code, _, err = cli("accept", "--db", db, "--scope", scope_file, "--record", record)
             assert code == 0, err
+        if not db.startswith("postgresql://"):
+            lock = FileLock(lock_path_for(db))
+            lock.acquire()
+            lock.release()
 
     def once(self, target: str | Path) -> tuple[int, str, str]:
         return cli("once", "--db", self.db, "--scope", self.scope, "--target", target)
