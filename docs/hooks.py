@@ -341,13 +341,65 @@ def _render_kill9(doc: dict[str, Any]) -> str:
         f"{t['unexpected']} unexpected.", "", *rows])
 
 
+def _render_soak(doc: dict[str, Any]) -> str:
+    verdict = "PASS" if doc["ok"] else "FAIL"
+    samples = doc["samples"]
+    lives: dict[int, float] = {}
+    for sample in samples:
+        lives[sample["life"]] = max(lives.get(sample["life"], 0.0), sample["rss_mib"])
+    c = doc["ceilings"]
+    peak = " / ".join(f"{v:.0f}" for v in lives.values())
+    head = (f"Measured from {doc['started_at']} by `python -m bench soak --minutes "
+            f"{doc['minutes']:g} --backend {doc['backend']}` on {doc['machine']}. Source: "
+            f"`{doc['file']}`.")
+    rows = [
+        "| figure | value | ceiling |", "|---|---|---|",
+        f"| peak RSS of each worker life (MiB) | {peak} | {c['rss_mib']:g} |",
+        f"| open files, most | {max(s['open_files'] for s in samples)} | {c['open_files']} |",
+        f"| WAL, largest (MiB) | {max(s['wal_mib'] for s in samples):.1f} | "
+        f"{c['wal_mib']:g} |",
+        f"| store at the end (MiB) | {doc['store_mib_at_end']:.1f} | - |",
+        f"| outbox rows at the end (of {_num(doc['outbox_last_seq'])} written) | "
+        f"{_num(doc['outbox_rows_at_end'])} | - |",
+        f"| stderr (MiB a minute) | {doc['stderr_mib_per_min']:.3f} | - |",
+    ]
+    return "\n".join([
+        head, "",
+        f"**{verdict}.** {doc['minutes']:g} minutes on {doc['backend']}: {doc['rate']:g} leads/s "
+        f"fed, {doc['churn']:g} status changes/s, kill -9 every {doc['kill_every']:g} s "
+        f"({doc['kills']} kills). {_num(doc['accepted'])} accepted, "
+        f"{_num(doc['confirmed'])} confirmed, {doc['uncertain']} uncertain, "
+        f"**{doc['lost']} lost, {doc['duplicated']} duplicated, {doc['unexpected']} "
+        f"unexpected**; {_num(doc['exported_events'])} events exported and "
+        f"{_num(doc['pruned_events'])} pruned, {doc['export_gaps']} export gaps.", "",
+        *rows])
+
+
+def _render_stop_moments(doc: dict[str, Any]) -> str:
+    return (f"| {_cell(doc['label'])} | {doc['trials']} | {doc['write_locked']} "
+            f"({doc['write_locked_fraction']:.0%}) | {doc['second_refused_within_5s']} | "
+            f"{doc['second_median_seconds']:.1f} s | `{doc['file']}` |")
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,
     "kill9": _render_kill9,
+    "soak": _render_soak,
 }
+
+
+def render_stop_moments(_: str) -> str:
+    """Every recorded stop-moment run (before and after a change), one row each."""
+    docs = _all("stop-moments", ROOT / "bench" / "results")
+    if not docs:
+        raise PluginError("gen:stop-moments: no bench/results/stop-moments-*.json file")
+    rows = ["| code measured | stops | store write-locked | second worker refused in < 5 s | "
+            "second worker, median | source |", "|---|---|---|---|---|---|"]
+    return "\n".join([_provenance(docs[-1]), "", *rows,
+                      *(_render_stop_moments(d) for d in docs)])
 
 
 def render_results(arg: str) -> str:
@@ -437,6 +489,7 @@ GENERATORS: dict[str, Callable[[str], str]] = {
     "candidate-transitions": render_candidate_transitions,
     "outbox-kinds": render_outbox_kinds,
     "results": render_results,
+    "stop-moments": render_stop_moments,
     "include": render_include,
     "api": render_api,
 }
