@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "runner.commands.delivery",
     "runner.commands.candidates",
     "runner.commands.pipeline",
+    "runner.commands.serve",
 )
 
 #: which module registers each command: a command line naming one imports only that
@@ -42,6 +43,7 @@ COMMANDS = {
     "worker": "runner.commands.pipeline",
     "job": "runner.commands.pipeline",
     "backlog": "runner.commands.pipeline",
+    "serve": "runner.commands.serve",
 }
 
 

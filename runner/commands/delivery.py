@@ -80,6 +80,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                        help="the raw retriever's JSON config file (re-read before every "
                             "batch)")
     plugin_option(start, "import MODULE and call its register(registry)")
+    from runner.commands.serve import health_option, listen_options
+
+    listen_options(start, required=False)
+    health_option(start)
     start.set_defaults(handler=cmd_start)
 
     observe = sub.add_parser(
@@ -140,12 +144,28 @@ async def _run(
     from runner import loop
     from runner.storedata import is_postgres
 
+    options = None
+    if getattr(args, "listen", None) is not None:
+        from runner.commands.serve import http_options
+
+        options = http_options(args)  # bad secrets, a public address: before anything
     if not is_postgres(args.db):
         from runner.io.filelock import probe
 
         probe(args.db)  # a live worker refuses us at once, before the store is touched
     async with open_worker(args) as worker:
-        return await loop.run(worker, settings, _emit_cycle, background)
+        if options is None:
+            return await loop.run(worker, settings, _emit_cycle, background)
+        from runner.commands.serve import build_service
+
+        service = build_service(options, worker, mode="start", grace=settings.grace,
+                                interval=settings.interval)
+
+        def emit_and_count(summary: CycleSummary) -> None:
+            service.on_cycle(summary)
+            _emit_cycle(summary)
+
+        return await loop.run(worker, settings, emit_and_count, background, [service])
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
