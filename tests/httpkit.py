@@ -82,9 +82,9 @@ async def _serve(service: HttpService, *, task_status: Any) -> None:
     await service.server.serve(task_status=task_status)
 
 
-async def wait_until(predicate: Any, timeout: float = 20) -> None:
+async def wait_until(predicate: Any, within: float = 20) -> None:
     """Re-check ``predicate`` (sync or async) at every loop turn until it holds."""
-    with anyio.fail_after(timeout):
+    with anyio.fail_after(within):
         while True:
             value = predicate()
             if hasattr(value, "__await__"):
