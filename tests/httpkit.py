@@ -92,3 +92,36 @@ async def wait_until(predicate: Any, within: float = 20) -> None:
             if value:
                 return
             await anyio.sleep(0.01)
+
+
+def port_of(child: Any, within: float = 30) -> int:
+    """The port a child process announced (``http.listening``), waiting for the line."""
+    import re
+
+    pattern = re.compile(r"listening on port (\d+)")
+    child.wait_for(lambda c: any(pattern.search(line) for line in c.err), within,
+                   "the listening line")
+    for line in child.err:
+        match = pattern.search(line)
+        if match:
+            return int(match.group(1))
+    raise AssertionError("unreachable")
+
+
+def wait_ready(port: int, child: Any = None, within: float = 30) -> dict[str, Any]:
+    """Poll /readyz until it answers 200 (the child must stay alive meanwhile)."""
+    import time
+
+    deadline = time.monotonic() + within
+    last: Any = None
+    while time.monotonic() < deadline:
+        if child is not None and child.proc.poll() is not None:
+            raise AssertionError(f"child exited: {child.err}")
+        try:
+            last = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
+            if last.status_code == 200:
+                return dict(last.json())
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"never ready: {last and last.text}")
