@@ -193,7 +193,14 @@ def build_service(
 
     state = LoopState(mode=mode, started_at=time.monotonic(), interval=interval,
                       intervals=options.health_intervals)
-    metrics = Metrics(state)
+    store, clock = worker.store, worker.clock
+
+    async def figures() -> list[Any]:
+        from runner.io.http.figures import read_figures
+
+        return await read_figures(store, clock)
+
+    metrics = Metrics(state, figures)
     intake = Intake(_CommitCounter(worker, metrics.committed), worker.clock,  # type: ignore[arg-type]
                     worker.scope)
     app = RunnerApp(intake, options.auth, state, metrics, worker.store.pinned_target,
