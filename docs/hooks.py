@@ -341,12 +341,32 @@ def _render_kill9(doc: dict[str, Any]) -> str:
         f"{t['unexpected']} unexpected.", "", *rows])
 
 
+def _render_kill9_http(doc: dict[str, Any]) -> str:
+    head = ["run", "leads", "kills", "answered", "retried", "lost", "twice", "duplicated",
+            "wrong", "confirmed", "uncertain"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["results"]:
+        rows.append("| " + " | ".join(str(r[c]) for c in head) + " |")
+    t = doc["totals"]
+    rows.append("| **total** | " + " | ".join(f"**{t[c]}**" for c in head[1:]) + " |")
+    verdict = "PASS" if doc["ok"] else "FAIL"
+    return "\n".join([
+        _provenance(doc), "",
+        f"**{verdict}** (lost = twice = duplicated = wrong = 0 required). Backend "
+        f"{doc['backend']}, {doc['runs']} runs of {doc['leads']:,} leads (seed {doc['seed']}, "
+        f"{doc['seconds'] / 60:.1f} min): {t['kills']} kills under load, {t['answered']} "
+        f"answers, {t['lost']} lost, {t['twice']} answered twice, {t['duplicated']} "
+        f"duplicated in the target.", "", *rows])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,
     "kill9": _render_kill9,
+    "http": _render_bench,
+    "kill9-http": _render_kill9_http,
 }
 
 
