@@ -122,3 +122,29 @@ def test_the_socket_helper_refuses_a_busy_port() -> None:
             bind(Address("127.0.0.1", sock.getsockname()[1]))
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize(("text", "host", "port", "loopback"), [
+    ("8080", "127.0.0.1", 8080, True),
+    (":8080", "127.0.0.1", 8080, True),
+    ("127.0.0.1:0", "127.0.0.1", 0, True),
+    ("localhost:9", "localhost", 9, True),
+    ("[::1]:8080", "::1", 8080, True),
+    ("0.0.0.0:8080", "0.0.0.0", 8080, False),
+    ("192.0.2.10:80", "192.0.2.10", 80, False),
+    ("example.test:80", "example.test", 80, False),
+])
+def test_listen_addresses(text: str, host: str, port: int, loopback: bool) -> None:
+    from runner.io.http.server import parse_address
+
+    address = parse_address(text)
+    assert (address.host, address.port, address.loopback) == (host, port, loopback)
+
+
+@pytest.mark.parametrize("text", ["", "127.0.0.1:", "host:http", "127.0.0.1:65536"])
+def test_bad_listen_addresses_are_usage_errors(text: str) -> None:
+    from runner.errors import UsageError
+    from runner.io.http.server import parse_address
+
+    with pytest.raises(UsageError):
+        parse_address(text)
