@@ -23,14 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import leads, sweep
+from bench import leads, sweep, webhook
 from bench.common import Row, machine, print_table
 from bench.results import record
 
 FULL = {"single": 3000, "bulk": 100_000, "concurrent": 10_000, "dispatch": 2000,
-        "sweep": 100_000, "scale": 100_000}
+        "sweep": 100_000, "scale": 100_000, "webhook": 20_000, "metrics": 1_000_000}
 QUICK = {"single": 300, "bulk": 5000, "concurrent": 1000, "dispatch": 300,
-         "sweep": 5000, "scale": 5000}
+         "sweep": 5000, "scale": 5000, "webhook": 1000, "metrics": 5000}
 
 
 def sweep_row(n: int) -> list[Row]:
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--seed", type=int, default=20261130)
     parser.add_argument("--only",
-                        help="comma-separated: accept,dispatch,poll,sweep,startup,scale,soak")
+                        help="comma-separated: accept,dispatch,poll,sweep,startup,scale,soak,"
+                             "http")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     rng = random.Random(args.seed)
@@ -80,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         # the endurance run: only its quick variant here (~45 s, no results file); the
         # full one is its own command, ``python -m bench soak --minutes 30``
         ("soak", soak_row),
+        ("http", lambda: (webhook.intake(sizes["webhook"])
+                          + webhook.metrics_scale(sizes["metrics"]))),
     ]
     rows: list[Row] = []
     started = time.perf_counter()

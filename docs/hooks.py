@@ -381,6 +381,24 @@ def _render_stop_moments(doc: dict[str, Any]) -> str:
             f"{doc['second_median_seconds']:.1f} s | `{doc['file']}` |")
 
 
+def _render_kill9_http(doc: dict[str, Any]) -> str:
+    head = ["run", "leads", "kills", "answered", "retried", "lost", "twice", "duplicated",
+            "wrong", "confirmed", "uncertain"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["results"]:
+        rows.append("| " + " | ".join(str(r[c]) for c in head) + " |")
+    t = doc["totals"]
+    rows.append("| **total** | " + " | ".join(f"**{t[c]}**" for c in head[1:]) + " |")
+    verdict = "PASS" if doc["ok"] else "FAIL"
+    return "\n".join([
+        _provenance(doc), "",
+        f"**{verdict}** (lost = twice = duplicated = wrong = 0 required). Backend "
+        f"{doc['backend']}, {doc['runs']} runs of {doc['leads']:,} leads (seed {doc['seed']}, "
+        f"{doc['seconds'] / 60:.1f} min): {t['kills']} kills under load, {t['answered']} "
+        f"answers, {t['lost']} lost, {t['twice']} answered twice, {t['duplicated']} "
+        f"duplicated in the target.", "", *rows])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "sweep-explain": _render_sweep_explain,
@@ -388,6 +406,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "chaos": _render_chaos,
     "kill9": _render_kill9,
     "soak": _render_soak,
+    "http": _render_bench,
+    "kill9-http": _render_kill9_http,
 }
 
 

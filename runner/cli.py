@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "runner.commands.candidates",
     "runner.commands.pipeline",
     "runner.commands.outbox",
+    "runner.commands.serve",
 )
 
 #: which module registers each command: a command line naming one imports only that
@@ -44,6 +45,7 @@ COMMANDS = {
     "job": "runner.commands.pipeline",
     "backlog": "runner.commands.pipeline",
     "outbox": "runner.commands.outbox",
+    "serve": "runner.commands.serve",
 }
 
 

@@ -26,9 +26,10 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from runner.tasks.deliver import CycleSummary
 from runner.worker import DurableWorker
@@ -36,6 +37,16 @@ from runner.worker import DurableWorker
 log = logging.getLogger("runner.loop")
 
 BackgroundTask = tuple[str, Callable[[], Awaitable[None]]]
+
+
+class Service(Protocol):
+    """A server run from the task group (``start --listen``): started once the lock is
+    held, asked to ``stop`` (drain, bounded by its own grace) when the cycles end, and
+    cancelled at once by a hard stop."""
+
+    async def run(self, shutdown: Shutdown, *, task_status: TaskStatus[None]) -> None: ...
+
+    def stop(self) -> None: ...
 #: pause before a crashed background task is started again
 RESTART_DELAY = 5.0
 
@@ -173,9 +184,11 @@ async def run(
     settings: LoopSettings,
     emit: Callable[[CycleSummary], None],
     background: Sequence[BackgroundTask] = (),
+    services: Sequence[Service] = (),
 ) -> int:
-    """Run the lead loop (and background tasks) until ``cycles`` or a signal.  Returns the
-    exit code.  Raises LockHeld at once if another worker holds the lock."""
+    """Run the lead loop (and background tasks, and services) until ``cycles`` or a
+    signal.  Returns the exit code.  Raises LockHeld at once if another worker holds the
+    lock."""
     shutdown = Shutdown(settings.grace)
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:
@@ -183,7 +196,12 @@ async def run(
                 tg.start_soon(_watch_signals, signals, shutdown, tg)
                 for name, task in background:
                     tg.start_soon(_isolated, name, task)
-                await _lead_loop(worker, settings, shutdown, emit, recovered)
+                async with anyio.create_task_group() as serving:
+                    for service in services:
+                        await serving.start(service.run, shutdown)
+                    await _lead_loop(worker, settings, shutdown, emit, recovered)
+                    for service in services:  # drain what was received, then stop
+                        service.stop()
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             raise _unwrap(group) from None

@@ -42,6 +42,7 @@ from runner.storedata import (
 )
 
 if TYPE_CHECKING:
+    from runner.figures import LeadFigures
     from runner.models import LeadEvent, Scope
 
 __all__ = [
@@ -224,6 +225,11 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
 
     async def summary(self) -> StoreSummary:
         """Counts, outbox figures and poll health, from one consistent read."""
+        ...
+
+    async def lead_figures(self) -> LeadFigures:
+        """Counts by state (kept by triggers), the oldest uncertain record and the open
+        poll-health run: a few small reads whatever the store's size (``/metrics``)."""
         ...
 
     def iter_records(self, *, page: int = 1000) -> AsyncIterator[LeadRow]:

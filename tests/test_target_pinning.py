@@ -164,8 +164,11 @@ def make_pre_pinning(db: str, target: Path) -> None:
     if pg.is_pg(db):
         schema = pg.schema_of(db)
         s = f'"{schema}"'
-        # v7 (outbox retention) first, then v6
-        pg.execute(f"DROP TABLE {s}.outbox_retention, {s}.outbox_prunes;"
+        # v8 (lead counts) first, then v7 (outbox retention), then v6
+        pg.execute(f"DROP TABLE {s}.lead_counts; DROP FUNCTION {s}.lead_counts_inserted(),"
+                   f" {s}.lead_counts_moved() CASCADE;"
+                   f" DELETE FROM {s}.schema_migrations WHERE version = 8;"
+                   f" DROP TABLE {s}.outbox_retention, {s}.outbox_prunes;"
                    f" DROP FUNCTION {s}.outbox_prunes_fixed(), {s}.outbox_retention_kept(),"
                    f" {s}.outbox_retention_guard(), {s}.outbox_prune_guard() CASCADE;"
                    f" DROP TRIGGER outbox_no_update ON {s}.outbox;"
@@ -176,7 +179,9 @@ def make_pre_pinning(db: str, target: Path) -> None:
                    f' DELETE FROM {s}.schema_migrations WHERE version = 6')
     else:
         conn = sqlite3.connect(db)
-        conn.executescript("DROP TABLE outbox_retention; DROP TABLE outbox_prunes;"
+        conn.executescript("DROP TRIGGER lead_counts_insert; DROP TRIGGER lead_counts_state;"
+                           "DROP TABLE lead_counts;"
+                           "DROP TABLE outbox_retention; DROP TABLE outbox_prunes;"
                            "DROP TABLE target_pin; PRAGMA user_version = 5;")
         conn.close()
     conn = sqlite3.connect(target)

@@ -80,6 +80,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                        help="the raw retriever's JSON config file (re-read before every "
                             "batch)")
     plugin_option(start, "import MODULE and call its register(registry)")
+    from runner.commands.serve import health_option, listen_options
+
+    listen_options(start, required=False)
+    health_option(start)
     start.set_defaults(handler=cmd_start)
 
     observe = sub.add_parser(
@@ -139,13 +143,30 @@ async def _run(
 ) -> int:
     from runner import loop
 
+    options = None
+    if getattr(args, "listen", None) is not None:
+        from runner.commands.serve import http_options
+
+        options = http_options(args)  # bad secrets, a public address: before anything
+    _probe_lock(args)
     async with open_worker(args) as worker:
-        return await loop.run(worker, settings, _emit_cycle, background)
+        if options is None:
+            return await loop.run(worker, settings, _emit_cycle, background)
+        from runner.commands.serve import build_service
+
+        service = build_service(options, worker, mode="start", grace=settings.grace,
+                                interval=settings.interval)
+
+        def emit_and_count(summary: CycleSummary) -> None:
+            service.on_cycle(summary)
+            _emit_cycle(summary)
+
+        return await loop.run(worker, settings, emit_and_count, background, [service])
 
 
 def _probe_lock(args: argparse.Namespace) -> None:
-    """A live worker refuses us at once, before the store is touched (and before the
-    delivery modules are imported): a worker stopped inside a commit holds the store."""
+    """A live worker refuses us at once, before the store is touched: a worker stopped
+    inside a commit holds the store, not the lock file."""
     from runner.storedata import is_postgres
 
     if not is_postgres(args.db):
@@ -155,7 +176,6 @@ def _probe_lock(args: argparse.Namespace) -> None:
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
-    _probe_lock(args)
     from runner import loop
 
     return await _run(args, loop.LoopSettings(
@@ -163,7 +183,6 @@ async def cmd_once(args: argparse.Namespace) -> int:
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
-    _probe_lock(args)
     from runner import loop
     from runner.tasks.sweep import sweep_background_task
 

@@ -33,6 +33,7 @@ transaction; every runner write is one statement, so the queue is short.
 from __future__ import annotations
 
 from runner.io.postgres.candidates_schema import CANDIDATES_V1
+from runner.io.postgres.figures_schema import V8 as FIGURES_V8
 from runner.io.postgres.pipeline_schema import PIPELINE_V1
 from runner.states import LeadState, allowed_pairs
 
@@ -383,7 +384,7 @@ CREATE TABLE {s}.schema_migrations (
 
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
-                              7: V7}
+                              7: V7, 8: FIGURES_V8}
 LATEST = max(MIGRATIONS)
 
 

@@ -9,6 +9,7 @@ from runner.io.postgres import connection
 from runner.io.postgres.candidates import CandidateQueries
 from runner.io.postgres.delivery import DeliveryQueries
 from runner.io.postgres.dsn import parse
+from runner.io.postgres.figures import FigureQueries
 from runner.io.postgres.leads import LeadQueries
 from runner.io.postgres.observe import ObserveQueries
 from runner.io.postgres.pipeline_levels import PipelineLevelQueries
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
+class PostgresStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
                     PipelineWorkQueries, PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)

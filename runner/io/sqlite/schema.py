@@ -18,6 +18,7 @@ Invariants are enforced by the schema itself, not only by the code that writes i
 from __future__ import annotations
 
 from runner.io.sqlite.candidates_schema import CANDIDATES_V1
+from runner.io.sqlite.figures_schema import V8 as FIGURES_V8
 from runner.io.sqlite.pipeline_schema import PIPELINE_V1
 from runner.states import LeadState, allowed_pairs
 
@@ -246,7 +247,7 @@ BEGIN SELECT RAISE(ABORT, 'outbox is append-only above its prune floor'); END;
 
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
-                              7: V7}
+                              7: V7, 8: FIGURES_V8}
 LATEST = max(MIGRATIONS)
 
 

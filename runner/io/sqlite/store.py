@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from runner.io.sqlite import connection
 from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.delivery import DeliveryQueries
+from runner.io.sqlite.figures import FigureQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
 from runner.io.sqlite.pipeline_levels import PipelineLevelQueries
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
+class SQLiteStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
                   PipelineWorkQueries, PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)

@@ -1,0 +1,79 @@
+"""Liveness and readiness (SPEC E4), decided in pure code from what the loop reports.
+
+* ``/healthz``: the process answers, and — when it runs the delivery loop — the loop
+  completed a cycle within ``intervals`` cycle intervals (counted from the start until
+  the first cycle completes).  A loop stuck in a hung reconcile or a store that blocks
+  every cycle turns it unhealthy; a supervisor may then restart the process.
+* ``/readyz``: the worker lock is held (``start``; ``serve`` needs none), the store
+  answers a small read, and the process is not stopping.  A load balancer sends webhooks
+  only to a ready process; a stopping one drains what it already received.
+
+Times are monotonic seconds, passed in, so the rules are tested without sleeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Mode = Literal["start", "serve"]
+#: the shortest cycle interval the liveness rule counts with (``--interval 0`` runs
+#: cycles back to back; a second is still a sane unit for "within N intervals")
+MIN_INTERVAL = 1.0
+
+
+@dataclass
+class LoopState:
+    """What the HTTP endpoints know of the process: set by the runner loop, read here."""
+
+    mode: Mode
+    started_at: float
+    interval: float = 5.0
+    intervals: int = 3
+    lock_held: bool = False
+    #: set when a stop is asked for; ``stop_source`` (the runner loop's) is asked too
+    stop_asked: bool = False
+    stop_source: Callable[[], bool] | None = None
+    last_cycle_at: float | None = None
+    cycles: int = 0
+    #: wall-clock time of the last completed cycle (for the metric)
+    last_cycle_wall: float | None = field(default=None)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_asked or (self.stop_source is not None and self.stop_source())
+
+    def cycle_done(self, monotonic_now: float, wall_now: float) -> None:
+        self.last_cycle_at, self.last_cycle_wall = monotonic_now, wall_now
+        self.cycles += 1
+
+
+def liveness(state: LoopState, now: float) -> tuple[bool, dict[str, Any]]:
+    """(healthy, body) for ``/healthz``."""
+    if state.mode == "serve":
+        return True, {"status": "ok", "mode": "serve"}
+    since = state.last_cycle_at if state.last_cycle_at is not None else state.started_at
+    age = max(0.0, now - since)
+    limit = state.intervals * max(state.interval, MIN_INTERVAL)
+    healthy = age <= limit
+    return healthy, {
+        "status": "ok" if healthy else "stale",
+        "mode": "start",
+        "cycles": state.cycles,
+        "seconds_since_cycle": round(age, 3),
+        "limit_seconds": limit,
+    }
+
+
+def readiness(state: LoopState, store_ok: bool) -> tuple[bool, dict[str, Any]]:
+    """(ready, body) for ``/readyz``."""
+    lock: bool | None = state.lock_held if state.mode == "start" else None
+    ready = store_ok and not state.stopping and lock is not False
+    return ready, {
+        "ready": ready,
+        "mode": state.mode,
+        "lock": lock,
+        "store": store_ok,
+        "stopping": state.stopping,
+    }

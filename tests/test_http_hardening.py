@@ -1,0 +1,150 @@
+"""Hardening of the HTTP edge (issue 18 point 5), over real sockets: header and body read
+timeouts, the header size bound, the concurrency bound, and no secret or contact alias in
+any log line or error body."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import pytest
+
+from tests.helpers import CANARY, event
+from tests.httpkit import SECRET, TOKEN, body_of, serving, signed, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _connect(port: int) -> anyio.abc.SocketStream:
+    return await anyio.connect_tcp("127.0.0.1", port)
+
+
+async def _read_all(stream: anyio.abc.SocketStream) -> bytes:
+    data = b""
+    with anyio.fail_after(20):
+        while True:
+            try:
+                chunk = await stream.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+                return data
+            data += chunk
+
+
+async def test_a_client_trickling_headers_is_disconnected(db_location: str) -> None:
+    async with serving(db_location, timeout=0.5) as s:
+        stream = await _connect(s.port)
+        await stream.send(b"POST /webhook HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+        assert await _read_all(stream) == b""  # closed, no request was ever made
+        await stream.aclose()
+        assert (await s.get("/healthz")).status_code == 200
+
+
+async def test_oversized_headers_are_refused(db_location: str) -> None:
+    async with serving(db_location) as s:
+        stream = await _connect(s.port)
+        await stream.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        try:
+            for _ in range(40):
+                await stream.send(b"X-Padding: " + b"a" * 1000 + b"\r\n")
+            await stream.send(b"\r\n")
+        except anyio.BrokenResourceError:
+            answer = b""  # the server closed the connection under the sender
+        else:
+            answer = await _read_all(stream)
+        assert b"200 OK" not in answer
+        await stream.aclose()
+
+
+async def test_a_body_slower_than_the_timeout_is_408(db_location: str) -> None:
+    async with serving(db_location, timeout=0.5) as s:
+        body = body_of(event(1))
+        stream = await _connect(s.port)
+        head = (f"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                f"X-Hub-Signature-256: {signed(body)['X-Hub-Signature-256']}\r\n\r\n")
+        await stream.send(head.encode() + body[:10])
+        answer = await _read_all(stream)
+        assert answer.startswith(b"HTTP/1.1 408")
+        await stream.aclose()
+        assert [r async for r in s.worker.store.iter_records()] == []
+
+
+async def test_requests_beyond_the_concurrency_bound_get_503(db_location: str) -> None:
+    async with serving(db_location, max_concurrency=2) as s:
+        held = [await _connect(s.port) for _ in range(2)]
+        try:
+            response = await s.get("/healthz")
+            assert response.status_code == 503
+        finally:
+            for stream in held:
+                await stream.aclose()
+        async def healthy() -> bool:
+            return (await s.get("/healthz")).status_code == 200
+
+        await wait_until(healthy)  # the slots free once the connections close
+
+
+async def test_no_secret_token_or_alias_in_logs_or_error_bodies(
+        db_location: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    bodies: list[str] = []
+    async with serving(db_location) as s:
+        good = body_of(event(1, contact_alias=CANARY))
+        for body, headers in [
+            (good, signed(good)),
+            (good, signed(good, b"wrong")),
+            (good, {"X-Hub-Signature-256": "sha256=" + SECRET.hex()}),
+            (body_of(event(1, contact_alias=CANARY + "2")),
+             signed(body_of(event(1, contact_alias=CANARY + "2")))),
+            (body_of(event(2, contact_alias=CANARY, tenant_id="t")),
+             signed(body_of(event(2, contact_alias=CANARY, tenant_id="t")))),
+            (b'{"contact_alias": "' + CANARY.encode() + b'"',
+             signed(b'{"contact_alias": "' + CANARY.encode() + b'"')),
+        ]:
+            bodies.append((await s.post(body, headers=headers)).text)
+        bodies.append((await s.get("/webhook", params={"hub.mode": "subscribe",
+                                                       "hub.verify_token": TOKEN + "x",
+                                                       "hub.challenge": "1"})).text)
+        bodies.append((await s.get("/metrics")).text)
+    ours = [r for r in caplog.records if r.name.startswith(("runner", "uvicorn"))]
+    assert ours  # the 403s and the rejections were logged
+    seen = "\n".join(bodies) + "\n".join(r.getMessage() + str(vars(r)) for r in ours)
+    for secret in (CANARY, SECRET.decode(), SECRET.hex(), TOKEN):
+        assert secret not in seen
+
+
+def test_the_socket_helper_refuses_a_busy_port() -> None:
+    from runner.errors import UsageError
+    from runner.io.http.server import Address, bind
+
+    sock = bind(Address("127.0.0.1", 0))
+    try:
+        with pytest.raises(UsageError, match="cannot listen"):
+            bind(Address("127.0.0.1", sock.getsockname()[1]))
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(("text", "host", "port", "loopback"), [
+    ("8080", "127.0.0.1", 8080, True),
+    (":8080", "127.0.0.1", 8080, True),
+    ("127.0.0.1:0", "127.0.0.1", 0, True),
+    ("localhost:9", "localhost", 9, True),
+    ("[::1]:8080", "::1", 8080, True),
+    ("0.0.0.0:8080", "0.0.0.0", 8080, False),
+    ("192.0.2.10:80", "192.0.2.10", 80, False),
+    ("example.test:80", "example.test", 80, False),
+])
+def test_listen_addresses(text: str, host: str, port: int, loopback: bool) -> None:
+    from runner.io.http.server import parse_address
+
+    address = parse_address(text)
+    assert (address.host, address.port, address.loopback) == (host, port, loopback)
+
+
+@pytest.mark.parametrize("text", ["", "127.0.0.1:", "host:http", "127.0.0.1:65536"])
+def test_bad_listen_addresses_are_usage_errors(text: str) -> None:
+    from runner.errors import UsageError
+    from runner.io.http.server import parse_address
+
+    with pytest.raises(UsageError):
+        parse_address(text)
