@@ -1,4 +1,6 @@
-"""Shared helpers: synthetic fixtures and running the CLI as a real process."""
+"""Shared helpers: synthetic fixtures, and running the CLI in process (``run_main``: exit
+codes and output shapes) or as a real process (``run_cli``, ``Child``: where the point is a
+process)."""
 
 from __future__ import annotations
 
@@ -59,6 +61,86 @@ def run_cli(
         timeout=timeout,
         cwd=cwd,
     )
+
+
+#: what makes a command line leave the process on purpose (``os._exit(73)``), or block
+#: a thread until a test releases it: only a real process can run those
+_PROCESS_ONLY_FAULTS = ("crash", "hang")
+_PROCESS_ONLY_ENV = ("RUNNER_CRASH_AT",)
+
+
+def run_main(
+    *args: str | Path,
+    input: str | bytes | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``runner.cli.main(ARGS)`` in this process and return what it did, in the shape
+    ``run_cli`` returns: the same exit code, stdout and stderr as ``python run.py ARGS``,
+    without an interpreter start-up.
+
+    ``main`` calls ``anyio.run`` itself: from a test with a running event loop it runs in
+    a worker thread (the loop is blocked meanwhile, as it is by ``run_cli``).  ``input``
+    becomes ``sys.stdin`` (for ``--record -``); ``env`` and ``cwd`` apply for the call
+    only.  The ``runner`` logger is restored afterwards, so nothing leaks into the next
+    test.  A command line that crashes or hangs on purpose is refused: use ``run_cli``.
+    """
+    import asyncio
+    import contextlib
+    import io
+    import logging
+    import threading
+
+    from runner.cli import main
+
+    argv = [str(a) for a in args]
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--fault" and argv[i + 1].startswith(_PROCESS_ONLY_FAULTS):
+            raise AssertionError(f"--fault {argv[i + 1]} needs a real process: use run_cli")
+    if any(name in {**os.environ, **(env or {})} for name in _PROCESS_ONLY_ENV):
+        raise AssertionError("a crash point needs a real process: use run_cli")
+    data = input.encode() if isinstance(input, str) else input
+    out, err = io.StringIO(), io.StringIO()
+    logger = logging.getLogger("runner")
+    saved_logger = (logger.handlers[:], logger.level, logger.propagate)
+    saved_env = {name: os.environ.get(name) for name in env or {}}
+    saved_cwd = os.getcwd()
+    saved_stdin = sys.stdin
+    result: list[int] = []
+
+    def call() -> None:
+        result.append(main(argv))
+
+    try:
+        os.environ.update(env or {})
+        if cwd is not None:
+            os.chdir(cwd)
+        if data is not None:
+            sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                call()
+            else:
+                thread = threading.Thread(target=call, name="run_main")
+                thread.start()
+                thread.join(timeout)
+                assert not thread.is_alive(), f"main{argv} did not return in {timeout} s"
+    finally:
+        sys.stdin = saved_stdin
+        os.chdir(saved_cwd)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        logger.handlers[:] = saved_logger[0]
+        logger.setLevel(saved_logger[1])
+        logger.propagate = saved_logger[2]
+    return subprocess.CompletedProcess(["runner", *argv], result[0], out.getvalue(),
+                                       err.getvalue())
 
 
 def last_json(stdout: str) -> Any:
