@@ -4,6 +4,7 @@ process)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sqlite3
@@ -69,6 +70,24 @@ _PROCESS_ONLY_FAULTS = ("crash", "hang")
 _PROCESS_ONLY_ENV = ("RUNNER_CRASH_AT",)
 
 
+def needs_a_process(argv: list[str], env: dict[str, str] | None = None) -> bool:
+    """Whether a command line crashes (``os._exit``) or hangs on purpose."""
+    faults = [value for option, value in itertools.pairwise(argv)
+              if option == "--fault"]
+    return (any(value.startswith(_PROCESS_ONLY_FAULTS) for value in faults)
+            or any(name in {**os.environ, **(env or {})} for name in _PROCESS_ONLY_ENV))
+
+
+def run_command(
+    *args: str | Path, env: dict[str, str] | None = None, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """``run_main`` in process, or ``run_cli`` in a real process for a command line that
+    crashes or hangs on purpose: a test arranges in process and acts in a process."""
+    if needs_a_process([str(a) for a in args], env):
+        return run_cli(*args, env=env, **kw)
+    return run_main(*args, env=env, **kw)
+
+
 def run_main(
     *args: str | Path,
     input: str | bytes | None = None,
@@ -95,11 +114,8 @@ def run_main(
     from runner.cli import main
 
     argv = [str(a) for a in args]
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "--fault" and argv[i + 1].startswith(_PROCESS_ONLY_FAULTS):
-            raise AssertionError(f"--fault {argv[i + 1]} needs a real process: use run_cli")
-    if any(name in {**os.environ, **(env or {})} for name in _PROCESS_ONLY_ENV):
-        raise AssertionError("a crash point needs a real process: use run_cli")
+    if needs_a_process(argv, env):
+        raise AssertionError(f"{argv} crashes or hangs on purpose: use run_cli")
     data = input.encode() if isinstance(input, str) else input
     out, err = io.StringIO(), io.StringIO()
     logger = logging.getLogger("runner")

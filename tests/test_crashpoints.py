@@ -12,7 +12,7 @@ import pytest
 from runner import crashpoints
 from runner.errors import UsageError
 from tests.fakes import sheet_rows
-from tests.helpers import ROOT, event, last_json, run_cli, write_json
+from tests.helpers import ROOT, event, last_json, run_command, write_json
 
 HIT = re.compile(r'crashpoints\.hit\("([^"]+)"\)')
 
@@ -52,15 +52,15 @@ class Env:
 
     def accept(self, i: int, env: dict[str, str] | None = None):
         rec = write_json(self.dir / f"e{i}.json", event(i))
-        return run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec,
+        return run_command("accept", "--db", self.db, "--scope", self.scope, "--record", rec,
                        env=env)
 
     def once(self, *extra: str, env: dict[str, str] | None = None):
-        return run_cli("once", "--db", self.db, "--scope", self.scope, "--target",
+        return run_command("once", "--db", self.db, "--scope", self.scope, "--target",
                        self.target, *extra, env=env)
 
     def records(self) -> dict[str, dict]:
-        doc = json.loads(run_cli("status", "--db", self.db).stdout)
+        doc = json.loads(run_command("status", "--db", self.db).stdout)
         return {r["source_lead_id"]: r for r in doc["records"]}
 
 
@@ -97,7 +97,7 @@ def test_a_crash_after_the_target_write_is_confirmed_by_readback_never_resent(en
 def test_environment_arming_reaches_poll_status(env: Env):
     env.accept(1)
     assert env.once().returncode == 0
-    proc = run_cli("poll-status", "--db", env.db, "--scope", env.scope, "--target",
+    proc = run_command("poll-status", "--db", env.db, "--scope", env.scope, "--target",
                    env.target, env={"RUNNER_CRASH_AT": "poll.before-apply"})
     assert proc.returncode == 73 and proc.stdout == ""
 
@@ -117,17 +117,17 @@ def test_unknown_or_repeated_crash_points_exit_2(env: Env, how: str):
 
 
 def test_a_sweep_dying_before_its_commit_changes_nothing(env: Env) -> None:
-    add = run_cli("candidate", "add", "--db", env.db, "--id", "cand-1", "--ttl-minutes", "1",
+    add = run_command("candidate", "add", "--db", env.db, "--id", "cand-1", "--ttl-minutes", "1",
                   "--now", "2026-01-01T00:00:00Z")
     assert add.returncode == 0, add.stderr
     sweep = ("sweep", "--db", env.db, "--now", "2026-01-01T00:10:00Z")
-    crashed = run_cli(*sweep, env={"RUNNER_CRASH_AT": "sweep.before-commit"})
+    crashed = run_command(*sweep, env={"RUNNER_CRASH_AT": "sweep.before-commit"})
     assert crashed.returncode == 73 and crashed.stdout == ""
-    listed = run_cli("candidate", "list", "--db", env.db)
+    listed = run_command("candidate", "list", "--db", env.db)
     assert [c["status"] for c in json.loads(listed.stdout)] == ["discovered"]  # rolled back
-    after = run_cli(*sweep, env={"RUNNER_CRASH_AT": "sweep.after-commit"})
+    after = run_command(*sweep, env={"RUNNER_CRASH_AT": "sweep.after-commit"})
     assert after.returncode == 73 and after.stdout == ""
-    listed = run_cli("candidate", "list", "--db", env.db)
+    listed = run_command("candidate", "list", "--db", env.db)
     assert [c["status"] for c in json.loads(listed.stdout)] == ["expired"]  # committed
-    again = run_cli(*sweep)
+    again = run_command(*sweep)
     assert again.returncode == 0 and last_json(again.stdout) == {"expired": 0, "reconciled": 0}

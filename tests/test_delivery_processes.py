@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import sheet_rows
-from tests.helpers import RUN, dump_store, event, last_json, run_cli, write_json
+from tests.helpers import RUN, dump_store, event, last_json, run_command, write_json
 
 
 class Env:
@@ -24,16 +24,16 @@ class Env:
 
     def accept(self, i: int) -> dict:
         rec = write_json(self.dir / f"event-{i}.json", event(i))
-        proc = run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec)
+        proc = run_command("accept", "--db", self.db, "--scope", self.scope, "--record", rec)
         assert proc.returncode == 0, proc.stderr
         return last_json(proc.stdout)
 
     def once(self, *extra: str, env: dict[str, str] | None = None):
-        return run_cli("once", "--db", self.db, "--scope", self.scope, "--target", self.target,
+        return run_command("once", "--db", self.db, "--scope", self.scope, "--target", self.target,
                        *extra, env=env)
 
     def records(self) -> dict[str, dict]:
-        proc = run_cli("status", "--db", self.db)
+        proc = run_command("status", "--db", self.db)
         assert proc.returncode == 0, proc.stderr
         return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
 
@@ -165,5 +165,5 @@ def test_once_usage_errors(env: Env) -> None:
     assert env.once("--fault", "explode").returncode == 2
     assert env.once("--dispatch-limit", "0").returncode == 2
     if not env.db.startswith("postgres"):
-        same = run_cli("once", "--db", env.db, "--scope", env.scope, "--target", env.db)
+        same = run_command("once", "--db", env.db, "--scope", env.scope, "--target", env.db)
         assert same.returncode == 2

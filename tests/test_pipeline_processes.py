@@ -12,7 +12,7 @@ import pytest
 
 from runner.models import Scope
 from runner.store import Store, open_store
-from tests.helpers import Child, run_cli, wait_path
+from tests.helpers import Child, run_main, wait_path
 from tests.pipeline_fixtures import lead_history, level, query
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -22,7 +22,7 @@ PLUGIN = "tests.procs.pipeline_plugin"
 def _backlog(db: str) -> dict:
     import json
 
-    proc = run_cli("backlog", "--db", db)
+    proc = run_main("backlog", "--db", db)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -62,7 +62,7 @@ async def test_a_worker_killed_mid_batch_is_replaced_after_its_lease_runs_out(
     store: Store, scope: Scope, db_location: str, workdir: Path
 ) -> None:
     await lead_history(store, scope, 60, confirm=range(40), statuses={1: "won", 2: "lost"})
-    assert run_cli("job", "backfill", "--db", db_location).returncode == 0
+    assert run_main("job", "backfill", "--db", db_location).returncode == 0
     marker = workdir / "claimed"
     victim = _worker(db_location, "core-processor", "--lease", "1", "--batch-size", "50",
                      env={"RUNNER_TEST_HANG_FILE": str(marker)})
@@ -86,7 +86,7 @@ async def test_a_worker_killed_mid_batch_is_replaced_after_its_lease_runs_out(
                                        "WHERE processor = 'lead-facts'"))
     assert {attempts[i] for i in held} == {2}
     for name in ("replay-generic-materialization", "replay-domain-projection"):
-        assert run_cli("job", name, "--db", db_location).returncode == 0
+        assert run_main("job", name, "--db", db_location).returncode == 0
     # exactly one current outcome per (input, processor, version), all terminal
     assert query(db_location, "SELECT count(*), count(DISTINCT input_id || processor || "
                               "version), min(state), max(state) FROM pipeline_work"
@@ -106,7 +106,7 @@ async def test_four_worker_processes_share_10000_inputs_none_lost_none_twice(
     store: Store, scope: Scope, db_location: str
 ) -> None:
     await lead_history(store, scope, 10_000)
-    assert run_cli("job", "backfill", "--db", db_location, "--batch-size", "1000"
+    assert run_main("job", "backfill", "--db", db_location, "--batch-size", "1000"
                    ).returncode == 0
     workers = [_worker(db_location, "core-processor", "--lease", "30") for _ in range(4)]
     try:

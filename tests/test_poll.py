@@ -12,7 +12,7 @@ import pytest
 from runner import DurableWorker
 from runner.io.synthetic_target import SyntheticTarget
 from tests.fakes import sheet_rows
-from tests.helpers import SCOPE, event, last_json, run_cli, write_json
+from tests.helpers import SCOPE, event, last_json, run_main, write_json
 
 
 class Env:
@@ -34,13 +34,13 @@ class Env:
         anyio.run(go)
 
     def cli(self, command: str, *extra: str | Path) -> dict:
-        proc = run_cli(command, "--db", self.db, "--scope", self.scope, "--target", self.target,
+        proc = run_main(command, "--db", self.db, "--scope", self.scope, "--target", self.target,
                        *extra)
         assert proc.returncode == 0, proc.stderr
         return last_json(proc.stdout)
 
     def status(self) -> dict:
-        return json.loads(run_cli("status", "--db", self.db).stdout)
+        return json.loads(run_main("status", "--db", self.db).stdout)
 
     def set_target_status(self, key: str, status: str) -> None:
         conn = sqlite3.connect(self.target)
@@ -160,7 +160,7 @@ def test_observe_changed_unchanged_missing(env: Env) -> None:
     assert events == 1
     assert env.cli("observe", "--record", rec, "--snapshot", gone)["result"] == "missing"
     assert env.cli("observe", "--record", rec, "--snapshot", gone)["result"] == "missing"
-    refused = run_cli("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
+    refused = run_main("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
                       "--snapshot", won)
     assert refused.returncode == 65 and "confirmed_then_missing" in refused.stderr
     doc = env.status()
@@ -182,7 +182,7 @@ def test_observe_refusals(env: Env, snapshot: dict, event_doc: dict) -> None:
     before = env.status()
     rec = write_json(env.dir / "e.json", event_doc)
     snap = write_json(env.dir / "s.json", snapshot)
-    proc = run_cli("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
+    proc = run_main("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
                    "--snapshot", snap)
     assert proc.returncode == 65, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -191,9 +191,9 @@ def test_observe_refusals(env: Env, snapshot: dict, event_doc: dict) -> None:
 
 def test_observe_a_record_that_is_not_confirmed(env: Env) -> None:
     rec = write_json(env.dir / "e.json", event(5))
-    assert run_cli("accept", "--db", env.db, "--scope", env.scope, "--record", rec
+    assert run_main("accept", "--db", env.db, "--scope", env.scope, "--record", rec
                    ).returncode == 0
     snap = write_json(env.dir / "s.json", {"status": "won"})
-    proc = run_cli("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
+    proc = run_main("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
                    "--snapshot", snap)
     assert proc.returncode == 65 and "prepared" in proc.stderr

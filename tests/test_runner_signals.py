@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import sheet_rows
-from tests.helpers import Child, event, last_json, run_cli, wait_path, write_json
+from tests.helpers import Child, event, last_json, run_command, wait_path, write_json
 
 
 class Setup:
@@ -23,7 +23,7 @@ class Setup:
 
     def accept(self, i: int) -> None:
         rec = write_json(self.dir / f"e{i}.json", event(i))
-        assert run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec
+        assert run_command("accept", "--db", self.db, "--scope", self.scope, "--record", rec
                        ).returncode == 0
 
     def args(self, command: str, *extra: str) -> list[str | Path]:
@@ -38,7 +38,7 @@ class Setup:
         (self.hang / "release").touch()
 
     def records(self) -> dict[str, dict]:
-        proc = run_cli("status", "--db", self.db)
+        proc = run_command("status", "--db", self.db)
         return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
 
 
@@ -88,7 +88,7 @@ def test_b_two_sigterms_stop_at_once_and_the_record_is_reconciled(s: Setup) -> N
         child.kill()
     rec = s.records()["lead-1"]
     assert rec["state"] in ("uncertain", "in_flight") and rec["attempts"] == 1
-    nxt = run_cli(*s.args("start", "--cycles", "1"))
+    nxt = run_command(*s.args("start", "--cycles", "1"))
     assert nxt.returncode == 0, nxt.stderr
     assert last_json(nxt.stdout)["reconciled"] == 1
     rec = s.records()["lead-1"]
@@ -136,7 +136,7 @@ def test_c_sigint_stops_a_process_started_with_sigint_ignored(s: Setup) -> None:
 
 def test_i_no_dispatch_while_a_reconcile_hangs(s: Setup) -> None:
     s.accept(1)
-    crashed = run_cli(*s.args("once", "--fault", "crash-before-write"))
+    crashed = run_command(*s.args("once", "--fault", "crash-before-write"))
     assert crashed.returncode == 73  # lead-1 is now in flight, never sent
     s.accept(2)
     child = s.start("--cycles", "1", "--fault", "hang-readback")
@@ -156,7 +156,7 @@ def test_i_no_dispatch_while_a_reconcile_hangs(s: Setup) -> None:
 
 def test_a_signal_during_a_hanging_reconcile_stops_at_once(s: Setup) -> None:
     s.accept(1)
-    assert run_cli(*s.args("once", "--fault", "crash-before-write")).returncode == 73
+    assert run_command(*s.args("once", "--fault", "crash-before-write")).returncode == 73
     child = s.start("--fault", "hang-readback", "--interval", "3600")
     try:
         wait_path(s.hang / "entered-read_back", child)
@@ -172,7 +172,7 @@ def test_start_refused_while_another_worker_runs(s: Setup) -> None:
     child = s.start("--interval", "3600")
     try:
         child.wait_out_lines(1)
-        second = run_cli(*s.args("start", "--cycles", "1"))
+        second = run_command(*s.args("start", "--cycles", "1"))
         assert second.returncode == 75 and f"pid {child.proc.pid}" in second.stderr
         child.signal(signal.SIGTERM)
         assert child.finish() == 0
@@ -187,6 +187,6 @@ def test_start_refused_while_another_worker_runs(s: Setup) -> None:
      ["--interval", "nan"], ["--grace", "NaN"]],  # NaN used to escape as a traceback
 )
 def test_bad_options_exit_2(s: Setup, bad: list[str]) -> None:
-    proc = run_cli(*s.args("start", *bad))
+    proc = run_command(*s.args("start", *bad))
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
