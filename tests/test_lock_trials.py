@@ -17,7 +17,17 @@ import pytest
 from bench.invariants import read_store
 from tests import pg
 from tests.fakes import sheet_rows
-from tests.helpers import ROOT, Child, dump_db, event, last_json, run_main, wait_path, write_json
+from tests.helpers import (
+    ROOT,
+    Child,
+    dump_db,
+    event,
+    last_json,
+    run_cli,
+    run_main,
+    wait_path,
+    write_json,
+)
 
 CHILDREN, EACH = 4, 25
 
@@ -71,7 +81,7 @@ def test_100_second_workers_refused_then_the_next_one_recovers(
             assert result["code"] == 75, result
             assert result["out"] == "" and len(result["err"].strip().splitlines()) == 1
             assert f"pid {holder.proc.pid}" in result["err"]
-        cli = run_main("once", "--db", db, "--scope", scope_file, "--target", target)
+        cli = run_cli("once", "--db", db, "--scope", scope_file, "--target", target)
         assert cli.returncode == 75 and cli.stdout == ""  # and through a fresh process
         assert _content(db) == before and sheet_rows(target) == rows  # nothing written
         assert holder.proc.poll() is None  # the holder never noticed

@@ -58,7 +58,7 @@ def kinds(doc: dict) -> dict[str, int]:
     return doc["outbox"]["by_kind"]
 
 
-def test_d_a_separate_start_process_sees_a_target_status_change(env: Env) -> None:
+def test_a_separate_start_process_sees_a_target_status_change(env: Env) -> None:
     env.confirmed(2)
     env.cli("poll-status")  # first observation: {"status": "new"}
     before = kinds(env.status()).get("status_changed", 0)
@@ -72,7 +72,7 @@ def test_d_a_separate_start_process_sees_a_target_status_change(env: Env) -> Non
     assert recs["lead-0"]["snapshot"] == {"status": "new"}
 
 
-def test_e_fairness_every_record_once_before_any_twice(env: Env) -> None:
+def test_polling_is_fair_every_record_once_before_any_twice(env: Env) -> None:
     env.confirmed(250)
     times = ["2026-12-01T00:00:01Z", "2026-12-01T00:00:02Z", "2026-12-01T00:00:03Z"]
     for at in times:
@@ -88,7 +88,7 @@ def test_e_fairness_every_record_once_before_any_twice(env: Env) -> None:
     assert third == {f"lead-{i}" for i in range(200, 250)} | {f"lead-{i}" for i in range(50)}
 
 
-def test_f_an_unchanged_poll_writes_no_event(env: Env) -> None:
+def test_an_unchanged_poll_writes_no_event(env: Env) -> None:
     env.confirmed(3)
     first = env.cli("poll-status")
     assert (first["polled"], first["changed"]) == (3, 3)  # first snapshot of each
@@ -100,7 +100,7 @@ def test_f_an_unchanged_poll_writes_no_event(env: Env) -> None:
     assert all(r["last_polled_at"] for r in doc["records"])
 
 
-def test_g_read_errors_over_three_processes_make_one_health_event(env: Env) -> None:
+def test_read_errors_over_three_runs_make_one_health_event(env: Env) -> None:
     env.confirmed(2)
     env.cli("poll-status")
     snapshots = [r["snapshot"] for r in env.status()["records"]]
@@ -118,7 +118,7 @@ def test_g_read_errors_over_three_processes_make_one_health_event(env: Env) -> N
     assert kinds(env.status())["poll_health"] == 2
 
 
-def test_h_explicit_missing_is_never_sent_again(env: Env) -> None:
+def test_an_explicit_missing_is_never_sent_again(env: Env) -> None:
     env.confirmed(2)
     conn = sqlite3.connect(env.target)
     conn.execute("DELETE FROM sheet WHERE source_lead_id = 'lead-1'")

@@ -75,7 +75,7 @@ def test_a_sigterm_during_a_hanging_send_lets_it_finish(s: Setup) -> None:
     assert len(sheet_rows(s.target)) == 1
 
 
-def test_b_two_sigterms_stop_at_once_and_the_record_is_reconciled(s: Setup) -> None:
+def test_two_sigterms_stop_at_once_and_the_record_is_reconciled(s: Setup) -> None:
     s.accept(1)
     child = s.start("--interval", "3600", "--fault", "hang")
     try:
@@ -110,7 +110,7 @@ def test_grace_running_out_is_a_hard_stop(s: Setup) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_c_a_signal_during_the_interval_wait_exits_0_promptly(s: Setup, sig: int) -> None:
+def test_a_signal_during_the_interval_wait_exits_0_promptly(s: Setup, sig: int) -> None:
     s.accept(1)
     child = s.start("--interval", "3600")
     try:
@@ -121,7 +121,7 @@ def test_c_a_signal_during_the_interval_wait_exits_0_promptly(s: Setup, sig: int
         child.kill()
 
 
-def test_c_sigint_stops_a_process_started_with_sigint_ignored(s: Setup) -> None:
+def test_sigint_stops_a_process_started_with_sigint_ignored(s: Setup) -> None:
     """A background job of a non-interactive shell inherits SIGINT ignored."""
     s.accept(1)
     child = s.start("--interval", "3600",
@@ -134,7 +134,7 @@ def test_c_sigint_stops_a_process_started_with_sigint_ignored(s: Setup) -> None:
         child.kill()
 
 
-def test_i_no_dispatch_while_a_reconcile_hangs(s: Setup) -> None:
+def test_no_dispatch_while_a_reconcile_hangs(s: Setup) -> None:
     s.accept(1)
     crashed = run_command(*s.args("once", "--fault", "crash-before-write"))
     assert crashed.returncode == 73  # lead-1 is now in flight, never sent
