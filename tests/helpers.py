@@ -301,3 +301,68 @@ def wait_path(path: Path, child: Child | None = None, timeout: float = 30) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {path}")
         time.sleep(0.01)
+
+
+class CliStore:
+    """A store with its scope and target files, driven through the CLI the way a user
+    drives it: every command in process (``run_main``), except one that crashes or hangs
+    on purpose, which runs as a real process (``run_command``).  The ``cli_store``
+    fixture makes one per backend."""
+
+    def __init__(self, workdir: Path, scope_file: Path, db: str | Path) -> None:
+        self.dir = workdir
+        self.scope = scope_file
+        self.db = str(db)
+        self.target = workdir / "target.db"
+
+    def run(self, command: str, *extra: str | Path, env: dict[str, str] | None = None,
+            ) -> subprocess.CompletedProcess[str]:
+        """``COMMAND --db --scope --target EXTRA`` (no ``--target`` for accept)."""
+        target: list[str | Path] = [] if command == "accept" else ["--target", self.target]
+        return run_command(command, "--db", self.db, "--scope", self.scope, *target, *extra,
+                           env=env)
+
+    def accept(self, *ids: int, env: dict[str, str] | None = None, ok: bool = True,
+               ) -> subprocess.CompletedProcess[str]:
+        """Accept ``event(i)`` for each id (with ``ok``, each must exit 0); the last run."""
+        proc = None
+        for i in ids:
+            proc = self.run("accept", "--record", write_json(self.dir / f"e{i}.json", event(i)),
+                            env=env)
+            assert not ok or proc.returncode == 0, proc.stderr
+        assert proc is not None
+        return proc
+
+    def once(self, *extra: str | Path, env: dict[str, str] | None = None,
+             ) -> subprocess.CompletedProcess[str]:
+        return self.run("once", *extra, env=env)
+
+    def cli(self, command: str, *extra: str | Path) -> Any:
+        """Run a command that must exit 0; its last JSON line."""
+        proc = self.run(command, *extra)
+        assert proc.returncode == 0, proc.stderr
+        return last_json(proc.stdout)
+
+    def status(self) -> Any:
+        proc = run_main("status", "--db", self.db)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def records(self) -> dict[str, Any]:
+        return {r["source_lead_id"]: r for r in self.status()["records"]}
+
+    def confirmed(self, n: int) -> None:
+        """n confirmed records, made in process through the library."""
+        from runner import DurableWorker
+        from runner.io.synthetic_target import SyntheticTarget
+        from tests import pg
+
+        async def go() -> None:
+            target = SyntheticTarget(str(self.target))
+            async with DurableWorker(self.db, SCOPE, target) as worker:
+                for i in range(n):
+                    await worker.accept(event(i))
+                assert (await worker.run_cycle()).confirmed == n
+            target.close()
+
+        pg.run(go)  # on a loop of its own: callable from sync and async tests

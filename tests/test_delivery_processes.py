@@ -3,7 +3,6 @@ process; a process only for the act)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import anyio
@@ -14,44 +13,21 @@ from tests.fakes import sheet_rows
 from tests.helpers import (
     SCOPE,
     Child,
+    CliStore,
     dump_store,
     event,
     last_json,
     run_command,
     wait_path,
-    write_json,
 )
 
 
-class Env:
-    def __init__(self, workdir: Path, scope_file: Path, db: str) -> None:
-        self.dir = workdir
-        self.db = db
-        self.target = workdir / "target.db"
-        self.scope = scope_file
-
-    def accept(self, i: int) -> dict:
-        rec = write_json(self.dir / f"event-{i}.json", event(i))
-        proc = run_command("accept", "--db", self.db, "--scope", self.scope, "--record", rec)
-        assert proc.returncode == 0, proc.stderr
-        return last_json(proc.stdout)
-
-    def once(self, *extra: str, env: dict[str, str] | None = None):
-        return run_command("once", "--db", self.db, "--scope", self.scope, "--target", self.target,
-                       *extra, env=env)
-
-    def records(self) -> dict[str, dict]:
-        proc = run_command("status", "--db", self.db)
-        assert proc.returncode == 0, proc.stderr
-        return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
-
-
 @pytest.fixture
-def env(workdir: Path, scope_file: Path, db_location: str) -> Env:
-    return Env(workdir, scope_file, db_location)
+def env(cli_store: CliStore) -> CliStore:
+    return cli_store
 
 
-def test_a_crash_after_write_is_confirmed_by_a_fresh_process(env: Env) -> None:
+def test_a_crash_after_write_is_confirmed_by_a_fresh_process(env: CliStore) -> None:
     env.accept(1)  # the ingress process has exited
     crashed = env.once("--fault", "crash-after-write")
     assert crashed.returncode == 73, crashed.stderr
@@ -66,7 +42,7 @@ def test_a_crash_after_write_is_confirmed_by_a_fresh_process(env: Env) -> None:
     assert len(sheet_rows(env.target)) == 1
 
 
-def test_100_events_across_a_crash_and_a_restart_are_each_sent_once(env: Env) -> None:
+def test_100_events_across_a_crash_and_a_restart_are_each_sent_once(env: CliStore) -> None:
     async def ingress() -> None:  # arranged in process, through the library
         async with DurableWorker(str(env.db), SCOPE) as worker:
             for i in range(100):
@@ -87,7 +63,7 @@ def test_100_events_across_a_crash_and_a_restart_are_each_sent_once(env: Env) ->
     assert {r["attempts"] for r in recs.values()} == {1}
 
 
-def test_a_worker_stuck_in_a_send_keeps_a_second_worker_out(env: Env, workdir: Path) -> None:
+def test_a_worker_stuck_in_a_send_keeps_a_second_worker_out(env: CliStore, workdir: Path) -> None:
     env.accept(1)
     env.accept(2)
     hang_dir = workdir / "hang"
@@ -113,7 +89,7 @@ def test_a_worker_stuck_in_a_send_keeps_a_second_worker_out(env: Env, workdir: P
     assert len(sheet_rows(env.target)) == 2
 
 
-def test_a_crash_before_the_write_stays_uncertain_and_is_never_sent(env: Env) -> None:
+def test_a_crash_before_the_write_stays_uncertain_and_is_never_sent(env: CliStore) -> None:
     env.accept(1)
     crashed = env.once("--fault", "crash-before-write")
     assert crashed.returncode == 73
@@ -127,7 +103,7 @@ def test_a_crash_before_the_write_stays_uncertain_and_is_never_sent(env: Env) ->
     assert sheet_rows(env.target) == []
 
 
-def test_an_outage_is_failed_safe_then_sent(env: Env) -> None:
+def test_an_outage_is_failed_safe_then_sent(env: CliStore) -> None:
     env.accept(1)
     out = env.once("--fault", "outage")
     assert out.returncode == 0 and last_json(out.stdout)["failed_safe"] == 1
@@ -140,7 +116,7 @@ def test_an_outage_is_failed_safe_then_sent(env: Env) -> None:
     assert len(sheet_rows(env.target)) == 1
 
 
-def test_timeout_fault_then_readback(env: Env) -> None:
+def test_timeout_fault_then_readback(env: CliStore) -> None:
     env.accept(1)
     assert last_json(env.once("--fault", "timeout").stdout)["uncertain"] == 1
     assert len(sheet_rows(env.target)) == 1
@@ -149,7 +125,7 @@ def test_timeout_fault_then_readback(env: Env) -> None:
     assert len(sheet_rows(env.target)) == 1
 
 
-def test_once_usage_errors(env: Env) -> None:
+def test_once_usage_errors(env: CliStore) -> None:
     assert env.once("--fault", "explode").returncode == 2
     assert env.once("--dispatch-limit", "0").returncode == 2
     if not env.db.startswith("postgres"):

@@ -21,7 +21,16 @@ import pytest
 from runner.io.postgres import dsn as pg_dsn
 from tests import pg
 from tests.fakes import sheet_rows
-from tests.helpers import ROOT, RUN, event, last_json, run_main, write_json
+from tests.helpers import (
+    ROOT,
+    Child,
+    CliStore,
+    event,
+    last_json,
+    run_main,
+    wait_path,
+    write_json,
+)
 
 
 @pytest.fixture
@@ -33,62 +42,30 @@ def db() -> Iterator[str]:
     pg.drop_schemas([schema])
 
 
-class Worker:
+class Worker(Child):
     """A real ``once --fault hang`` process, stuck in its first target write."""
 
     def __init__(self, db: str, workdir: Path, scope: Path, target: Path) -> None:
         self.hang = workdir / f"hang-{time.monotonic_ns()}"
         self.hang.mkdir()
-        self.proc = subprocess.Popen(
-            [sys.executable, RUN, "once", "--db", db, "--scope", str(scope),
-             "--target", str(target), "--fault", "hang"],
-            env={**os.environ, "RUNNER_HANG_DIR": str(self.hang)},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while not (self.hang / "entered-write").exists():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited early: {self.proc.communicate()}")
-            assert time.monotonic() < deadline, "the worker never reached its send"
-            time.sleep(0.01)
+        super().__init__("once", "--db", db, "--scope", scope, "--target", target,
+                         "--fault", "hang", env={"RUNNER_HANG_DIR": str(self.hang)})
+        wait_path(self.hang / "entered-write", self)
 
     def release(self) -> tuple[int, str, str]:
         (self.hang / "release").touch()
-        out, err = self.proc.communicate(timeout=60)
-        return self.proc.returncode, out, err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate(timeout=30)
+        code = self.finish(timeout=60)
+        return code, "\n".join(self.out), "\n".join(self.err)
 
 
-class Env:
-    def __init__(self, db: str, workdir: Path, scope_file: Path) -> None:
-        self.db, self.dir, self.scope = db, workdir, scope_file
-        self.target = workdir / "target.db"
-
-    def accept(self, *ids: int) -> None:
-        for i in ids:
-            rec = write_json(self.dir / f"event-{i}.json", event(i))
-            proc = run_main("accept", "--db", self.db, "--scope", self.scope, "--record", rec)
-            assert proc.returncode == 0, proc.stderr
-
-    def once(self, *extra: str) -> subprocess.CompletedProcess[str]:
-        return run_main("once", "--db", self.db, "--scope", self.scope,
-                       "--target", self.target, *extra)
-
-    def records(self) -> dict[str, dict]:
-        proc = run_main("status", "--db", self.db)
-        assert proc.returncode == 0, proc.stderr
-        return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
-
+class Env(CliStore):
     def hanging_worker(self) -> Worker:
         return Worker(self.db, self.dir, self.scope, self.target)
 
 
 @pytest.fixture
 def env(db: str, workdir: Path, scope_file: Path) -> Env:
-    return Env(db, workdir, scope_file)
+    return Env(workdir, scope_file, db)
 
 
 def one_clean_line(proc: subprocess.CompletedProcess[str]) -> str:
