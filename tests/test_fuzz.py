@@ -10,8 +10,6 @@ and a few dozen through the real CLI process.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import random
@@ -21,14 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli import main
 from runner.errors import BadInputError
 from runner.intake import prepare
 from runner.jsonio import parse_object
 from runner.models import Scope, validate_scope
 from runner.tasks.poll import snapshot_from_json
 from tests.fuzzgen import Case, cases
-from tests.helpers import CANARY, SCOPE, dump_db, event, run_cli, write_json
+from tests.helpers import CANARY, SCOPE, dump_db, event, run_cli, run_main, write_json
 
 N, SEED = 10_000, 6
 #: every how many cases go through ``main()`` in process (FUZZ_MAIN_EVERY=1: all 10,000)
@@ -100,11 +97,10 @@ class Store:
         return ["observe", *common, "--record", str(self.record), "--snapshot", str(path)]
 
 
-def cli(*argv: str | Path) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
+def cli(*argv: str | Path, guard: bool = True) -> tuple[int, str, str]:
+    """The CLI's ``main()`` in process: exit code, stdout, stderr."""
+    proc = run_main(*argv, guard=guard)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def check_answer(case: Case, code: int, stdout: str, stderr: str) -> None:
@@ -159,7 +155,7 @@ def test_malformed_command_lines_exit_2(workdir: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(workdir)
     write_json(workdir / "s.json", SCOPE)
     for argv in usage_errors(300, SEED):
-        code, stdout, stderr = cli(*argv)
+        code, stdout, stderr = cli(*argv, guard=False)  # bad faults too: refused first
         assert code == 2, (argv, code, stderr)
         assert stdout == "" and len(stderr.strip().splitlines()) == 1, (argv, stderr)
         assert "Traceback" not in stderr
