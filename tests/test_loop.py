@@ -13,7 +13,7 @@ from runner import DurableWorker
 from runner.loop import LoopSettings, run
 from runner.tasks.deliver import CycleSummary
 from tests.fakes import ScriptedAdapter
-from tests.helpers import CANARY, SCOPE, event, run_main, write_json
+from tests.helpers import CANARY, SCOPE, event, run_cli, run_main, write_json
 
 
 async def test_a_failing_or_hanging_background_task_never_delays_the_lead_cycle(
@@ -49,7 +49,7 @@ def test_text_logs_name_records_by_key_one_line_per_change(
     db, target = db_location, workdir / "t.db"
     rec = write_json(workdir / "e.json", event(1, contact_alias=CANARY))
     assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
-    proc = run_main("start", "--db", db, "--scope", scope_file, "--target", target,
+    proc = run_cli("start", "--db", db, "--scope", scope_file, "--target", target,
                    "--cycles", "1")
     assert proc.returncode == 0
     lines = proc.stderr.strip().splitlines()
@@ -62,7 +62,7 @@ def test_json_logs_for_machines(workdir: Path, scope_file: Path, db_location: st
     db, target = db_location, workdir / "t.db"
     rec = write_json(workdir / "e.json", event(1, contact_alias=CANARY))
     assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
-    proc = run_main("start", "--db", db, "--scope", scope_file, "--target", target,
+    proc = run_cli("start", "--db", db, "--scope", scope_file, "--target", target,
                    "--cycles", "1", "--log-format", "json", "--fault", "timeout")
     assert proc.returncode == 0
     docs = [json.loads(line) for line in proc.stderr.strip().splitlines()]

@@ -177,7 +177,7 @@ def test_every_command_refuses_a_symlinked_database(
         "once": ["--target", target], "poll-status": ["--target", target],
         "observe": ["--record", rec, "--snapshot", write_json(workdir / "s.json", {})],
         "status": []}
-    proc = run_main(command, "--db", link, "--scope", scope_file, *extra[command])
+    proc = run_command(command, "--db", link, "--scope", scope_file, *extra[command])
     assert proc.returncode == 77 and "symlink" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert dump_db(real) == before and not target.exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import sheet_rows
-from tests.helpers import Child, CliStore, last_json, wait_path
+from tests.helpers import Child, CliStore, last_json, run_main, wait_path
 
 
 class Setup(CliStore):
@@ -38,7 +38,7 @@ def s(workdir: Path, scope_file: Path, db_location: str) -> Setup:
 
 def test_cycles_n_stops_with_exit_0_and_one_line_per_cycle(s: Setup) -> None:
     s.accept(1)
-    proc = s.run("start", "--cycles", "3", "--interval", "0")  # no signal: in process
+    proc = s.run("start", "--cycles", "3", "--interval", "0")
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 3
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -176,6 +176,7 @@ def test_start_refused_while_another_worker_runs(s: Setup) -> None:
      ["--interval", "nan"], ["--grace", "NaN"]],  # NaN used to escape as a traceback
 )
 def test_bad_options_exit_2(s: Setup, bad: list[str]) -> None:
-    proc = s.run("start", *bad)
+    proc = run_main("start", "--db", s.db, "--scope", s.scope, "--target", s.target, *bad,
+                    guard=False)  # refused while parsing: in process
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
