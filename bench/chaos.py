@@ -1,7 +1,9 @@
 """Seeded chaos runner: real worker processes crashed at random named points (issue 8.1).
 
     python bench/chaos.py --runs 1000 --seed 8          # the documented full run
-    python bench/chaos.py --runs 50 --seed 8            # what CI runs (tests/test_chaos.py)
+    python bench/chaos.py --runs 50 --seed 8            # what CI runs (pytest -m slow)
+    python bench/chaos.py --every-point --runs 4        # the default test run: each point
+                                                        # once at its first hit, then 4 more
 
 ``--record`` also writes the figures, dated, to ``bench/results/chaos-<UTC>.json``
 (``bench/results.py``): the documentation renders the latest of them.
@@ -59,8 +61,11 @@ from bench.results import record  # noqa: E402
 from runner.crashpoints import POINTS  # noqa: E402
 
 
-def _crash_args(rng: random.Random, point: str) -> tuple[list[str], dict[str, str]]:
+def _crash_args(rng: random.Random, point: str, first_hit: bool = False,
+                ) -> tuple[list[str], dict[str, str]]:
     after = rng.choices([1, 2, 3], weights=[6, 3, 1])[0]
+    if first_hit:  # a run that must reach its point: crash at the first hit
+        after = 1
     if rng.random() < 0.5:
         return [], {"RUNNER_CRASH_AT": point, "RUNNER_CRASH_AFTER": str(after)}
     return ["--fault", f"crash-at:{point}@{after}"], {}
@@ -86,10 +91,10 @@ def _crash_accept(lane: Lane, point: str, index: int) -> None:
     lane.acked.add(key)
 
 
-def _crash_sweep(lane: Lane, point: str, rng: random.Random) -> None:
+def _crash_sweep(lane: Lane, point: str, rng: random.Random, first_hit: bool) -> None:
     """The sweep dies mid-transaction or after its commit: ``sweep``, or ``start`` (whose
     scheduled sweep runs at start, beside the lead loop)."""
-    extra, env = _crash_args(rng, point)
+    extra, env = _crash_args(rng, point, first_hit)
     if rng.random() < 0.75:
         argv = [RUN, "sweep", "--db", str(lane.db), "--now", SWEEP_AT]
         crashed = lane.proc(argv, env or {"RUNNER_CRASH_AT": point})
@@ -100,9 +105,9 @@ def _crash_sweep(lane: Lane, point: str, rng: random.Random) -> None:
     lane.ep.fired = crashed.returncode == 73
 
 
-def _crash_worker(lane: Lane, point: str, rng: random.Random) -> None:
+def _crash_worker(lane: Lane, point: str, rng: random.Random, first_hit: bool) -> None:
     command = ["once"] if rng.random() < 0.5 else ["start", "--cycles", "2", "--interval", "0"]
-    extra, env = _crash_args(rng, point)
+    extra, env = _crash_args(rng, point, first_hit)
     if rng.random() < 0.15:
         extra += ["--fault", rng.choice(["outage", "timeout"])]
     crashed = lane.cli(*command, *extra, env=env)
@@ -111,7 +116,7 @@ def _crash_worker(lane: Lane, point: str, rng: random.Random) -> None:
 
 
 def run_episode(seed: int, index: int, point: str, root: Path, pg_dsn: str | None = None,
-                ) -> Episode:
+                first_hit: bool = False) -> Episode:
     rng = random.Random(f"{seed}:{index}")
     ep = Episode(index, point)
     directory = root / f"run-{index:05d}"
@@ -126,9 +131,9 @@ def run_episode(seed: int, index: int, point: str, root: Path, pg_dsn: str | Non
     if point.startswith("accept."):
         _crash_accept(lane, point, index)
     elif point.startswith("sweep."):
-        _crash_sweep(lane, point, rng)
+        _crash_sweep(lane, point, rng, first_hit)
     else:
-        _crash_worker(lane, point, rng)
+        _crash_worker(lane, point, rng, first_hit)
     lane.check("after the crash", in_flight_ok=True)
     if rng.random() < 0.25:
         extra, env = _crash_args(rng, rng.choice(WORKER_POINTS))
@@ -152,10 +157,12 @@ def run_episode(seed: int, index: int, point: str, root: Path, pg_dsn: str | Non
     return ep
 
 
-def deck(seed: int, runs: int) -> list[str]:
+def deck(seed: int, runs: int, every_point: bool = False) -> list[str]:
+    """The crash point of each run: a shuffled deck; with ``every_point``, every point once
+    in registry order first, then ``runs`` more from the shuffled deck."""
     points = list(POINTS) * (runs // len(POINTS) + 1)
     random.Random(seed).shuffle(points)
-    return points[:runs]
+    return [*(POINTS if every_point else ()), *points[:runs]]
 
 
 def summarize(episodes: list[Episode], seed: int, jobs: int, seconds: float) -> tuple[str, bool]:
@@ -238,16 +245,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--record", action="store_true",
                         help="also write the figures to bench/results/chaos-<UTC>.json")
+    parser.add_argument("--every-point", action="store_true",
+                        help="first one run per crash point, crashing at its first hit "
+                             "(each must fire), then --runs more as usual")
     add_backend_arguments(parser)
     args = parser.parse_args(argv)
     pg_dsn = args.pg_dsn if args.backend == "postgres" else None
-    points = deck(args.seed, args.runs)
-    indices = [args.only] if args.only is not None else list(range(args.runs))
+    points = deck(args.seed, args.runs, args.every_point)
+    forced = len(POINTS) if args.every_point else 0  # runs that crash at the first hit
+    indices = [args.only] if args.only is not None else list(range(len(points)))
     root = Path(tempfile.mkdtemp(prefix="runner-chaos-"))
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         episodes = list(pool.map(
-            lambda i: run_episode(args.seed, i, points[i], root, pg_dsn), indices))
+            lambda i: run_episode(args.seed, i, points[i], root, pg_dsn, i < forced),
+            indices))
     seconds = time.monotonic() - started
     text, ok = summarize(episodes, args.seed, args.jobs, seconds)
     text = text.replace("chaos:", f"chaos ({args.backend}):", 1)

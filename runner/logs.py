@@ -74,12 +74,31 @@ class JsonFormatter(logging.Formatter):
         return _ENCODER.encode(doc)
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, not to the stream it
+    was when the handler was made: ``main()`` called again in one process (a test, an
+    embedding program that redirects stderr) never writes into a stale stream."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always the current sys.stderr
+
+
 def configure(fmt: LogFormat = "text", level: int = logging.INFO) -> None:
+    """Route the ``runner`` loggers to stderr in ``fmt``; calling it again replaces the
+    handler, never adds one."""
     # neither format shows where a call was made from, nor thread or process names: skip
     # gathering them for every record (the logging HOWTO's "Optimization" section)
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("runner")
     root.handlers[:] = [handler]

@@ -9,7 +9,7 @@ import pytest
 from runner.models import Scope
 from runner.store import Store, open_store
 from tests import pg
-from tests.helpers import SCOPE, write_json
+from tests.helpers import SCOPE, CliStore, write_json
 
 BACKENDS = ["sqlite", "postgres"]
 
@@ -75,3 +75,9 @@ def sqlite_only(backend: str) -> None:
 async def store(db_location: str, scope: Scope) -> AsyncIterator[Store]:
     async with await open_store(db_location, scope=scope) as opened:
         yield opened
+
+
+@pytest.fixture
+def cli_store(workdir: Path, scope_file: Path, db_location: str) -> CliStore:
+    """A store per backend, driven through the CLI (in process; a crash in a process)."""
+    return CliStore(workdir, scope_file, db_location)

@@ -13,7 +13,7 @@ import anyio.lowlevel
 from runner.lifecycle import Candidate
 from runner.lifecycle.rules import new_candidate
 from runner.store import Store
-from tests.helpers import run_cli
+from tests.helpers import run_main
 
 #: the seed's date; every test time is relative to it
 T0 = datetime(2026, 8, 11, 12, 0, tzinfo=UTC)
@@ -78,7 +78,7 @@ async def statuses(store: Store) -> dict[str, str]:
 def cli(db: Path, *args: str, ok: bool = True) -> Any:
     """Run ``python run.py ARGS --db DB``; with ``ok``, expect exit 0 and one JSON line
     (returned parsed); without, return the finished process."""
-    proc = run_cli(*args, "--db", db)
+    proc = run_main(*args, "--db", db)
     if ok:
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.count("\n") == 1, proc.stdout

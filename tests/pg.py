@@ -132,18 +132,26 @@ def exists(loc: str) -> bool:
 
 
 def dump(loc: str) -> list[str]:
-    """Every row of every table of the store's schema, to prove that nothing changed."""
+    """Every row of every table of the store's schema, to prove that nothing changed
+    (read over one connection)."""
     schema = schema_of(loc)
-    tables = [t for (t,) in fetch(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = $1 AND c.relkind = 'r' ORDER BY c.relname", schema)]
-    if not tables:
-        return ["<absent>"] if not exists(loc) else ["<empty schema>"]
-    out = []
-    for table in tables:
-        out.append(f"-- {table}")
-        out += [repr(row) for row in fetch(f'SELECT * FROM "{schema}"."{table}" ORDER BY 1')]
-    return out
+
+    async def go(conn: Any) -> list[str]:
+        tables = [r[0] for r in await conn.fetch(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = $1 AND c.relkind = 'r' ORDER BY c.relname", schema)]
+        if not tables:
+            present = await conn.fetchval(
+                "SELECT 1 FROM pg_namespace WHERE nspname = $1", schema)
+            return ["<empty schema>"] if present else ["<absent>"]
+        out = []
+        for table in tables:
+            out.append(f"-- {table}")
+            rows = await conn.fetch(f'SELECT * FROM "{schema}"."{table}" ORDER BY 1')
+            out += [repr(tuple(row)) for row in rows]
+        return out
+
+    return run(_with_conn, go)
 
 
 def backend_pids(app_pid: int) -> list[int]:

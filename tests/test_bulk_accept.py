@@ -15,7 +15,7 @@ from runner import DurableWorker
 from runner.jsonio import MAX_DOCUMENT_BYTES
 from runner.store import Store
 from tests import pg
-from tests.helpers import SCOPE, Child, dump_store, event, run_cli
+from tests.helpers import SCOPE, Child, dump_store, event, run_main
 
 
 def strip_ids(results: list[dict]) -> list[tuple]:
@@ -88,7 +88,7 @@ def test_records_file_answers_in_order(workdir: Path, scope_file: Path, db_locat
              json.dumps(event(1, contact_alias="other")), '"x"', json.dumps(event(3))]
     records = workdir / "in.ndjson"
     records.write_text("\n".join(lines) + "\n")
-    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--records", records)
+    proc = run_main("accept", "--db", db, "--scope", scope_file, "--records", records)
     assert proc.returncode == 65
     got = [json.loads(line) for line in proc.stdout.splitlines()]
     assert strip_ids(got) == [
@@ -100,7 +100,7 @@ def test_records_file_answers_in_order(workdir: Path, scope_file: Path, db_locat
     assert len(proc.stderr.strip().splitlines()) == 3  # one line per rejected record
     all_ok = workdir / "ok.ndjson"
     all_ok.write_text(json.dumps(event(4)))  # no trailing newline
-    again = run_cli("accept", "--db", db, "--scope", scope_file, "--records", all_ok)
+    again = run_main("accept", "--db", db, "--scope", scope_file, "--records", all_ok)
     assert again.returncode == 0 and json.loads(again.stdout)["result"] == "accepted"
 
 
@@ -110,7 +110,7 @@ def test_an_oversized_line_is_answered_and_reading_goes_on(
     huge = '{"source_lead_id": "' + "x" * (MAX_DOCUMENT_BYTES + 10) + '"}'
     records = workdir / "in.ndjson"
     records.write_text("\n".join([json.dumps(event(1)), huge, json.dumps(event(2))]) + "\n")
-    proc = run_cli("accept", "--db", db_location, "--scope", scope_file,
+    proc = run_main("accept", "--db", db_location, "--scope", scope_file,
                    "--records", records)
     got = [json.loads(line)["result"] for line in proc.stdout.splitlines()]
     reasons = [json.loads(line).get("reason") for line in proc.stdout.splitlines()]
@@ -126,7 +126,7 @@ def test_each_answer_comes_after_its_commit_even_from_a_slow_pipe(
         for i in range(3):
             child.send(json.dumps(event(i)) + "\n")
             child.wait_out_lines(i + 1)  # answered before the next line is even written
-            status = json.loads(run_cli("status", "--db", db).stdout)
+            status = json.loads(run_main("status", "--db", db).stdout)
             assert status["counts"]["prepared"] == i + 1  # committed when answered
         child.close_stdin()
         assert child.finish() == 0, child.err
@@ -138,10 +138,10 @@ def test_unreadable_records_file_changes_nothing(
     workdir: Path, scope_file: Path, db_location: str
 ) -> None:
     db = db_location
-    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--records", workdir / "none")
+    proc = run_main("accept", "--db", db, "--scope", scope_file, "--records", workdir / "none")
     assert proc.returncode == 65 and "cannot read" in proc.stderr
     assert dump_store(db) == ["<absent>"]
-    both = run_cli("accept", "--db", db, "--scope", scope_file, "--records", "-",
+    both = run_main("accept", "--db", db, "--scope", scope_file, "--records", "-",
                    "--record", "-")
     assert both.returncode == 2
 

@@ -1,5 +1,6 @@
-"""The candidate commands as a user runs them (C6): real processes, one JSON line each,
-exit codes, one-line errors, refusals that change nothing, the crash fault."""
+"""The candidate commands as a user runs them (C6): one JSON line each, exit codes,
+one-line errors, refusals that change nothing (through ``main()`` in process), and the
+crash fault (a real process: it is an ``os._exit``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from tests import pg
-from tests.helpers import dump_store, event, last_json, run_cli, store_exists, write_json
+from tests.helpers import (
+    dump_store,
+    event,
+    last_json,
+    run_cli,
+    run_main,
+    store_exists,
+    write_json,
+)
 from tests.lifecycle_fixtures import add, at, cli, iso
 
 NOW = f"--now={iso(at(0))}"
@@ -179,12 +188,12 @@ def test_candidates_work_with_and_without_a_pinned_scope(
 ) -> None:
     plain, scoped = new_location("plain"), new_location("scoped")
     rec = write_json(workdir / "e.json", event(1))
-    assert run_cli("accept", "--db", scoped, "--scope", scope_file, "--record", rec
+    assert run_main("accept", "--db", scoped, "--scope", scope_file, "--record", rec
                    ).returncode == 0
     for db in (plain, scoped):
         cli(db, "candidate", "add", "--id", "c1", NOW)
         assert cli(db, "sweep", f"--now={iso(at(31))}") == {"expired": 1, "reconciled": 0}
-    status = last_json(run_cli("status", "--db", scoped, "--scope", scope_file).stdout)
+    status = last_json(run_main("status", "--db", scoped, "--scope", scope_file).stdout)
     assert status["counts"]["prepared"] == 1 and status["lifecycle"]["counts"]["expired"] == 1
 
 
@@ -195,8 +204,9 @@ def stuck(db: str, fault: str) -> None:
     cli(db, "candidate", "add", "--id", "c1", NOW)
     for analyst in ("a1", "a2"):
         cli(db, "candidate", "analyze", "--id", "c1", "--analyst", analyst, NOW)
-    proc = cli(db, "candidate", "promote", "--id", "c1", "--decision-id", "dec-1",
-               f"--now={iso(at(5))}", "--fault", fault, ok=False)
+    # the crash is an os._exit: a real process
+    proc = run_cli("candidate", "promote", "--id", "c1", "--decision-id", "dec-1",
+                   f"--now={iso(at(5))}", "--fault", fault, "--db", db)
     assert proc.returncode == 73, proc.stderr
     assert proc.stdout == "" and "simulated crash" in proc.stderr
 
@@ -236,10 +246,10 @@ def test_a_stuck_promotion_cannot_be_promoted_again_by_hand(db: str) -> None:
 def test_status_shows_the_lifecycle_block(db: str) -> None:
     cli(db, "candidate", "add", "--id", "c1", NOW)
     cli(db, "candidate", "add", "--id", "c2", "--ttl-minutes", "60", NOW)
-    before = last_json(run_cli("status", "--db", db).stdout)["lifecycle"]
+    before = last_json(run_main("status", "--db", db).stdout)["lifecycle"]
     assert before["last_sweep"] is None
     cli(db, "sweep", f"--now={iso(at(31))}")
-    doc = last_json(run_cli("status", "--db", db).stdout)
+    doc = last_json(run_main("status", "--db", db).stdout)
     # appended after the lead blocks (the pipeline blocks follow it)
     assert list(doc)[list(doc).index("poll_health") + 1] == "lifecycle"
     assert doc["lifecycle"] == {

@@ -15,7 +15,7 @@ from tests.helpers import (
     dump_store,
     event,
     last_json,
-    run_cli,
+    run_main,
     store_exists,
     write_json,
 )
@@ -27,7 +27,7 @@ def db(db_location: str) -> str:
 
 
 def accept(db: str, scope: Path, record: Path | str, **kw):
-    return run_cli("accept", "--db", db, "--scope", scope, "--record", record, **kw)
+    return run_main("accept", "--db", db, "--scope", scope, "--record", record, **kw)
 
 
 def test_accept_duplicate_conflict_round_trip(workdir: Path, db: str, scope_file: Path) -> None:
@@ -137,17 +137,17 @@ def test_db_and_target_the_same_file_is_a_usage_error(
     workdir: Path, db: str, scope_file: Path
 ) -> None:
     rec = write_json(workdir / "e.json", event(1))
-    same = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec, "--target", db)
+    same = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec, "--target", db)
     assert same.returncode == 2 and "same file" in same.stderr
     os.link(scope_file, workdir / "hardlink.json")  # any two names of one file
-    assert run_cli("status", "--db", scope_file, "--target", workdir / "hardlink.json"
+    assert run_main("status", "--db", scope_file, "--target", workdir / "hardlink.json"
                    ).returncode == 2
     assert not store_exists(db)
 
 
 def test_usage_errors_exit_2_with_one_line(db: str) -> None:
     for argv in (["accept", "--db", str(db)], ["bogus"], [], ["status"]):
-        proc = run_cli(*argv)
+        proc = run_main(*argv)
         assert proc.returncode == 2, argv
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 

@@ -12,7 +12,7 @@ import pytest
 from runner import crashpoints
 from runner.errors import UsageError
 from tests.fakes import sheet_rows
-from tests.helpers import ROOT, event, last_json, run_cli, write_json
+from tests.helpers import ROOT, CliStore, last_json, run_command
 
 HIT = re.compile(r'crashpoints\.hit\("([^"]+)"\)')
 
@@ -45,42 +45,23 @@ def test_bad_arming_is_a_usage_error(point: str, after: object) -> None:
     assert crashpoints.parse_option("crash-at:poll.after-apply@3") == ("poll.after-apply", 3)
 
 
-class Env:
-    def __init__(self, workdir: Path, scope_file: Path) -> None:
-        self.dir, self.scope = workdir, scope_file
-        self.db, self.target = workdir / "queue.db", workdir / "target.db"
-
-    def accept(self, i: int, env: dict[str, str] | None = None):
-        rec = write_json(self.dir / f"e{i}.json", event(i))
-        return run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec,
-                       env=env)
-
-    def once(self, *extra: str, env: dict[str, str] | None = None):
-        return run_cli("once", "--db", self.db, "--scope", self.scope, "--target",
-                       self.target, *extra, env=env)
-
-    def records(self) -> dict[str, dict]:
-        doc = json.loads(run_cli("status", "--db", self.db).stdout)
-        return {r["source_lead_id"]: r for r in doc["records"]}
-
-
 @pytest.fixture
-def env(workdir: Path, scope_file: Path) -> Env:
-    return Env(workdir, scope_file)
+def env(workdir: Path, scope_file: Path) -> CliStore:
+    return CliStore(workdir, scope_file, workdir / "queue.db")
 
 
-def test_accept_crash_after_commit_gives_no_answer_and_the_retry_is_a_duplicate(env: Env):
-    crashed = env.accept(1, env={"RUNNER_CRASH_AT": "accept.after-commit"})
+def test_accept_crash_after_commit_gives_no_answer_and_the_retry_is_a_duplicate(env: CliStore):
+    crashed = env.accept(1, env={"RUNNER_CRASH_AT": "accept.after-commit"}, ok=False)
     assert crashed.returncode == 73 and crashed.stdout == ""
     assert "simulated crash at accept.after-commit" in crashed.stderr
     retry = env.accept(1)
     assert last_json(retry.stdout)["result"] == "duplicate"
-    before = env.accept(2, env={"RUNNER_CRASH_AT": "accept.before-commit"})
+    before = env.accept(2, env={"RUNNER_CRASH_AT": "accept.before-commit"}, ok=False)
     assert before.returncode == 73 and "lead-2" not in env.records()
     assert last_json(env.accept(2).stdout)["result"] == "accepted"
 
 
-def test_a_crash_after_the_target_write_is_confirmed_by_readback_never_resent(env: Env):
+def test_a_crash_after_the_target_write_is_confirmed_by_readback_never_resent(env: CliStore):
     env.accept(1)
     env.accept(2)
     crashed = env.once("--fault", "crash-at:dispatch.after-write@2")
@@ -94,16 +75,16 @@ def test_a_crash_after_the_target_write_is_confirmed_by_readback_never_resent(en
     assert sorted(r[4] for r in sheet_rows(env.target)) == ["lead-1", "lead-2"]
 
 
-def test_environment_arming_reaches_poll_status(env: Env):
+def test_environment_arming_reaches_poll_status(env: CliStore):
     env.accept(1)
     assert env.once().returncode == 0
-    proc = run_cli("poll-status", "--db", env.db, "--scope", env.scope, "--target",
+    proc = run_command("poll-status", "--db", env.db, "--scope", env.scope, "--target",
                    env.target, env={"RUNNER_CRASH_AT": "poll.before-apply"})
     assert proc.returncode == 73 and proc.stdout == ""
 
 
 @pytest.mark.parametrize("how", ["env", "option", "twice"])
-def test_unknown_or_repeated_crash_points_exit_2(env: Env, how: str):
+def test_unknown_or_repeated_crash_points_exit_2(env: CliStore, how: str):
     if how == "env":
         proc = env.once(env={"RUNNER_CRASH_AT": "dispatch.sideways"})
     elif how == "option":
@@ -113,21 +94,21 @@ def test_unknown_or_repeated_crash_points_exit_2(env: Env, how: str):
                         "crash-at:poll.before-apply")
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert not env.db.exists()
+    assert not Path(env.db).exists()
 
 
-def test_a_sweep_dying_before_its_commit_changes_nothing(env: Env) -> None:
-    add = run_cli("candidate", "add", "--db", env.db, "--id", "cand-1", "--ttl-minutes", "1",
+def test_a_sweep_dying_before_its_commit_changes_nothing(env: CliStore) -> None:
+    add = run_command("candidate", "add", "--db", env.db, "--id", "cand-1", "--ttl-minutes", "1",
                   "--now", "2026-01-01T00:00:00Z")
     assert add.returncode == 0, add.stderr
     sweep = ("sweep", "--db", env.db, "--now", "2026-01-01T00:10:00Z")
-    crashed = run_cli(*sweep, env={"RUNNER_CRASH_AT": "sweep.before-commit"})
+    crashed = run_command(*sweep, env={"RUNNER_CRASH_AT": "sweep.before-commit"})
     assert crashed.returncode == 73 and crashed.stdout == ""
-    listed = run_cli("candidate", "list", "--db", env.db)
+    listed = run_command("candidate", "list", "--db", env.db)
     assert [c["status"] for c in json.loads(listed.stdout)] == ["discovered"]  # rolled back
-    after = run_cli(*sweep, env={"RUNNER_CRASH_AT": "sweep.after-commit"})
+    after = run_command(*sweep, env={"RUNNER_CRASH_AT": "sweep.after-commit"})
     assert after.returncode == 73 and after.stdout == ""
-    listed = run_cli("candidate", "list", "--db", env.db)
+    listed = run_command("candidate", "list", "--db", env.db)
     assert [c["status"] for c in json.loads(listed.stdout)] == ["expired"]  # committed
-    again = run_cli(*sweep)
+    again = run_command(*sweep)
     assert again.returncode == 0 and last_json(again.stdout) == {"expired": 0, "reconciled": 0}

@@ -1,49 +1,33 @@
-"""Delivery with real processes (issue 3 point 9): crashes, restarts, the lock."""
+"""Delivery across real processes: crashes, restarts, the lock (the store is arranged in
+process; a process only for the act)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+import anyio
 import pytest
 
+from runner import DurableWorker
 from tests.fakes import sheet_rows
-from tests.helpers import RUN, dump_store, event, last_json, run_cli, write_json
-
-
-class Env:
-    def __init__(self, workdir: Path, scope_file: Path, db: str) -> None:
-        self.dir = workdir
-        self.db = db
-        self.target = workdir / "target.db"
-        self.scope = scope_file
-
-    def accept(self, i: int) -> dict:
-        rec = write_json(self.dir / f"event-{i}.json", event(i))
-        proc = run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec)
-        assert proc.returncode == 0, proc.stderr
-        return last_json(proc.stdout)
-
-    def once(self, *extra: str, env: dict[str, str] | None = None):
-        return run_cli("once", "--db", self.db, "--scope", self.scope, "--target", self.target,
-                       *extra, env=env)
-
-    def records(self) -> dict[str, dict]:
-        proc = run_cli("status", "--db", self.db)
-        assert proc.returncode == 0, proc.stderr
-        return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
+from tests.helpers import (
+    SCOPE,
+    Child,
+    CliStore,
+    dump_store,
+    event,
+    last_json,
+    run_command,
+    wait_path,
+)
 
 
 @pytest.fixture
-def env(workdir: Path, scope_file: Path, db_location: str) -> Env:
-    return Env(workdir, scope_file, db_location)
+def env(cli_store: CliStore) -> CliStore:
+    return cli_store
 
 
-def test_a_crash_after_write_is_confirmed_by_a_fresh_process(env: Env) -> None:
+def test_a_crash_after_write_is_confirmed_by_a_fresh_process(env: CliStore) -> None:
     env.accept(1)  # the ingress process has exited
     crashed = env.once("--fault", "crash-after-write")
     assert crashed.returncode == 73, crashed.stderr
@@ -58,21 +42,13 @@ def test_a_crash_after_write_is_confirmed_by_a_fresh_process(env: Env) -> None:
     assert len(sheet_rows(env.target)) == 1
 
 
-def test_b_100_events_across_a_restart(env: Env) -> None:
-    lines = "\n".join(json.dumps(event(i)) for i in range(100))
-    script = (
-        "import sys, json, anyio\n"
-        "from runner import DurableWorker\n"
-        "from tests.helpers import SCOPE\n"
-        "async def main():\n"
-        "    async with DurableWorker(sys.argv[1], SCOPE) as w:\n"
-        "        for line in sys.stdin:\n"
-        "            assert (await w.accept(json.loads(line))).ok\n"
-        "anyio.run(main)\n"
-    )
-    ingress = subprocess.run([sys.executable, "-c", script, str(env.db)], input=lines, text=True,
-                             capture_output=True, timeout=60, cwd=Path(RUN).parent, check=False)
-    assert ingress.returncode == 0, ingress.stderr
+def test_100_events_across_a_crash_and_a_restart_are_each_sent_once(env: CliStore) -> None:
+    async def ingress() -> None:  # arranged in process, through the library
+        async with DurableWorker(str(env.db), SCOPE) as worker:
+            for i in range(100):
+                assert (await worker.accept(event(i))).ok
+
+    anyio.run(ingress)
     first = env.once("--dispatch-limit", "40")
     assert last_json(first.stdout)["confirmed"] == 40
     crashed = env.once("--fault", "crash-after-write")  # one more sent, then a crash
@@ -87,45 +63,33 @@ def test_b_100_events_across_a_restart(env: Env) -> None:
     assert {r["attempts"] for r in recs.values()} == {1}
 
 
-def wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"worker exited early: {proc.communicate()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {path}")
-        time.sleep(0.01)
-
-
-def test_c_a_worker_stuck_in_a_send_keeps_the_second_out(env: Env, workdir: Path) -> None:
+def test_a_worker_stuck_in_a_send_keeps_a_second_worker_out(env: CliStore, workdir: Path) -> None:
     env.accept(1)
     env.accept(2)
     hang_dir = workdir / "hang"
     hang_dir.mkdir()
-    hang_env = {**os.environ, "RUNNER_HANG_DIR": str(hang_dir)}
-    first = subprocess.Popen(
-        [sys.executable, RUN, "once", "--db", str(env.db), "--scope", str(env.scope),
-         "--target", str(env.target), "--fault", "hang"],
-        env=hang_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = Child("once", "--db", env.db, "--scope", env.scope, "--target", env.target,
+                  "--fault", "hang", env={"RUNNER_HANG_DIR": str(hang_dir)})
     try:
-        wait_for(hang_dir / "entered-write", first)
+        wait_path(hang_dir / "entered-write", first)
         before = dump_store(env.db)
         second = env.once()
         assert second.returncode == 75, second.stderr
-        assert f"pid {first.pid}" in second.stderr
+        assert f"pid {first.proc.pid}" in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1
         assert second.stdout == ""
         assert dump_store(env.db) == before  # changed nothing
         assert env.records()["lead-1"]["state"] == "in_flight"
+        (hang_dir / "release").touch()
+        assert first.finish(timeout=60) == 0, first.err
     finally:
         (hang_dir / "release").touch()
-        out, err = first.communicate(timeout=60)
-    assert first.returncode == 0, err
-    assert last_json(out)["confirmed"] == 2
+        first.kill()
+    assert last_json("\n".join(first.out))["confirmed"] == 2
     assert len(sheet_rows(env.target)) == 2
 
 
-def test_d_crash_before_write_stays_uncertain_and_is_never_sent(env: Env) -> None:
+def test_a_crash_before_the_write_stays_uncertain_and_is_never_sent(env: CliStore) -> None:
     env.accept(1)
     crashed = env.once("--fault", "crash-before-write")
     assert crashed.returncode == 73
@@ -139,7 +103,7 @@ def test_d_crash_before_write_stays_uncertain_and_is_never_sent(env: Env) -> Non
     assert sheet_rows(env.target) == []
 
 
-def test_e_outage_is_failed_safe_then_sent(env: Env) -> None:
+def test_an_outage_is_failed_safe_then_sent(env: CliStore) -> None:
     env.accept(1)
     out = env.once("--fault", "outage")
     assert out.returncode == 0 and last_json(out.stdout)["failed_safe"] == 1
@@ -152,7 +116,7 @@ def test_e_outage_is_failed_safe_then_sent(env: Env) -> None:
     assert len(sheet_rows(env.target)) == 1
 
 
-def test_timeout_fault_then_readback(env: Env) -> None:
+def test_timeout_fault_then_readback(env: CliStore) -> None:
     env.accept(1)
     assert last_json(env.once("--fault", "timeout").stdout)["uncertain"] == 1
     assert len(sheet_rows(env.target)) == 1
@@ -161,9 +125,9 @@ def test_timeout_fault_then_readback(env: Env) -> None:
     assert len(sheet_rows(env.target)) == 1
 
 
-def test_once_usage_errors(env: Env) -> None:
+def test_once_usage_errors(env: CliStore) -> None:
     assert env.once("--fault", "explode").returncode == 2
     assert env.once("--dispatch-limit", "0").returncode == 2
     if not env.db.startswith("postgres"):
-        same = run_cli("once", "--db", env.db, "--scope", env.scope, "--target", env.db)
+        same = run_command("once", "--db", env.db, "--scope", env.scope, "--target", env.db)
         assert same.returncode == 2

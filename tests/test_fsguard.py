@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runner.io.fsguard import is_network_fstype, mount_for, parse_mountinfo
-from tests.helpers import SCOPE, event, last_json, run_cli, write_json
+from tests.helpers import SCOPE, event, last_json, run_main, write_json
 
 MOUNTINFO = """\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
@@ -45,7 +45,7 @@ def test_network_fstypes(fstype: str, network: bool) -> None:
 def _accept(workdir: Path, db: Path, env: dict[str, str] | None = None):
     scope = write_json(workdir / "scope.json", SCOPE)
     record = write_json(workdir / "event.json", event(1))
-    return run_cli("accept", "--db", db, "--scope", scope, "--record", record, env=env)
+    return run_main("accept", "--db", db, "--scope", scope, "--record", record, env=env)
 
 
 @pytest.mark.parametrize("fstype", ["nfs4", "cifs", "fuse.sshfs"])

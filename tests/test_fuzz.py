@@ -4,14 +4,13 @@ echoing the canary contact alias, and the store never changes.
 
 Three layers: all 10,000 through the functions the CLI calls (``runner.jsonio``,
 ``runner.models``, ``runner.intake.prepare``, ``runner.tasks.poll.snapshot_from_json``);
-every tenth through the CLI's own ``main()`` in process, with stdout and stderr captured;
-and a few dozen through the real CLI process.
+every tenth through the CLI's own ``main()`` in process, with stdout and stderr captured
+(in four tests); and a sample through the real CLI process (10 cases in the default run,
+30 under ``pytest -m slow``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import random
@@ -21,14 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli import main
 from runner.errors import BadInputError
 from runner.intake import prepare
 from runner.jsonio import parse_object
 from runner.models import Scope, validate_scope
 from runner.tasks.poll import snapshot_from_json
 from tests.fuzzgen import Case, cases
-from tests.helpers import CANARY, SCOPE, dump_db, event, run_cli, write_json
+from tests.helpers import CANARY, SCOPE, dump_db, event, run_cli, run_main, write_json
 
 N, SEED = 10_000, 6
 #: every how many cases go through ``main()`` in process (FUZZ_MAIN_EVERY=1: all 10,000)
@@ -100,11 +98,10 @@ class Store:
         return ["observe", *common, "--record", str(self.record), "--snapshot", str(path)]
 
 
-def cli(*argv: str | Path) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
+def cli(*argv: str | Path, guard: bool = True) -> tuple[int, str, str]:
+    """The CLI's ``main()`` in process: exit code, stdout, stderr."""
+    proc = run_main(*argv, guard=guard)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def check_answer(case: Case, code: int, stdout: str, stderr: str) -> None:
@@ -116,13 +113,18 @@ def check_answer(case: Case, code: int, stdout: str, stderr: str) -> None:
         assert answer["result"] == "rejected" and answer["reason"] in REASONS, answer
 
 
+#: the cases through ``main()`` run in this many tests (each its own store), in order
+MAIN_PARTS = 4
+
+
 @pytest.mark.timeout(600)
-def test_through_the_cli_main_in_process(workdir: Path) -> None:
+@pytest.mark.parametrize("part", range(MAIN_PARTS))
+def test_through_the_cli_main_in_process(workdir: Path, part: int) -> None:
     store = Store(workdir)
     before = dump_db(store.db)
     path = workdir / "input.json"
     for i, case in enumerate(cases(N, SEED)):
-        if i % MAIN_EVERY:
+        if i % MAIN_EVERY or (i // MAIN_EVERY) % MAIN_PARTS != part:
             continue
         path.write_bytes(case.raw)
         check_answer(case, *cli(*store.argv(case, path)))
@@ -159,7 +161,7 @@ def test_malformed_command_lines_exit_2(workdir: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(workdir)
     write_json(workdir / "s.json", SCOPE)
     for argv in usage_errors(300, SEED):
-        code, stdout, stderr = cli(*argv)
+        code, stdout, stderr = cli(*argv, guard=False)  # bad faults too: refused first
         assert code == 2, (argv, code, stderr)
         assert stdout == "" and len(stderr.strip().splitlines()) == 1, (argv, stderr)
         assert "Traceback" not in stderr
@@ -167,10 +169,12 @@ def test_malformed_command_lines_exit_2(workdir: Path, monkeypatch: pytest.Monke
 
 
 @pytest.mark.timeout(300)
-def test_a_sample_through_the_real_cli_process(workdir: Path) -> None:
+@pytest.mark.parametrize("every", [pytest.param(60, id="10-cases"),
+                                   pytest.param(20, marks=pytest.mark.slow, id="30-cases")])
+def test_a_sample_through_the_real_cli_process(workdir: Path, every: int) -> None:
     store = Store(workdir)
     before = dump_db(store.db)
-    sample = [c for i, c in enumerate(cases(600, SEED + 1)) if i % 20 == 0]  # 30 cases
+    sample = [c for i, c in enumerate(cases(600, SEED + 1)) if i % every == 0]
     for n, case in enumerate(sample):
         path = workdir / f"input-{n}.json"
         path.write_bytes(case.raw)

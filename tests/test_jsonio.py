@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from runner.errors import BadInputError
 from runner.jsonio import MAX_DOCUMENT_BYTES, canonical, parse_json, parse_object
-from tests.helpers import event, last_json, run_cli, write_json
+from tests.helpers import event, last_json, run_main, write_json
 
 
 @pytest.mark.parametrize(
@@ -66,16 +66,16 @@ def test_out_of_range_numbers_are_rejected_through_the_cli_without_a_traceback(
     db, target = workdir / "q.db", workdir / "t.db"
     huge = workdir / "huge.json"
     huge.write_bytes(b'{"source_lead_id": ' + b"9" * 5000 + b"}")
-    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", huge)
+    proc = run_main("accept", "--db", db, "--scope", scope_file, "--record", huge)
     assert proc.returncode == 65 and "Traceback" not in proc.stderr
     assert last_json(proc.stdout)["reason"] == "invalid_json" and not db.exists()
     rec = write_json(workdir / "e.json", event(1))
-    assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
-    assert run_cli("once", "--db", db, "--scope", scope_file, "--target", target
+    assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
+    assert run_main("once", "--db", db, "--scope", scope_file, "--target", target
                    ).returncode == 0
     snap = workdir / "snap.json"
     snap.write_bytes(b'{"status": 1e400}')
-    proc = run_cli("observe", "--db", db, "--scope", scope_file, "--record", rec,
+    proc = run_main("observe", "--db", db, "--scope", scope_file, "--record", rec,
                    "--snapshot", snap)
     assert proc.returncode == 65, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -10,7 +10,7 @@ from runner.lifecycle import SweepResult
 from runner.status import status_document
 from runner.store import Store
 from runner.tasks.sweep import run_sweep_schedule
-from tests.helpers import last_json, run_cli
+from tests.helpers import last_json, run_main
 from tests.lifecycle_fixtures import (
     FakeTime,
     add,
@@ -124,7 +124,7 @@ def test_m6_the_seeds_trial_run_returns_expired_3_reconciled_0(db_location: str)
         cli(db, "candidate", "analyze", "--id", "cand-5", "--analyst", analyst, now0)
     cli(db, "candidate", "promote", "--id", "cand-5", "--decision-id", "dec-5", now0)
     assert cli(db, "sweep", f"--now={iso(at(31))}") == {"expired": 3, "reconciled": 0}
-    status = last_json(run_cli("status", "--db", db).stdout)["lifecycle"]
+    status = last_json(run_main("status", "--db", db).stdout)["lifecycle"]
     assert status["last_sweep"]["result"] == {"expired": 3, "reconciled": 0}
     assert status["counts"] == {"discovered": 1, "analyzing": 0, "promoting": 0,
                                 "promoted": 1, "rejected": 0, "expired": 3}

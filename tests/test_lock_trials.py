@@ -17,7 +17,17 @@ import pytest
 from bench.invariants import read_store
 from tests import pg
 from tests.fakes import sheet_rows
-from tests.helpers import ROOT, Child, dump_db, event, last_json, run_cli, wait_path, write_json
+from tests.helpers import (
+    ROOT,
+    Child,
+    dump_db,
+    event,
+    last_json,
+    run_cli,
+    run_main,
+    wait_path,
+    write_json,
+)
 
 CHILDREN, EACH = 4, 25
 
@@ -50,7 +60,7 @@ def test_100_second_workers_refused_then_the_next_one_recovers(
     hang.mkdir()
     for i in (1, 2):
         rec = write_json(workdir / f"e{i}.json", event(i))
-        assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec
+        assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec
                        ).returncode == 0
     holder = Child("start", "--db", db, "--scope", scope_file, "--target", target,
                    "--fault", "hang", "--interval", "3600", env={"RUNNER_HANG_DIR": str(hang)})
@@ -80,7 +90,7 @@ def test_100_second_workers_refused_then_the_next_one_recovers(
     finally:
         (hang / "release").touch()
         holder.kill()
-    nxt = run_cli("once", "--db", db, "--scope", scope_file, "--target", target)
+    nxt = run_main("once", "--db", db, "--scope", scope_file, "--target", target)
     assert nxt.returncode == 0, nxt.stderr
     summary = last_json(nxt.stdout)
     assert (summary["recovered"], summary["reconciled"], summary["confirmed"]) == (1, 1, 1)

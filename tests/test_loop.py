@@ -13,7 +13,7 @@ from runner import DurableWorker
 from runner.loop import LoopSettings, run
 from runner.tasks.deliver import CycleSummary
 from tests.fakes import ScriptedAdapter
-from tests.helpers import CANARY, SCOPE, event, run_cli, write_json
+from tests.helpers import CANARY, SCOPE, event, run_cli, run_main, write_json
 
 
 async def test_a_failing_or_hanging_background_task_never_delays_the_lead_cycle(
@@ -48,7 +48,7 @@ def test_text_logs_name_records_by_key_one_line_per_change(
 ) -> None:
     db, target = db_location, workdir / "t.db"
     rec = write_json(workdir / "e.json", event(1, contact_alias=CANARY))
-    assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
+    assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
     proc = run_cli("start", "--db", db, "--scope", scope_file, "--target", target,
                    "--cycles", "1")
     assert proc.returncode == 0
@@ -61,7 +61,7 @@ def test_text_logs_name_records_by_key_one_line_per_change(
 def test_json_logs_for_machines(workdir: Path, scope_file: Path, db_location: str) -> None:
     db, target = db_location, workdir / "t.db"
     rec = write_json(workdir / "e.json", event(1, contact_alias=CANARY))
-    assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
+    assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
     proc = run_cli("start", "--db", db, "--scope", scope_file, "--target", target,
                    "--cycles", "1", "--log-format", "json", "--fault", "timeout")
     assert proc.returncode == 0
@@ -92,23 +92,21 @@ async def test_a_store_error_in_the_lead_loop_is_raised_as_itself(
 
 def test_start_runs_the_lifecycle_sweep_as_its_own_task(workdir: Path, scope_file: Path) -> None:
     import signal
-    import time
 
     from tests.helpers import Child
 
     db, target = workdir / "q.db", workdir / "t.db"
-    add = run_cli("candidate", "add", "--db", db, "--id", "cand-1", "--ttl-minutes", "1",
+    add = run_main("candidate", "add", "--db", db, "--id", "cand-1", "--ttl-minutes", "1",
                   "--now", "2026-01-01T00:00:00Z")
     assert add.returncode == 0, add.stderr
     child = Child("start", "--db", db, "--scope", scope_file, "--target", target,
                   "--interval", "3600")
     try:
         child.wait_out_lines(1)
-        deadline = time.monotonic() + 30
-        while True:  # the sweep runs beside the lead loop; wait for its recorded result
-            doc = json.loads(run_cli("status", "--db", db).stdout)
-            if doc["lifecycle"]["last_sweep"] is not None or time.monotonic() > deadline:
-                break
+        # the sweep runs beside the lead loop: wait for its log line (logged after its
+        # commit), then read the recorded result
+        child.wait_err("sweepCandidates: expired=")
+        doc = json.loads(run_main("status", "--db", db).stdout)
         child.signal(signal.SIGTERM)
         assert child.finish() == 0, child.err
     finally:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from runner.pipeline.progress import Progress
-from tests.helpers import CANARY, SCOPE, Child, event, last_json, run_cli, write_json
+from tests.helpers import CANARY, SCOPE, Child, event, last_json, run_main, write_json
 from tests.pipeline_fixtures import dump_pipeline
 
 pytestmark = pytest.mark.timeout(90)
@@ -21,12 +21,14 @@ pytestmark = pytest.mark.timeout(90)
 
 def accept(db: str, scope_file: Path, workdir: Path, first: int, n: int, **kw: Any) -> None:
     lines = "".join(json.dumps(event(i, **kw)) + "\n" for i in range(first, first + n))
-    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--records", "-", input=lines)
+    records = workdir / f"records-{first}.ndjson"
+    records.write_text(lines, encoding="utf-8")
+    proc = run_main("accept", "--db", db, "--scope", scope_file, "--records", records)
     assert proc.returncode == 0, proc.stderr
 
 
 def status(db: str) -> dict[str, Any]:
-    proc = run_cli("status", "--db", db)
+    proc = run_main("status", "--db", db)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -46,22 +48,22 @@ def db(db_location: str, workdir: Path, scope_file: Path) -> str:
 
 
 def test_workers_jobs_and_backlog_on_the_command_line(db: str) -> None:
-    before = run_cli("backlog", "--db", db)
+    before = run_main("backlog", "--db", db)
     assert before.returncode == 0
     assert json.loads(before.stdout) == {"pending_total": 3, "stages": {
         "raw_ingestion": {"lead-outbox@1": 3}, "core_processing": {"lead-facts@1": 0},
         "generic_materialization": {"lead-current@1": 0},
         "domain_projection": {"lead-funnel@1": 0}}}
-    worker = run_cli("worker", "raw-retriever", "--db", db, "--cycles", "2",
+    worker = run_main("worker", "raw-retriever", "--db", db, "--cycles", "2",
                      "--batch-size", "2")
     assert worker.returncode == 0, worker.stderr
     lines = [json.loads(line) for line in worker.stdout.splitlines()]
     assert [(c["cycle"], c["claimed"]) for c in lines] == [(1, 2), (2, 1)]
     assert lines[0]["outcomes"] == {"ingested": 2, "already_there": 0, "skipped": 0}
-    core = run_cli("worker", "core-processor", "--db", db, "--cycles", "1")
+    core = run_main("worker", "core-processor", "--db", db, "--cycles", "1")
     assert last_json(core.stdout) == {"worker": "core-processor", "cycle": 1, "claimed": 3,
                                       "outcomes": {"output": 3}, "refused": False}
-    job = run_cli("job", "replay-generic-materialization", "--db", db)
+    job = run_main("job", "replay-generic-materialization", "--db", db)
     assert job.returncode == 0, job.stderr
     assert last_json(job.stdout) == {
         "job": "replay-generic-materialization", "force": False, "requeued": 0,
@@ -71,19 +73,19 @@ def test_workers_jobs_and_backlog_on_the_command_line(db: str) -> None:
                            "pending": 3}
     assert progress[-1] == {"job": "replay-generic-materialization", "done": 3,
                             "total": 3, "pending": 0}
-    forced = run_cli("job", "replay-core", "--db", db, "--force")
+    forced = run_main("job", "replay-core", "--db", db, "--force")
     assert last_json(forced.stdout)["requeued"] == 3
-    after = json.loads(run_cli("backlog", "--db", db).stdout)
+    after = json.loads(run_main("backlog", "--db", db).stdout)
     assert after["pending_total"] == 3  # D3 rows wait for the domain projector
     assert after["stages"]["domain_projection"] == {"lead-funnel@1": 3}
 
 
 def test_bad_names_and_missing_stores_are_refused(workdir: Path) -> None:
-    assert run_cli("worker", "nope", "--db", workdir / "q.db").returncode == 2
-    assert run_cli("job", "replay-core", "--db", workdir / "q.db").returncode == 66
-    assert run_cli("backlog", "--db", workdir / "q.db").returncode == 66
+    assert run_main("worker", "nope", "--db", workdir / "q.db").returncode == 2
+    assert run_main("job", "replay-core", "--db", workdir / "q.db").returncode == 66
+    assert run_main("backlog", "--db", workdir / "q.db").returncode == 66
     assert not (workdir / "q.db").exists()
-    assert run_cli("worker", "core-processor", "--db", workdir / "q.db", "--plugin",
+    assert run_main("worker", "core-processor", "--db", workdir / "q.db", "--plugin",
                    "no.such.module").returncode == 2
 
 
@@ -157,8 +159,8 @@ def test_start_runs_the_pipeline_workers_as_background_tasks(
         assert child.finish() == 0
     finally:
         child.kill()
-    assert run_cli("start", "--db", db, "--scope", scope_file, "--target",
-                   workdir / "target.db", "--workers", "bogus").returncode == 2
+    assert run_main("start", "--db", db, "--scope", scope_file, "--target",
+                    workdir / "target.db", "--workers", "bogus", guard=False).returncode == 2
 
 
 def test_pipeline_levels_never_hold_a_contact_field(
@@ -166,13 +168,13 @@ def test_pipeline_levels_never_hold_a_contact_field(
 ) -> None:
     db = db_location
     accept(db, scope_file, workdir, 0, 3, contact_alias=CANARY)
-    assert run_cli("once", "--db", db, "--scope", scope_file, "--target",
+    assert run_main("once", "--db", db, "--scope", scope_file, "--target",
                    workdir / "t.db").returncode == 0
     outputs = []
     for args in (("job", "backfill"), ("job", "replay-core"),
                  ("job", "replay-generic-materialization"),
                  ("job", "replay-domain-projection"), ("backlog",), ("status",)):
-        proc = run_cli(*args, "--db", db)
+        proc = run_main(*args, "--db", db)
         assert proc.returncode == 0, proc.stderr
         outputs += [proc.stdout, proc.stderr]
     assert all(CANARY not in text for text in outputs)

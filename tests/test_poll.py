@@ -2,67 +2,35 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
-from pathlib import Path
 
-import anyio
 import pytest
 
-from runner import DurableWorker
-from runner.io.synthetic_target import SyntheticTarget
 from tests.fakes import sheet_rows
-from tests.helpers import SCOPE, event, last_json, run_cli, write_json
+from tests.helpers import CliStore, event, run_main, write_json
 
 
-class Env:
-    def __init__(self, workdir: Path, scope_file: Path, db: str) -> None:
-        self.dir = workdir
-        self.db = db
-        self.target = workdir / "target.db"
-        self.scope = scope_file
-
-    def confirmed(self, n: int) -> None:
-        """n confirmed records, made in process (fast), then the process is gone."""
-        async def go() -> None:
-            target = SyntheticTarget(str(self.target))
-            async with DurableWorker(str(self.db), SCOPE, target) as worker:
-                for i in range(n):
-                    await worker.accept(event(i))
-                assert (await worker.run_cycle()).confirmed == n
-            target.close()
-        anyio.run(go)
-
-    def cli(self, command: str, *extra: str | Path) -> dict:
-        proc = run_cli(command, "--db", self.db, "--scope", self.scope, "--target", self.target,
-                       *extra)
-        assert proc.returncode == 0, proc.stderr
-        return last_json(proc.stdout)
-
-    def status(self) -> dict:
-        return json.loads(run_cli("status", "--db", self.db).stdout)
-
-    def set_target_status(self, key: str, status: str) -> None:
-        conn = sqlite3.connect(self.target)
-        conn.execute("UPDATE sheet SET status = ? WHERE source_lead_id = ?", (status, key))
-        conn.commit()
-        conn.close()
+def set_target_status(store: CliStore, key: str, status: str) -> None:
+    conn = sqlite3.connect(store.target)
+    conn.execute("UPDATE sheet SET status = ? WHERE source_lead_id = ?", (status, key))
+    conn.commit()
+    conn.close()
 
 
 @pytest.fixture
-def env(workdir: Path, scope_file: Path, db_location: str) -> Env:
-    return Env(workdir, scope_file, db_location)
+def env(cli_store: CliStore) -> CliStore:
+    return cli_store
 
 
 def kinds(doc: dict) -> dict[str, int]:
     return doc["outbox"]["by_kind"]
 
 
-def test_d_a_separate_start_process_sees_a_target_status_change(env: Env) -> None:
+def test_a_separate_start_process_sees_a_target_status_change(env: CliStore) -> None:
     env.confirmed(2)
     env.cli("poll-status")  # first observation: {"status": "new"}
     before = kinds(env.status()).get("status_changed", 0)
-    env.set_target_status("lead-1", "qualified")  # changed in the target, runner not running
+    set_target_status(env, "lead-1", "qualified")  # changed in the target, runner not running
     out = env.cli("start", "--cycles", "1")
     assert out["polled"] == 2
     doc = env.status()
@@ -72,7 +40,7 @@ def test_d_a_separate_start_process_sees_a_target_status_change(env: Env) -> Non
     assert recs["lead-0"]["snapshot"] == {"status": "new"}
 
 
-def test_e_fairness_every_record_once_before_any_twice(env: Env) -> None:
+def test_polling_is_fair_every_record_once_before_any_twice(env: CliStore) -> None:
     env.confirmed(250)
     times = ["2026-12-01T00:00:01Z", "2026-12-01T00:00:02Z", "2026-12-01T00:00:03Z"]
     for at in times:
@@ -88,7 +56,7 @@ def test_e_fairness_every_record_once_before_any_twice(env: Env) -> None:
     assert third == {f"lead-{i}" for i in range(200, 250)} | {f"lead-{i}" for i in range(50)}
 
 
-def test_f_an_unchanged_poll_writes_no_event(env: Env) -> None:
+def test_an_unchanged_poll_writes_no_event(env: CliStore) -> None:
     env.confirmed(3)
     first = env.cli("poll-status")
     assert (first["polled"], first["changed"]) == (3, 3)  # first snapshot of each
@@ -100,7 +68,7 @@ def test_f_an_unchanged_poll_writes_no_event(env: Env) -> None:
     assert all(r["last_polled_at"] for r in doc["records"])
 
 
-def test_g_read_errors_over_three_processes_make_one_health_event(env: Env) -> None:
+def test_read_errors_over_three_runs_make_one_health_event(env: CliStore) -> None:
     env.confirmed(2)
     env.cli("poll-status")
     snapshots = [r["snapshot"] for r in env.status()["records"]]
@@ -118,7 +86,7 @@ def test_g_read_errors_over_three_processes_make_one_health_event(env: Env) -> N
     assert kinds(env.status())["poll_health"] == 2
 
 
-def test_h_explicit_missing_is_never_sent_again(env: Env) -> None:
+def test_an_explicit_missing_is_never_sent_again(env: CliStore) -> None:
     env.confirmed(2)
     conn = sqlite3.connect(env.target)
     conn.execute("DELETE FROM sheet WHERE source_lead_id = 'lead-1'")
@@ -134,7 +102,7 @@ def test_h_explicit_missing_is_never_sent_again(env: Env) -> None:
     assert [r[4] for r in sheet_rows(env.target)] == ["lead-0"]
 
 
-def test_ambiguous_status_read_is_a_failure_not_a_deletion(env: Env) -> None:
+def test_ambiguous_status_read_is_a_failure_not_a_deletion(env: CliStore) -> None:
     env.confirmed(1)
     conn = sqlite3.connect(env.target)
     conn.execute("INSERT INTO sheet (write_id, tenant, source, source_lead_id, is_test, status)"
@@ -148,7 +116,7 @@ def test_ambiguous_status_read_is_a_failure_not_a_deletion(env: Env) -> None:
     assert doc["poll_health"][0]["failure"] == "ambiguous"
 
 
-def test_observe_changed_unchanged_missing(env: Env) -> None:
+def test_observe_changed_unchanged_missing(env: CliStore) -> None:
     env.confirmed(1)
     rec = write_json(env.dir / "e.json", event(0))
     won = write_json(env.dir / "won.json", {"status": "won"})
@@ -160,7 +128,7 @@ def test_observe_changed_unchanged_missing(env: Env) -> None:
     assert events == 1
     assert env.cli("observe", "--record", rec, "--snapshot", gone)["result"] == "missing"
     assert env.cli("observe", "--record", rec, "--snapshot", gone)["result"] == "missing"
-    refused = run_cli("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
+    refused = run_main("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
                       "--snapshot", won)
     assert refused.returncode == 65 and "confirmed_then_missing" in refused.stderr
     doc = env.status()
@@ -177,23 +145,23 @@ def test_observe_changed_unchanged_missing(env: Env) -> None:
         ({"status": "won"}, event(0, synthetic="true")),
     ],
 )
-def test_observe_refusals(env: Env, snapshot: dict, event_doc: dict) -> None:
+def test_observe_refusals(env: CliStore, snapshot: dict, event_doc: dict) -> None:
     env.confirmed(1)
     before = env.status()
     rec = write_json(env.dir / "e.json", event_doc)
     snap = write_json(env.dir / "s.json", snapshot)
-    proc = run_cli("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
+    proc = run_main("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
                    "--snapshot", snap)
     assert proc.returncode == 65, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert env.status() == before
 
 
-def test_observe_a_record_that_is_not_confirmed(env: Env) -> None:
+def test_observe_a_record_that_is_not_confirmed(env: CliStore) -> None:
     rec = write_json(env.dir / "e.json", event(5))
-    assert run_cli("accept", "--db", env.db, "--scope", env.scope, "--record", rec
+    assert run_main("accept", "--db", env.db, "--scope", env.scope, "--record", rec
                    ).returncode == 0
     snap = write_json(env.dir / "s.json", {"status": "won"})
-    proc = run_cli("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
+    proc = run_main("observe", "--db", env.db, "--scope", env.scope, "--record", rec,
                    "--snapshot", snap)
     assert proc.returncode == 65 and "prepared" in proc.stderr

@@ -21,7 +21,16 @@ import pytest
 from runner.io.postgres import dsn as pg_dsn
 from tests import pg
 from tests.fakes import sheet_rows
-from tests.helpers import ROOT, RUN, event, last_json, run_cli, write_json
+from tests.helpers import (
+    ROOT,
+    Child,
+    CliStore,
+    event,
+    last_json,
+    run_main,
+    wait_path,
+    write_json,
+)
 
 
 @pytest.fixture
@@ -33,62 +42,30 @@ def db() -> Iterator[str]:
     pg.drop_schemas([schema])
 
 
-class Worker:
+class Worker(Child):
     """A real ``once --fault hang`` process, stuck in its first target write."""
 
     def __init__(self, db: str, workdir: Path, scope: Path, target: Path) -> None:
         self.hang = workdir / f"hang-{time.monotonic_ns()}"
         self.hang.mkdir()
-        self.proc = subprocess.Popen(
-            [sys.executable, RUN, "once", "--db", db, "--scope", str(scope),
-             "--target", str(target), "--fault", "hang"],
-            env={**os.environ, "RUNNER_HANG_DIR": str(self.hang)},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 30
-        while not (self.hang / "entered-write").exists():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited early: {self.proc.communicate()}")
-            assert time.monotonic() < deadline, "the worker never reached its send"
-            time.sleep(0.01)
+        super().__init__("once", "--db", db, "--scope", scope, "--target", target,
+                         "--fault", "hang", env={"RUNNER_HANG_DIR": str(self.hang)})
+        wait_path(self.hang / "entered-write", self)
 
     def release(self) -> tuple[int, str, str]:
         (self.hang / "release").touch()
-        out, err = self.proc.communicate(timeout=60)
-        return self.proc.returncode, out, err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate(timeout=30)
+        code = self.finish(timeout=60)
+        return code, "\n".join(self.out), "\n".join(self.err)
 
 
-class Env:
-    def __init__(self, db: str, workdir: Path, scope_file: Path) -> None:
-        self.db, self.dir, self.scope = db, workdir, scope_file
-        self.target = workdir / "target.db"
-
-    def accept(self, *ids: int) -> None:
-        for i in ids:
-            rec = write_json(self.dir / f"event-{i}.json", event(i))
-            proc = run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec)
-            assert proc.returncode == 0, proc.stderr
-
-    def once(self, *extra: str) -> subprocess.CompletedProcess[str]:
-        return run_cli("once", "--db", self.db, "--scope", self.scope,
-                       "--target", self.target, *extra)
-
-    def records(self) -> dict[str, dict]:
-        proc = run_cli("status", "--db", self.db)
-        assert proc.returncode == 0, proc.stderr
-        return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
-
+class Env(CliStore):
     def hanging_worker(self) -> Worker:
         return Worker(self.db, self.dir, self.scope, self.target)
 
 
 @pytest.fixture
 def env(db: str, workdir: Path, scope_file: Path) -> Env:
-    return Env(db, workdir, scope_file)
+    return Env(workdir, scope_file, db)
 
 
 def one_clean_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -134,7 +111,7 @@ def test_the_lock_names_its_holder_and_ignores_how_the_dsn_is_spelled(env: Env) 
     worker = env.hanging_worker()
     try:
         other_spelling = env.db.replace("postgresql://", "postgres://", 1)
-        proc = run_cli("once", "--db", other_spelling, "--scope", env.scope,
+        proc = run_main("once", "--db", other_spelling, "--scope", env.scope,
                        "--target", env.dir / "other-target.db")
         assert proc.returncode == 75, proc.stderr
         line = one_clean_line(proc)
@@ -218,7 +195,7 @@ def test_connection_refused_is_one_line_exit_74(workdir: Path, scope_file: Path)
     for argv in (("accept", "--db", db, "--scope", scope_file, "--record", rec),
                  ("status", "--db", db),
                  ("once", "--db", db, "--scope", scope_file, "--target", workdir / "t.db")):
-        proc = run_cli(*argv)
+        proc = run_main(*argv)
         assert proc.returncode == 74, proc.stderr
         assert "connection refused" in one_clean_line(proc)
 
@@ -234,11 +211,11 @@ def test_authentication_failure_is_one_line_exit_77(workdir: Path, scope_file: P
     pg.require()
     db = _with_user("runner_no_such_role")
     rec = write_json(workdir / "e.json", event(1))
-    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
+    proc = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec)
     assert proc.returncode == 77, proc.stderr
     line = one_clean_line(proc)
     assert "refused access" in line and "runner_no_such_role" in line
-    assert run_cli("status", "--db", db).returncode == 77
+    assert run_main("status", "--db", db).returncode == 77
 
 
 def test_missing_privilege_is_exit_77_until_a_dba_makes_the_schema(
@@ -253,13 +230,13 @@ def test_missing_privilege_is_exit_77_until_a_dba_makes_the_schema(
     db = _with_user(role)
     try:
         rec = write_json(workdir / "e.json", event(1))
-        proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
+        proc = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec)
         assert proc.returncode == 77, proc.stderr
         assert "permission denied" in one_clean_line(proc)
         assert not pg.exists(db)
         # a role that may not create schemas can use one a DBA made for it
         pg.execute(f'CREATE SCHEMA "{pg.schema_of(db)}" AUTHORIZATION {role}')
-        proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
+        proc = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec)
         assert proc.returncode == 0, proc.stderr
     finally:
         pg.drop_schemas([pg.schema_of(db)])
@@ -271,7 +248,7 @@ def test_unknown_database_is_one_line_exit_66(workdir: Path, scope_file: Path) -
     user = pg_dsn.urlsplit(pg.dsn()).username or "root"
     db = _with_user(user, database="runner_no_such_database")
     rec = write_json(workdir / "e.json", event(1))
-    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
+    proc = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec)
     assert proc.returncode == 66, proc.stderr
     line = one_clean_line(proc)
     assert "runner_no_such_database" in line and "does not exist" in line
@@ -280,7 +257,7 @@ def test_unknown_database_is_one_line_exit_66(workdir: Path, scope_file: Path) -
 def test_bad_schema_name_is_a_usage_error(scope_file: Path, workdir: Path) -> None:
     rec = write_json(workdir / "e.json", event(1))
     db = pg.location("Bad-Name")
-    proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
+    proc = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec)
     assert proc.returncode == 2 and "schema" in one_clean_line(proc)
 
 
@@ -328,7 +305,7 @@ def test_status_works_while_a_worker_and_four_writers_run(env: Env) -> None:
         go.touch()
         seen = []
         while any(w.poll() is None for w in writers) or not seen:
-            proc = run_cli("status", "--db", env.db)
+            proc = run_main("status", "--db", env.db)
             assert proc.returncode == 0, proc.stderr
             doc = json.loads(proc.stdout)
             assert doc["counts"]["in_flight"] == 1  # the worker is still in its send
@@ -364,12 +341,12 @@ def test_a_v1_store_is_upgraded_in_place(db: str, workdir: Path, scope_file: Pat
         + f"INSERT INTO {s}.leads (tenant_id, source_lead_id, canonical, write_id, accepted_at,"
         + f" updated_at) VALUES ('tenant-synthetic-1', 'lead-1', '{json.dumps(event(1))}',"
         + " 'w-1', '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z'); COMMIT;")
-    status = run_cli("status", "--db", db)
+    status = run_main("status", "--db", db)
     assert status.returncode == 78 and "older" in status.stderr
     rec = write_json(workdir / "e.json", event(2))
-    assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
+    assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
     versions = [v for (v,) in pg.fetch(f"SELECT version FROM {s}.schema_migrations ORDER BY 1")]
     assert versions == list(range(1, schema.LATEST + 1))
-    once = run_cli("once", "--db", db, "--scope", scope_file, "--target", workdir / "t.db")
+    once = run_main("once", "--db", db, "--scope", scope_file, "--target", workdir / "t.db")
     assert once.returncode == 0, once.stderr
     assert last_json(once.stdout)["confirmed"] == 2

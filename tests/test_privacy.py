@@ -18,7 +18,16 @@ from runner.errors import BadInputError, RunnerError
 from runner.intake import prepare
 from runner.models import Scope
 from tests.fakes import ScriptedAdapter, sheet_rows
-from tests.helpers import CANARY, SCOPE, Child, dump_db, event, run_cli, write_json
+from tests.helpers import (
+    CANARY,
+    SCOPE,
+    Child,
+    dump_db,
+    event,
+    run_command,
+    run_main,
+    write_json,
+)
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
@@ -37,10 +46,10 @@ def test_contact_alias_never_reaches_output(
     outputs = []
     for i, doc in enumerate(cases):
         rec = write_json(workdir / f"e{i}.json", doc)
-        proc = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec,
+        proc = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec,
                        "--log-format", fmt)
         outputs += [proc.stdout, proc.stderr]
-    status = run_cli("status", "--db", db, "--log-format", fmt)
+    status = run_main("status", "--db", db, "--log-format", fmt)
     outputs += [status.stdout, status.stderr]
     assert status.returncode == 0
     assert all(CANARY not in text for text in outputs)
@@ -57,7 +66,7 @@ def test_the_canary_never_leaves_through_a_whole_delivery_lifecycle(
     outputs: list[str] = []
 
     def run(*args: str | Path, code: int = 0) -> None:
-        proc = run_cli(*args)
+        proc = run_command(*args)  # the crashes in a real process, the rest in process
         assert proc.returncode == code, proc.stderr
         outputs.extend([proc.stdout, proc.stderr])
 
@@ -89,9 +98,9 @@ def test_status_says_whether_an_alias_is_present_never_its_value(
     del docs[2]["contact_alias"]
     for i, doc in enumerate(docs):
         rec = write_json(workdir / f"e{i}.json", doc)
-        assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec
+        assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec
                        ).returncode == 0
-    proc = run_cli("status", "--db", db)
+    proc = run_main("status", "--db", db)
     present = {r["source_lead_id"]: r["contact_alias_present"]
                for r in json.loads(proc.stdout)["records"]}
     assert present == {"lead-1": True, "lead-2": True, "lead-3": False}
@@ -134,7 +143,7 @@ def test_store_files_and_lock_are_0600_under_umask_022(workdir: Path, scope_file
     old = os.umask(0o022)
     try:
         rec = write_json(workdir / "e.json", event(1))
-        assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec
+        assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec
                        ).returncode == 0
         child = Child("start", "--db", db, "--scope", scope_file, "--target", target,
                       "--interval", "3600")
@@ -159,7 +168,7 @@ def test_every_command_refuses_a_symlinked_database(
 ) -> None:
     real, link, target = workdir / "real.db", workdir / "link.db", workdir / "target.db"
     rec = write_json(workdir / "e.json", event(1))
-    assert run_cli("accept", "--db", real, "--scope", scope_file, "--record", rec
+    assert run_main("accept", "--db", real, "--scope", scope_file, "--record", rec
                    ).returncode == 0
     before = dump_db(real)
     link.symlink_to(real)
@@ -168,7 +177,7 @@ def test_every_command_refuses_a_symlinked_database(
         "once": ["--target", target], "poll-status": ["--target", target],
         "observe": ["--record", rec, "--snapshot", write_json(workdir / "s.json", {})],
         "status": []}
-    proc = run_cli(command, "--db", link, "--scope", scope_file, *extra[command])
+    proc = run_command(command, "--db", link, "--scope", scope_file, *extra[command])
     assert proc.returncode == 77 and "symlink" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert dump_db(real) == before and not target.exists()
@@ -179,9 +188,9 @@ def test_a_symlinked_lock_file_is_refused_and_never_followed(
 ) -> None:
     db, target = workdir / "queue.db", workdir / "target.db"
     rec = write_json(workdir / "e.json", event(1))
-    assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec
+    assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec
                    ).returncode == 0
     Path(f"{db}.lock").symlink_to(workdir / "elsewhere")
-    proc = run_cli("once", "--db", db, "--scope", scope_file, "--target", target)
+    proc = run_main("once", "--db", db, "--scope", scope_file, "--target", target)
     assert proc.returncode == 77 and "symlink" in proc.stderr
     assert not (workdir / "elsewhere").exists()

@@ -1,4 +1,5 @@
-"""``start`` with real processes and real signals (issue 4 points 1, 2, 6a-c, 6i)."""
+"""``start`` with real processes and real signals: grace, hard stops, SIGINT ignored by
+the parent, reconcile before dispatch, the lock."""
 
 from __future__ import annotations
 
@@ -9,37 +10,25 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import sheet_rows
-from tests.helpers import Child, event, last_json, run_cli, wait_path, write_json
+from tests.helpers import Child, CliStore, last_json, run_main, wait_path
 
 
-class Setup:
+class Setup(CliStore):
+    """A store (arranged in process) and ``start`` as a real process, with the hang faults
+    of ``$RUNNER_HANG_DIR``."""
+
     def __init__(self, workdir: Path, scope_file: Path, db: str) -> None:
-        self.dir = workdir
-        self.db = db
-        self.target = workdir / "target.db"
-        self.scope = scope_file
+        super().__init__(workdir, scope_file, db)
         self.hang = workdir / "hang"
         self.hang.mkdir()
 
-    def accept(self, i: int) -> None:
-        rec = write_json(self.dir / f"e{i}.json", event(i))
-        assert run_cli("accept", "--db", self.db, "--scope", self.scope, "--record", rec
-                       ).returncode == 0
-
-    def args(self, command: str, *extra: str) -> list[str | Path]:
-        return [command, "--db", self.db, "--scope", self.scope, "--target", self.target,
-                *extra]
-
     def start(self, *extra: str, **kw: object) -> Child:
-        return Child(*self.args("start", *extra), env={"RUNNER_HANG_DIR": str(self.hang)},
+        return Child("start", "--db", self.db, "--scope", self.scope, "--target", self.target,
+                     *extra, env={"RUNNER_HANG_DIR": str(self.hang)},
                      **kw)  # type: ignore[arg-type]
 
     def release(self) -> None:
         (self.hang / "release").touch()
-
-    def records(self) -> dict[str, dict]:
-        proc = run_cli("status", "--db", self.db)
-        return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
 
 
 @pytest.fixture
@@ -49,10 +38,10 @@ def s(workdir: Path, scope_file: Path, db_location: str) -> Setup:
 
 def test_cycles_n_stops_with_exit_0_and_one_line_per_cycle(s: Setup) -> None:
     s.accept(1)
-    child = s.start("--cycles", "3", "--interval", "0")
-    assert child.finish() == 0, child.err
-    assert len(child.out) == 3
-    lines = [json.loads(line) for line in child.out]
+    proc = s.run("start", "--cycles", "3", "--interval", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 3
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert lines[0]["confirmed"] == 1 and lines[1]["dispatched"] == 0
     assert all(line["polled"] == 1 for line in lines)
 
@@ -75,7 +64,7 @@ def test_a_sigterm_during_a_hanging_send_lets_it_finish(s: Setup) -> None:
     assert len(sheet_rows(s.target)) == 1
 
 
-def test_b_two_sigterms_stop_at_once_and_the_record_is_reconciled(s: Setup) -> None:
+def test_two_sigterms_stop_at_once_and_the_record_is_reconciled(s: Setup) -> None:
     s.accept(1)
     child = s.start("--interval", "3600", "--fault", "hang")
     try:
@@ -88,7 +77,7 @@ def test_b_two_sigterms_stop_at_once_and_the_record_is_reconciled(s: Setup) -> N
         child.kill()
     rec = s.records()["lead-1"]
     assert rec["state"] in ("uncertain", "in_flight") and rec["attempts"] == 1
-    nxt = run_cli(*s.args("start", "--cycles", "1"))
+    nxt = s.run("start", "--cycles", "1")
     assert nxt.returncode == 0, nxt.stderr
     assert last_json(nxt.stdout)["reconciled"] == 1
     rec = s.records()["lead-1"]
@@ -110,7 +99,7 @@ def test_grace_running_out_is_a_hard_stop(s: Setup) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_c_a_signal_during_the_interval_wait_exits_0_promptly(s: Setup, sig: int) -> None:
+def test_a_signal_during_the_interval_wait_exits_0_promptly(s: Setup, sig: int) -> None:
     s.accept(1)
     child = s.start("--interval", "3600")
     try:
@@ -121,7 +110,7 @@ def test_c_a_signal_during_the_interval_wait_exits_0_promptly(s: Setup, sig: int
         child.kill()
 
 
-def test_c_sigint_stops_a_process_started_with_sigint_ignored(s: Setup) -> None:
+def test_sigint_stops_a_process_started_with_sigint_ignored(s: Setup) -> None:
     """A background job of a non-interactive shell inherits SIGINT ignored."""
     s.accept(1)
     child = s.start("--interval", "3600",
@@ -134,9 +123,9 @@ def test_c_sigint_stops_a_process_started_with_sigint_ignored(s: Setup) -> None:
         child.kill()
 
 
-def test_i_no_dispatch_while_a_reconcile_hangs(s: Setup) -> None:
+def test_no_dispatch_while_a_reconcile_hangs(s: Setup) -> None:
     s.accept(1)
-    crashed = run_cli(*s.args("once", "--fault", "crash-before-write"))
+    crashed = s.run("once", "--fault", "crash-before-write")
     assert crashed.returncode == 73  # lead-1 is now in flight, never sent
     s.accept(2)
     child = s.start("--cycles", "1", "--fault", "hang-readback")
@@ -156,7 +145,7 @@ def test_i_no_dispatch_while_a_reconcile_hangs(s: Setup) -> None:
 
 def test_a_signal_during_a_hanging_reconcile_stops_at_once(s: Setup) -> None:
     s.accept(1)
-    assert run_cli(*s.args("once", "--fault", "crash-before-write")).returncode == 73
+    assert s.run("once", "--fault", "crash-before-write").returncode == 73
     child = s.start("--fault", "hang-readback", "--interval", "3600")
     try:
         wait_path(s.hang / "entered-read_back", child)
@@ -172,7 +161,7 @@ def test_start_refused_while_another_worker_runs(s: Setup) -> None:
     child = s.start("--interval", "3600")
     try:
         child.wait_out_lines(1)
-        second = run_cli(*s.args("start", "--cycles", "1"))
+        second = s.run("start", "--cycles", "1")
         assert second.returncode == 75 and f"pid {child.proc.pid}" in second.stderr
         child.signal(signal.SIGTERM)
         assert child.finish() == 0
@@ -187,6 +176,7 @@ def test_start_refused_while_another_worker_runs(s: Setup) -> None:
      ["--interval", "nan"], ["--grace", "NaN"]],  # NaN used to escape as a traceback
 )
 def test_bad_options_exit_2(s: Setup, bad: list[str]) -> None:
-    proc = run_cli(*s.args("start", *bad))
+    proc = run_main("start", "--db", s.db, "--scope", s.scope, "--target", s.target, *bad,
+                    guard=False)  # refused while parsing: in process
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

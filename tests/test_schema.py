@@ -12,7 +12,7 @@ import pytest
 from runner.io.postgres import schema as pg_schema
 from runner.io.sqlite import schema
 from tests import pg
-from tests.helpers import event, run_cli, write_json
+from tests.helpers import event, run_main, write_json
 
 
 def digest(path: Path) -> str:
@@ -27,7 +27,7 @@ def test_store_from_a_newer_schema_is_refused_untouched(
         return
     db = Path(db_location)
     rec = write_json(workdir / "e.json", event(1))
-    assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
+    assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
     conn = sqlite3.connect(db)
     conn.execute(f"PRAGMA user_version = {schema.LATEST + 1}")
     conn.commit()
@@ -35,7 +35,7 @@ def test_store_from_a_newer_schema_is_refused_untouched(
     before = digest(db)
     for argv in (("accept", "--db", db, "--scope", scope_file, "--record", rec),
                  ("status", "--db", db)):
-        proc = run_cli(*argv)
+        proc = run_main(*argv)
         assert proc.returncode == 78, proc.stderr
         assert "newer runner" in proc.stderr
     assert digest(db) == before
@@ -44,14 +44,14 @@ def test_store_from_a_newer_schema_is_refused_untouched(
 
 def _newer_pg_schema_is_refused_untouched(workdir: Path, scope_file: Path, db: str) -> None:
     rec = write_json(workdir / "e.json", event(1))
-    assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
+    assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec).returncode == 0
     pg.execute(f'INSERT INTO "{pg.schema_of(db)}".schema_migrations (version) VALUES ($1)',
                pg_schema.LATEST + 1)
     before = pg.dump(db)
     for argv in (("accept", "--db", db, "--scope", scope_file, "--record", rec),
                  ("once", "--db", db, "--scope", scope_file, "--target", workdir / "t.db"),
                  ("status", "--db", db)):
-        proc = run_cli(*argv)
+        proc = run_main(*argv)
         assert proc.returncode == 78, proc.stderr
         assert "newer runner" in proc.stderr
     assert pg.dump(db) == before
@@ -75,10 +75,10 @@ def test_a_real_v1_store_is_upgraded_in_place(workdir: Path, scope_file: Path) -
     db = workdir / "queue.db"
     shutil.copy(Path(__file__).parent / "fixtures" / "store-v1.sqlite", db)
     db.chmod(0o600)
-    status = run_cli("status", "--db", db)
+    status = run_main("status", "--db", db)
     assert status.returncode == 78 and "older" in status.stderr  # status never migrates
     rec = write_json(workdir / "e.json", event(1))  # already in the v1 store
-    again = run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec)
+    again = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["result"] == "duplicate"
     conn = sqlite3.connect(db)
@@ -91,6 +91,6 @@ def test_a_real_v1_store_is_upgraded_in_place(workdir: Path, scope_file: Path) -
     finally:
         conn.close()
     target = workdir / "target.db"
-    once = run_cli("once", "--db", db, "--scope", scope_file, "--target", target)
+    once = run_main("once", "--db", db, "--scope", scope_file, "--target", target)
     assert once.returncode == 0, once.stderr
     assert json.loads(once.stdout)["confirmed"] == 3

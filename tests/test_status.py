@@ -17,7 +17,7 @@ from tests.helpers import (
     dump_store,
     event,
     last_json,
-    run_cli,
+    run_main,
     store_exists,
     write_json,
 )
@@ -28,13 +28,13 @@ def db(db_location: str, workdir: Path, scope_file: Path) -> str:
     db = db_location
     for i in range(3):
         rec = write_json(workdir / f"e{i}.json", event(i))
-        assert run_cli("accept", "--db", db, "--scope", scope_file, "--record", rec
+        assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec
                        ).returncode == 0
     return db
 
 
 def test_status_shape(db: str, scope_file: Path) -> None:
-    proc = run_cli("status", "--db", db, "--scope", scope_file)
+    proc = run_main("status", "--db", db, "--scope", scope_file)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 1
     doc = json.loads(proc.stdout)
@@ -56,8 +56,8 @@ def test_status_shape(db: str, scope_file: Path) -> None:
 
 def test_status_changes_nothing(db: str, scope_file: Path) -> None:
     before = dump_store(db)
-    assert run_cli("status", "--db", db).returncode == 0
-    assert run_cli("status", "--db", db, "--scope", scope_file).returncode == 0
+    assert run_main("status", "--db", db).returncode == 0
+    assert run_main("status", "--db", db, "--scope", scope_file).returncode == 0
     assert dump_store(db) == before
 
 
@@ -69,7 +69,7 @@ def test_status_while_another_process_holds_the_write_lock(db: str) -> None:
     try:
         writer.execute("BEGIN IMMEDIATE")
         writer.execute("INSERT INTO meta VALUES ('in-progress', 'x')")
-        proc = run_cli("status", "--db", db, timeout=20)
+        proc = run_main("status", "--db", db, timeout=20)
         assert proc.returncode == 0, proc.stderr
         assert sum(last_json(proc.stdout)["counts"].values()) == 3
     finally:
@@ -92,7 +92,7 @@ def _status_while_a_pg_writer_holds_locks(db: str) -> None:
                 await writer.execute(f"SELECT * FROM {schema}.outbox_counter FOR UPDATE")
                 await writer.execute(f"INSERT INTO {schema}.meta VALUES ('in-progress', 'x')")
                 proc = await anyio.to_thread.run_sync(
-                    lambda: run_cli("status", "--db", db, timeout=20))
+                    lambda: run_main("status", "--db", db, timeout=20))
                 raise _Rollback(proc)
         except _Rollback as done:
             return done.proc
@@ -110,7 +110,7 @@ class _Rollback(Exception):
 
 
 def test_status_of_a_missing_store_is_an_error_and_creates_nothing(db_location: str) -> None:
-    proc = run_cli("status", "--db", db_location)
+    proc = run_main("status", "--db", db_location)
     assert proc.returncode == 66 and "no " in proc.stderr and "store" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not store_exists(db_location)
@@ -118,11 +118,11 @@ def test_status_of_a_missing_store_is_an_error_and_creates_nothing(db_location: 
 
 def test_status_with_another_scope_exits_78(db: str, workdir: Path) -> None:
     other = write_json(workdir / "other.json", {**SCOPE, "tenant_id": "tenant-2"})
-    assert run_cli("status", "--db", db, "--scope", other).returncode == 78
+    assert run_main("status", "--db", db, "--scope", other).returncode == 78
 
 
 def test_status_json_log_format_errors(db_location: str) -> None:
-    proc = run_cli("status", "--db", db_location, "--log-format", "json")
+    proc = run_main("status", "--db", db_location, "--log-format", "json")
     line = json.loads(proc.stderr.strip())
     assert line["level"] == "error" and line["reason"] == "store_not_found"
 

@@ -1,6 +1,6 @@
 """Child: accept and cycle on a store whose disk runs out of space (issue 8.3).
 
-Usage: python -m tests.procs.disk_full DIR MODE ASIDE
+Usage: python -m tests.procs.disk_full DIR MODE ASIDE [SLACK_KIB,...]
 
 Stores live in DIR; event files and the synthetic targets live in ASIDE, on another disk
 (a full target is the target's business, not the store's).
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import RUN, SCOPE, event, write_json
+from tests.helpers import RUN, SCOPE, event, run_main, write_json
 
 CHUNK = 4096
 
@@ -58,6 +58,21 @@ class Disk:
         (self.root / "ballast").unlink(missing_ok=True)
 
 
+def ingest(db: Path, n: int) -> None:
+    """Accept ``event(0..n-1)`` in this process, through the library (arranging: the acts
+    on a full disk are CLI processes)."""
+    import anyio
+
+    from runner import DurableWorker
+
+    async def go() -> None:
+        async with DurableWorker(str(db), SCOPE) as worker:
+            for i in range(n):
+                assert (await worker.accept(event(i))).ok
+
+    anyio.run(go)
+
+
 def cli(disk: Disk, *args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, RUN, *map(str, args)], capture_output=True,
                           text=True, env={**os.environ, **disk.env}, timeout=120, check=False)
@@ -74,19 +89,21 @@ def query(db: Path, sql: str) -> list[Any]:
 def accept_when_full(disk: Disk, work: Path, aside: Path, report: dict[str, Any]) -> None:
     db, scope = work / "queue.db", write_json(aside / "scope.json", SCOPE)
     bad = report["violations"]
-    first = cli(disk, "accept", "--db", db, "--scope", scope,
-                "--record", write_json(aside / "e0.json", event(0)))
-    if first.returncode != 0:
-        bad.append(f"accept with space: exit {first.returncode}: {first.stderr}")
+    ingest(db, 1)  # arranged in process, with space
     disk.fill()
     for i in range(1, 80):  # with a page cap, the first accepts still fit in free pages
         rec = write_json(aside / f"e{i}.json", event(i))
-        refused = cli(disk, "accept", "--db", db, "--scope", scope, "--record", rec)
-        if refused.returncode != 0:
+        # found in process (``main()``), then the refused accept again as a real process
+        probe = run_main("accept", "--db", db, "--scope", scope, "--record", rec,
+                         env=disk.env)
+        if probe.returncode != 0:
             break
     else:
         bad.append("the store never ran out of space")
         return
+    if probe.returncode != 74:
+        bad.append(f"accept on a full store in process: exit {probe.returncode}")
+    refused = cli(disk, "accept", "--db", db, "--scope", scope, "--record", rec)
     report["refused"] = {"exit": refused.returncode, "stdout": refused.stdout,
                          "stderr": refused.stderr.strip()}
     disk.free()
@@ -107,12 +124,7 @@ def cycle_when_full(disk: Disk, work: Path, aside: Path, slack: int,
     db, target = work / "queue.db", aside / f"{work.name}-target.db"
     scope = write_json(aside / "scope.json", SCOPE)
     bad = report["violations"]
-    script = ("import sys, anyio\nfrom runner import DurableWorker\n"
-              "from tests.helpers import SCOPE, event\n"
-              "async def main():\n    async with DurableWorker(sys.argv[1], SCOPE) as w:\n"
-              "        for i in range(20):\n            assert (await w.accept(event(i))).ok\n"
-              "anyio.run(main)\n")
-    subprocess.run([sys.executable, "-c", script, str(db)], check=True, timeout=120)
+    ingest(db, 20)
     disk.fill(slack)
     full = cli(disk, "once", "--db", db, "--scope", scope, "--target", target)
     disk.free()
@@ -141,14 +153,20 @@ def cycle_when_full(disk: Disk, work: Path, aside: Path, slack: int,
     shutil.rmtree(work)  # give the space back for the next round
 
 
-def main(root: Path, mode: str, aside: Path) -> dict[str, Any]:
+#: the free space left (KiB) when a cycle starts on a full tmpfs: each runs out at another
+#: commit of the cycle
+SLACKS = [0, 16, 32, 40, 48, 64, 96, 128]
+
+
+def main(root: Path, mode: str, aside: Path, slacks: list[int] | None = None
+         ) -> dict[str, Any]:
     disk = Disk(root, mode)
     report: dict[str, Any] = {"mode": mode, "violations": [], "cycles": []}
     first = root / "accept"
     first.mkdir(mode=0o700)
     accept_when_full(disk, first, aside, report)
     disk.free()
-    slacks = [0, 16, 32, 40, 48, 64, 96, 128] if mode == "tmpfs" else [0]
+    slacks = (slacks or SLACKS) if mode == "tmpfs" else [0]
     for n, slack in enumerate(slacks):
         cycle_when_full(disk, root / f"cycle-{n}", aside, slack * 1024, report)
         disk.free()
@@ -156,4 +174,5 @@ def main(root: Path, mode: str, aside: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]))))
+    chosen = [int(k) for k in sys.argv[4].split(",")] if len(sys.argv) > 4 else None
+    print(json.dumps(main(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), chosen)))
