@@ -165,6 +165,20 @@ def run_main(
                                        err.getvalue())
 
 
+def cli(*argv: str | Path) -> tuple[int, str, str]:
+    """``runner.cli.main`` in process, as ``(exit code, stdout, stderr)``, whatever the
+    command (``start`` included: its tasks close their connections when cancelled)."""
+    done = run_main(*argv, guard=False)
+    return done.returncode, done.stdout, done.stderr
+
+
+def digest(path: Path) -> str:
+    """A file's SHA-256: "left byte for byte as it was" is an equal digest."""
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def last_json(stdout: str) -> Any:
     lines = [line for line in stdout.splitlines() if line.strip()]
     assert lines, "no JSON on stdout"

@@ -12,8 +12,6 @@ taken before the write starts is "not sent" (failed_safe), never uncertain.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import os
 import sqlite3
@@ -24,29 +22,16 @@ import anyio
 import pytest
 
 from runner import BeforeWriteError, DurableWorker
-from runner.cli import main
 from runner.errors import RunnerError
 from runner.io.filelock import FileLock, lock_path_for
 from runner.io.synthetic_target import SyntheticTarget
 from runner.models import CRMRecord
 from runner.port import Observation, TargetRow
 from tests.fakes import sheet_rows
-from tests.helpers import SCOPE, dump_store, event, write_json
+from tests.helpers import SCOPE, cli, digest, dump_store, event, write_json
 
 REC = CRMRecord(tenant="t", source="meta", source_lead_id="lead-1", is_test=True,
                 contact_alias=None)
-
-
-def cli(*argv: str | Path) -> tuple[int, str, str]:
-    """``runner.cli.main`` in process: (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def foreign_sqlite(path: Path, *, wal: bool = False) -> Path:

@@ -10,9 +10,6 @@ they are trusted, as before.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import io
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -23,7 +20,6 @@ import anyio
 import pytest
 
 from runner import DurableWorker
-from runner.cli import main
 from runner.errors import ConfigMismatch
 from runner.io.postgres import schema as pg_schema
 from runner.io.sqlite import schema as sqlite_schema
@@ -33,18 +29,7 @@ from runner.port import Missing, Observation, Snapshot, TargetRow
 from runner.store import open_store
 from tests import pg
 from tests.fakes import sheet_rows
-from tests.helpers import SCOPE, dump_store, event, write_json
-
-
-def cli(*argv: str | Path) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in argv])
-    return code, out.getvalue(), err.getvalue()
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+from tests.helpers import SCOPE, cli, digest, dump_store, event, write_json
 
 
 class Delivered:
