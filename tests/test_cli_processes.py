@@ -39,11 +39,15 @@ ACTS: dict[str, tuple[str, set[str]]] = {
     "worker": ("worker raw-retriever --db {db} --cycles 1", {"worker", "cycle", "claimed"}),
     "job": ("job backfill --db {db}", {"job", "from_seq", "to_seq", "read"}),
     "backlog": ("backlog --db {db}", {"pending_total", "stages"}),
+    "outbox": ("outbox watermark --db {db}", {"floor", "export_watermark", "pruned"}),
 }
+#: commands that serve until signalled, each run as a real process where it is tested
+SERVERS = {"serve": "tests/test_http_processes.py"}
 
 
 def test_the_table_covers_every_command() -> None:
-    assert set(ACTS) == set(COMMANDS)
+    assert set(ACTS) | set(SERVERS) == set(COMMANDS)
+    assert not set(ACTS) & set(SERVERS)
 
 
 @pytest.mark.parametrize("command", sorted(ACTS))

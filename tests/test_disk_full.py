@@ -2,10 +2,11 @@
 clear line and exit 74; after space is freed the same accept succeeds; a cycle that runs
 out of space never sends a record twice.
 
-Two ways to fill a disk, never skipped: a real 1 MiB tmpfs in a private mount namespace
-(``unshare``, as root or with unprivileged user namespaces) filled by a ballast file, and
-SQLite's own cap (``$RUNNER_SQLITE_MAX_PAGES``, a test-only hook that sets ``PRAGMA
-max_page_count``), which is where the test falls back to when no tmpfs can be made.
+Two ways to fill a disk, never skipped: a real 4 MiB tmpfs (the stores of every scenario
+share it) in a private mount namespace (``unshare``, as root or with unprivileged user
+namespaces) filled by a ballast file, and SQLite's own cap (``$RUNNER_SQLITE_MAX_PAGES``,
+a test-only hook that sets ``PRAGMA max_page_count``), which is where the test falls back
+to when no tmpfs can be made.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.fakes import ScriptedAdapter, sheet_rows
 from tests.helpers import ROOT, SCOPE, event
 from tests.procs.disk_full import SLACKS
 
-MOUNT = 'mount -t tmpfs -o size=1m,mode=0700 tmpfs "$1" && shift && exec "$@"'
+MOUNT = 'mount -t tmpfs -o size=4m,mode=0700 tmpfs "$1" && shift && exec "$@"'
 
 
 def _namespace() -> list[str] | None:

@@ -287,7 +287,8 @@ async def test_the_retriever_closes_gaps_its_hot_config_left_behind_the_cursor(
 
     await lead_history(store, scope, 4, confirm=[0, 1, 2, 3])  # accepted + state changes
     config_file = tmp_path / "retriever.json"
-    config_file.write_text(_json.dumps({"kinds": ["accepted"], "batch_size": 3}))
+    config_file.write_text(_json.dumps({"kinds": ["accepted"], "batch_size": 3,
+                                        "poll_interval": 0.01}))
     config = HotConfig(str(config_file), RetrieverConfig())
     clock = FixedClock(NOW)
 
@@ -300,7 +301,7 @@ async def test_the_retriever_closes_gaps_its_hot_config_left_behind_the_cursor(
     assert await store.cursor_position(raw_ingestion.CURSOR) == last
     assert len(await level(store, 1)) == 4
     config_file.write_text(_json.dumps({"kinds": list(raw_ingestion.LEAD_KINDS),
-                                        "batch_size": 3}))
+                                        "batch_size": 3, "poll_interval": 0.01}))
     assert await store.outbox_pending(0, raw_ingestion.LEAD_KINDS) > 0  # behind the cursor
     await cycles(10)  # no backfill job: the worker itself reads what it skipped
     assert await store.outbox_pending(0, raw_ingestion.LEAD_KINDS) == 0
