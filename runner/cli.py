@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "runner.commands.delivery",
     "runner.commands.candidates",
     "runner.commands.pipeline",
+    "runner.commands.operators",
 )
 
 #: which module registers each command: a command line naming one imports only that
@@ -42,6 +43,8 @@ COMMANDS = {
     "worker": "runner.commands.pipeline",
     "job": "runner.commands.pipeline",
     "backlog": "runner.commands.pipeline",
+    "uncertain": "runner.commands.operators",
+    "resolve": "runner.commands.operators",
 }
 
 
@@ -97,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = anyio.run(handler, args)
     except RunnerError as exc:
+        _answer_refusal(exc)
         print(logs.error_line(exc.message, fmt=fmt, reason=exc.reason), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
@@ -116,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if os.environ.get("RUNNER_DEBUG") or not isinstance(group, Exception):
                 raise
             return _internal_error(group, fmt)
+        _answer_refusal(error)
         print(logs.error_line(error.message, fmt=fmt, reason=error.reason), file=sys.stderr)
         return error.exit_code
     except Exception as exc:  # the one boundary: a bug is one line here, not a traceback
@@ -123,6 +128,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _internal_error(exc, fmt)
     return code
+
+
+def _answer_refusal(exc: RunnerError) -> None:
+    """A refused command (exit 65) answers on stdout too, as every command answers: one
+    JSON line ``{"result": "refused", "reason", …}`` (``runner.errors.refusal``)."""
+    from runner.errors import BadInputError, refusal
+
+    if isinstance(exc, BadInputError):
+        from runner.jsonio import dumps_line
+
+        sys.stdout.write(dumps_line(refusal(exc)) + "\n")
+        sys.stdout.flush()
 
 
 def _internal_error(exc: Exception, fmt: logs.LogFormat) -> int:

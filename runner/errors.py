@@ -39,6 +39,9 @@ the command line.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class RunnerError(Exception):
     """Root of every error runner raises on purpose."""
@@ -65,16 +68,27 @@ class BadInputError(RunnerError):
 
     exit_code = 65
 
-    def __init__(self, message: str, *, reason: str = "invalid_record") -> None:
+    def __init__(self, message: str, *, reason: str = "invalid_record",
+                 detail: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        #: fields the refusal's JSON line on stdout carries besides ``result`` and
+        #: ``reason`` (identifiers only: never a contact field)
+        self.detail: Mapping[str, Any] = detail or {}
 
 
 class RuleViolation(BadInputError):
     """A well-formed request that a domain rule refuses."""
 
-    def __init__(self, message: str, *, reason: str = "rule_violation") -> None:
-        super().__init__(message, reason=reason)
+    def __init__(self, message: str, *, reason: str = "rule_violation",
+                 detail: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message, reason=reason, detail=detail)
+
+
+def refusal(exc: BadInputError) -> dict[str, Any]:
+    """The JSON line a refused command prints on stdout (exit 65): ``{"result":
+    "refused", "reason", …detail}``.  ``accept`` answers its own ``rejected`` line."""
+    return {"result": "refused", "reason": exc.reason, **exc.detail}
 
 
 class StoreNotFound(RunnerError):

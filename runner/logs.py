@@ -74,12 +74,29 @@ class JsonFormatter(logging.Formatter):
         return _ENCODER.encode(doc)
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a line is written (not when the handler
+    was made), so ``main(argv)`` called in process, under a test's captured streams, never
+    writes to a stream that an earlier call's capture has closed."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        return None
+
+
 def configure(fmt: LogFormat = "text", level: int = logging.INFO) -> None:
     # neither format shows where a call was made from, nor thread or process names: skip
     # gathering them for every record (the logging HOWTO's "Optimization" section)
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    handler = logging.StreamHandler(sys.stderr)
+    handler: logging.Handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("runner")
     root.handlers[:] = [handler]

@@ -29,7 +29,7 @@ import anyio
 
 from runner import crashpoints
 from runner.clock import Clock
-from runner.port import CRMRecordPort
+from runner.port import CRMRecordPort, readback_in_words
 from runner.states import IllegalTransition, LeadState
 from runner.store import DispatchSteps, LeadWork, Store
 
@@ -115,14 +115,15 @@ async def reconcile_one(store: Store, port: CRMRecordPort, clock: Clock, work: L
     ok = verdict == "match"
     note = verdict if verdict in ("ambiguous", "mismatch") else None
     crashpoints.hit("reconcile.before-commit")
-    await store.record_reconcile(work.write_id, confirmed=ok, note=note, now=clock.now())
+    await store.record_reconcile(work.write_id, confirmed=ok, note=note, now=clock.now(),
+                                 outcome=None if ok else verdict)
     crashpoints.hit("reconcile.after-commit")
     if ok:
         log.info("confirmed by readback", extra={
             "action": "lead.reconciled", "key": work.source_lead_id,
             "from_state": "uncertain", "to_state": "confirmed"})
     else:
-        log.warning("still uncertain (%s)", verdict,
+        log.warning("still uncertain: %s", readback_in_words(verdict),
                     extra={"action": "lead.still_uncertain", "key": work.source_lead_id,
                            "reason": verdict})
     return int(ok)

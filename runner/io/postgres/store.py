@@ -10,6 +10,7 @@ from runner.io.postgres.delivery import DeliveryQueries
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadQueries
 from runner.io.postgres.observe import ObserveQueries
+from runner.io.postgres.operators import OperatorQueries
 from runner.io.postgres.pipeline_levels import PipelineLevelQueries
 from runner.io.postgres.pipeline_work import PipelineWorkQueries
 
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
-                    PipelineWorkQueries, PipelineLevelQueries):
+class PostgresStore(ObserveQueries, LeadQueries, DeliveryQueries, OperatorQueries,
+                    CandidateQueries, PipelineWorkQueries, PipelineLevelQueries):
     async def __aenter__(self) -> PostgresStore:
         return self
 

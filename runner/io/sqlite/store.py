@@ -11,6 +11,7 @@ from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.delivery import DeliveryQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
+from runner.io.sqlite.operators import OperatorQueries
 from runner.io.sqlite.pipeline_levels import PipelineLevelQueries
 from runner.io.sqlite.pipeline_work import PipelineWorkQueries
 from runner.storedata import StoreSummary
@@ -19,11 +20,12 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
-                  PipelineWorkQueries, PipelineLevelQueries):
+class SQLiteStore(ObserveQueries, LeadQueries, DeliveryQueries, OperatorQueries,
+                  CandidateQueries, PipelineWorkQueries, PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
-        return replace(lead_summary, poll_health=await self.poll_health_runs())
+        return replace(lead_summary, poll_health=await self.poll_health_runs(),
+                       decisions=await self.recent_decisions())
 
     async def __aenter__(self) -> SQLiteStore:
         return self
