@@ -47,6 +47,43 @@ class LoopSettings:
     poll_limit: int = 100
     grace: float = 30.0
     dispatch_limit: int | None = None
+    #: emit only the cycles where something happened (and the first); idle cycles are
+    #: logged at debug level.  ``start`` without ``--cycles`` runs this way.
+    quiet_idle: bool = False
+    #: seconds between heartbeat log lines (None: none)
+    heartbeat: float | None = None
+
+
+def eventful(summary: CycleSummary, poll_changes: int, was_failing: bool) -> bool:
+    """Whether a cycle is worth a line: it moved a record, its poll pass saw a changed
+    snapshot or a missing row, or the poll pass started or stopped failing."""
+    return bool(summary.moved or poll_changes or (summary.poll_failed > 0) != was_failing)
+
+
+class Heartbeat:
+    """A log line every ``period`` seconds (monotonic), from the lead loop, while cycles
+    complete: it says the loop is alive and what it did since the last one."""
+
+    def __init__(self, period: float | None) -> None:
+        self.period = period
+        self.due = anyio.current_time() + period if period else float("inf")
+        self.cycles = 0
+        self.moved = 0
+
+    def count(self, summary: CycleSummary) -> None:
+        self.cycles += 1
+        self.moved += summary.moved
+
+    def beat_if_due(self) -> None:
+        now = anyio.current_time()
+        if self.period is None or now < self.due:
+            return
+        log.info("alive: %d cycles, %d record transitions in the last %gs", self.cycles,
+                 self.moved, self.period,
+                 extra={"action": "runner.heartbeat", "cycles": self.cycles,
+                        "moved": self.moved, "seconds": self.period})
+        self.cycles = self.moved = 0
+        self.due = now + self.period
 
 
 class Shutdown:
@@ -153,19 +190,41 @@ async def _lead_loop(
     emit: Callable[[CycleSummary], None],
     recovered_at_start: int,
 ) -> None:
-    cycle = 0
+    cycle, failing = 0, False
+    heartbeat = Heartbeat(settings.heartbeat)
     while not shutdown.stopping:
         summary = CycleSummary(recovered=recovered_at_start if cycle == 0 else 0)
+        poll_changes = 0
         with shutdown.work():
             await worker.run_cycle(summary=summary, guard=shutdown,
                                    dispatch_limit=settings.dispatch_limit)
             if not shutdown.stopping:
-                summary.polled = (await worker.poll(settings.poll_limit)).polled
-        emit(summary)
+                polled = await worker.poll(settings.poll_limit)
+                summary.polled, summary.poll_failed = polled.polled, polled.failed
+                poll_changes = polled.changed + polled.missing
+        if not settings.quiet_idle or cycle == 0 or eventful(summary, poll_changes, failing):
+            emit(summary)
+        else:
+            log.debug("idle cycle: nothing moved", extra={"action": "cycle.idle",
+                                                          "cycle": cycle + 1})
+        failing = summary.poll_failed > 0
+        heartbeat.count(summary)
         cycle += 1
         if settings.cycles is not None and cycle >= settings.cycles:
             return
-        await shutdown.sleep(settings.interval)
+        await _wait(shutdown, settings.interval, heartbeat)
+
+
+async def _wait(shutdown: Shutdown, interval: float, heartbeat: Heartbeat) -> None:
+    """Wait ``interval`` seconds between cycles, writing heartbeats when due; returns at
+    once when a stop is asked for."""
+    end = anyio.current_time() + interval
+    while not shutdown.stopping:
+        heartbeat.beat_if_due()
+        left = end - anyio.current_time()
+        if left <= 0:
+            return
+        await shutdown.sleep(min(left, max(heartbeat.due - anyio.current_time(), 0.0)))
 
 
 async def run(
@@ -173,9 +232,11 @@ async def run(
     settings: LoopSettings,
     emit: Callable[[CycleSummary], None],
     background: Sequence[BackgroundTask] = (),
+    started: Callable[[], None] | None = None,
 ) -> int:
     """Run the lead loop (and background tasks) until ``cycles`` or a signal.  Returns the
-    exit code.  Raises LockHeld at once if another worker holds the lock."""
+    exit code.  Raises LockHeld at once if another worker holds the lock.  ``started`` is
+    called once the lock is held and recovery is done (``start``'s banner)."""
     shutdown = Shutdown(settings.grace)
     # the checks before work come first: a bad target changes nothing, not even recovery
     await worker.check_target()
@@ -183,6 +244,8 @@ async def run(
         try:
             async with worker.hold_lock() as recovered, anyio.create_task_group() as tg:
                 tg.start_soon(_watch_signals, signals, shutdown, tg)
+                if started is not None:
+                    started()
                 for name, task in background:
                     tg.start_soon(_isolated, name, task)
                 await _lead_loop(worker, settings, shutdown, emit, recovered)

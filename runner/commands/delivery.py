@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +64,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                        metavar="S",
                        help="seconds to wait between cycles (default 5)")
     start.add_argument("--cycles", type=number(int, 1, MAX_COUNT), metavar="N",
-                       help="stop after N cycles (default: run until signalled)")
+                       help="stop after N cycles, printing a summary for each (default: "
+                            "run until signalled, printing the first cycle and then only "
+                            "cycles where something happened)")
+    start.add_argument("--heartbeat", type=number(float, 0, MAX_SECONDS), default=300.0,
+                       metavar="S",
+                       help="log a heartbeat line every S seconds while cycles complete "
+                            "(default 300; 0: none)")
     start.add_argument("--grace", type=number(float, 0, MAX_SECONDS), default=30.0,
                        metavar="S",
                        help="seconds a send in flight may take to finish after the first "
@@ -136,6 +142,7 @@ async def _run(
     args: argparse.Namespace,
     settings: loop.LoopSettings,
     background: Sequence[loop.BackgroundTask] = (),
+    started: Callable[[], None] | None = None,
 ) -> int:
     from runner import loop
     from runner.storedata import is_postgres
@@ -145,7 +152,28 @@ async def _run(
 
         probe(args.db)  # a live worker refuses us at once, before the store is touched
     async with open_worker(args) as worker:
-        return await loop.run(worker, settings, _emit_cycle, background)
+        return await loop.run(worker, settings, _emit_cycle, background, started)
+
+
+def log_banner(args: argparse.Namespace) -> None:
+    """``start``'s one start-up line, once the lock is held and recovery is done: what
+    runs, on what, as which process.  The store is described, never echoed (a DSN may
+    carry a password)."""
+    import logging
+    import os
+
+    from runner import __version__
+    from runner.storedata import describe_location, is_postgres
+
+    scope = load_scope(args.scope)  # read (and checked) already by the worker
+    fields = (scope.tenant_id, scope.account_id, scope.page_id, scope.form_id)
+    logging.getLogger("runner.loop").info(
+        "runner %s started", __version__,
+        extra={"action": "runner.started", "version": __version__, "pid": os.getpid(),
+               "store": describe_location(args.db) if is_postgres(args.db) else args.db,
+               "scope": "/".join(fields),
+               "target": args.target, "interval": args.interval,
+               "heartbeat": args.heartbeat, "workers": args.workers or "none"})
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
@@ -162,8 +190,9 @@ async def cmd_start(args: argparse.Namespace) -> int:
     sweep = sweep_background_task(args.db, interval=args.sweep_interval, clock=clock_from(args))
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
-        grace=args.grace, dispatch_limit=args.dispatch_limit),
-        [sweep, *_pipeline_tasks(args)])
+        grace=args.grace, dispatch_limit=args.dispatch_limit,
+        quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None),
+        [sweep, *_pipeline_tasks(args)], started=lambda: log_banner(args))
 
 
 def _pipeline_tasks(args: argparse.Namespace) -> list[loop.BackgroundTask]:
@@ -213,4 +242,10 @@ async def cmd_poll_status(args: argparse.Namespace) -> int:
     async with open_worker(args) as worker:
         summary = await worker.poll(args.poll_limit)
     emit(summary.to_json())
+    if summary.polled and summary.failed == summary.polled:
+        from runner.errors import PollFailed
+
+        raise PollFailed(f"every status read of the pass failed ({summary.failed} of "
+                         f"{summary.polled}); the last snapshots are kept, and 'status' "
+                         "shows the failure under poll_health")
     return 0

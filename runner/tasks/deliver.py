@@ -43,7 +43,9 @@ RECORD_WINDOW = 2.0
 
 @dataclass
 class CycleSummary:
-    """What one cycle did (L13): counts of transitions made by this cycle."""
+    """What one cycle did (L13): counts of transitions made by this cycle, and of its poll
+    pass: ``polled`` records read, ``poll_failed`` of them whose read failed (all of them:
+    the pass read nothing)."""
 
     recovered: int = 0
     reconciled: int = 0
@@ -52,6 +54,13 @@ class CycleSummary:
     failed_safe: int = 0
     uncertain: int = 0
     polled: int = 0
+    poll_failed: int = 0
+
+    @property
+    def moved(self) -> int:
+        """How many record transitions the cycle made (the poll pass's aside)."""
+        return (self.recovered + self.reconciled + self.dispatched + self.confirmed
+                + self.failed_safe + self.uncertain)
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
