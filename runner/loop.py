@@ -26,6 +26,7 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -36,6 +37,16 @@ from runner.worker import DurableWorker
 log = logging.getLogger("runner.loop")
 
 BackgroundTask = tuple[str, Callable[[], Awaitable[None]]]
+
+
+class Drainable(Protocol):
+    """Background tasks that can finish their pending work and return (the pipeline
+    workers' ``runner.pipeline.workers.Drain``)."""
+
+    def request(self) -> None: ...
+
+    async def wait_done(self) -> None: ...
+
 #: pause before a crashed background task is started again
 RESTART_DELAY = 5.0
 
@@ -102,6 +113,9 @@ class Shutdown:
     @property
     def exit_code(self) -> int:
         return 128 + self.signum if self.hard and self.signum else 0
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
 
     @contextmanager
     def shield(self) -> Iterator[anyio.CancelScope]:
@@ -233,10 +247,17 @@ async def run(
     emit: Callable[[CycleSummary], None],
     background: Sequence[BackgroundTask] = (),
     started: Callable[[], None] | None = None,
+    drain: Drainable | None = None,
 ) -> int:
     """Run the lead loop (and background tasks) until ``cycles`` or a signal.  Returns the
     exit code.  Raises LockHeld at once if another worker holds the lock.  ``started`` is
-    called once the lock is held and recovery is done (``start``'s banner)."""
+    called once the lock is held and recovery is done (``start``'s banner).
+
+    ``drain`` (with ``cycles``): after the last lead cycle, the background tasks it
+    covers (pipeline workers) finish what is pending before the run ends, for at most
+    ``grace`` seconds; a signal ends the drain at once.  Without ``drain``, or when a
+    signal ends the run, background tasks are simply cancelled: their work is durable
+    and retried (P5), and the next run picks it up."""
     shutdown = Shutdown(settings.grace)
     # the checks before work come first: a bad target changes nothing, not even recovery
     await worker.check_target()
@@ -249,10 +270,41 @@ async def run(
                 for name, task in background:
                     tg.start_soon(_isolated, name, task)
                 await _lead_loop(worker, settings, shutdown, emit, recovered)
+                if drain is not None and not shutdown.stopping:
+                    await _drain(drain, shutdown, settings.grace)
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             raise _unwrap(group) from None
     return shutdown.exit_code
+
+
+async def _drain(drain: Drainable, shutdown: Shutdown, grace: float) -> None:
+    """Let the drained tasks finish their pending work, for at most ``grace`` seconds; a
+    signal ends the wait at once (the tasks are then cancelled with the run)."""
+    log.info("draining the pipeline workers (at most %gs)", grace,
+             extra={"action": "pipeline.draining", "seconds": grace})
+    drain.request()
+    finished = False
+    with anyio.move_on_after(grace):
+        async with anyio.create_task_group() as tg:
+            async def done() -> None:
+                nonlocal finished
+                await drain.wait_done()
+                finished = True
+                tg.cancel_scope.cancel()
+
+            async def stopped() -> None:
+                await shutdown.wait_stopped()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(done)
+            tg.start_soon(stopped)
+    if finished:
+        log.info("pipeline workers drained", extra={"action": "pipeline.drained"})
+    elif not shutdown.stopping:
+        log.warning("the pipeline workers did not drain within %gs; what is pending stays "
+                    "for the next run", grace,
+                    extra={"action": "pipeline.drain_timeout", "seconds": grace})
 
 
 def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -24,6 +24,7 @@ from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 
 if TYPE_CHECKING:
     from runner import loop
+    from runner.pipeline.workers import Drain
     from runner.tasks.deliver import CycleSummary
     from runner.worker import DurableWorker
 
@@ -81,7 +82,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                             "seconds of UTC wall time (default 300)")
     start.add_argument("--workers", metavar="NAME,...",
                        help="pipeline workers to run as background tasks: raw-retriever, "
-                            "core-processor, generic-materializer, domain-projector")
+                            "core-processor, generic-materializer, domain-projector (with "
+                            "--cycles, they drain what is pending after the last cycle, "
+                            "for at most --grace seconds)")
     start.add_argument("--retriever-config", metavar="FILE",
                        help="the raw retriever's JSON config file (re-read before every "
                             "batch)")
@@ -143,6 +146,7 @@ async def _run(
     settings: loop.LoopSettings,
     background: Sequence[loop.BackgroundTask] = (),
     started: Callable[[], None] | None = None,
+    drain: loop.Drainable | None = None,
 ) -> int:
     from runner import loop
     from runner.storedata import is_postgres
@@ -152,7 +156,7 @@ async def _run(
 
         probe(args.db)  # a live worker refuses us at once, before the store is touched
     async with open_worker(args) as worker:
-        return await loop.run(worker, settings, _emit_cycle, background, started)
+        return await loop.run(worker, settings, _emit_cycle, background, started, drain)
 
 
 def log_banner(args: argparse.Namespace) -> None:
@@ -188,29 +192,47 @@ async def cmd_start(args: argparse.Namespace) -> int:
     from runner.tasks.sweep import sweep_background_task
 
     sweep = sweep_background_task(args.db, interval=args.sweep_interval, clock=clock_from(args))
+    # with --cycles, the pipeline workers drain what is pending before the run ends
+    drain = _drain(args) if args.cycles is not None else None
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
         grace=args.grace, dispatch_limit=args.dispatch_limit,
         quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None),
-        [sweep, *_pipeline_tasks(args)], started=lambda: log_banner(args))
+        [sweep, *_pipeline_tasks(args, drain)], started=lambda: log_banner(args),
+        drain=drain)
 
 
-def _pipeline_tasks(args: argparse.Namespace) -> list[loop.BackgroundTask]:
-    """``start --workers``: each pipeline worker as a background task of its own."""
-    if not args.workers:
-        return []
+def _worker_names(args: argparse.Namespace) -> list[str]:
     from runner.commands.pipeline import WORKER_NAMES
-    from runner.pipeline.engine import WorkerSettings, default_registry
-    from runner.tasks.pipeline import pipeline_background_tasks
 
     names = [n.strip() for n in args.workers.split(",") if n.strip()]
     wrong = [n for n in names if n not in WORKER_NAMES]
     if wrong or not names or len(set(names)) != len(names):
         raise UsageError(f"start: --workers takes distinct names among "
                          f"{', '.join(WORKER_NAMES)}")
-    return pipeline_background_tasks(args.db, names, registry=default_registry(args.plugin),
+    return names
+
+
+def _drain(args: argparse.Namespace) -> Drain | None:
+    if not args.workers:
+        return None
+    from runner.tasks.pipeline import drain_for
+
+    return drain_for(_worker_names(args))
+
+
+def _pipeline_tasks(args: argparse.Namespace, drain: Drain | None = None
+                    ) -> list[loop.BackgroundTask]:
+    """``start --workers``: each pipeline worker as a background task of its own."""
+    if not args.workers:
+        return []
+    from runner.pipeline.engine import WorkerSettings, default_registry
+    from runner.tasks.pipeline import pipeline_background_tasks
+
+    return pipeline_background_tasks(args.db, _worker_names(args),
+                                     registry=default_registry(args.plugin),
                                      settings=WorkerSettings(),
-                                     config_path=args.retriever_config)
+                                     config_path=args.retriever_config, drain=drain)
 
 
 async def cmd_observe(args: argparse.Namespace) -> int:
