@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "runner.commands.pipeline",
     "runner.commands.outbox",
     "runner.commands.serve",
+    "runner.commands.operators",
 )
 
 #: which module registers each command: a command line naming one imports only that
@@ -46,6 +47,8 @@ COMMANDS = {
     "backlog": "runner.commands.pipeline",
     "outbox": "runner.commands.outbox",
     "serve": "runner.commands.serve",
+    "uncertain": "runner.commands.operators",
+    "resolve": "runner.commands.operators",
 }
 
 
@@ -81,8 +84,6 @@ def _log_format(argv: Sequence[str]) -> logs.LogFormat:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import anyio
-
     args_list = list(sys.argv[1:] if argv is None else argv)
     fmt = _log_format(args_list)
     try:
@@ -91,20 +92,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             crashpoints.check_environment()
         args = build_parser(args_list).parse_args(args_list)
+        logs.configure(fmt, getattr(args, "log_level", "info"),
+                       log_file=getattr(args, "log_file", None))
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except RunnerError as exc:
-        print(logs.error_line(exc.message, fmt=fmt, reason=exc.reason), file=sys.stderr)
+        logs.report_error(exc.message, fmt=fmt, reason=exc.reason)
         return exc.exit_code
-    logs.configure(fmt)
+    try:
+        return _run(args, fmt)
+    finally:
+        logs.close()
+
+
+def _run(args: argparse.Namespace, fmt: logs.LogFormat) -> int:
+    import anyio
+
     handler: Handler = args.handler
     try:
         code = anyio.run(handler, args)
     except RunnerError as exc:
-        print(logs.error_line(exc.message, fmt=fmt, reason=exc.reason), file=sys.stderr)
+        _answer_refusal(exc)
+        logs.report_error(exc.message, fmt=fmt, reason=exc.reason)
         return exc.exit_code
     except KeyboardInterrupt:
-        print(logs.error_line("interrupted", fmt=fmt, reason="interrupted"), file=sys.stderr)
+        logs.report_error("interrupted", fmt=fmt, reason="interrupted")
         return 130
     except BrokenPipeError:
         # the reader of stdout went away (``runner status | head``): stop quietly, as a
@@ -120,7 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if os.environ.get("RUNNER_DEBUG") or not isinstance(group, Exception):
                 raise
             return _internal_error(group, fmt)
-        print(logs.error_line(error.message, fmt=fmt, reason=error.reason), file=sys.stderr)
+        _answer_refusal(error)
+        logs.report_error(error.message, fmt=fmt, reason=error.reason)
         return error.exit_code
     except Exception as exc:  # the one boundary: a bug is one line here, not a traceback
         if os.environ.get("RUNNER_DEBUG"):
@@ -129,9 +142,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _answer_refusal(exc: RunnerError) -> None:
+    """A refused command (exit 65) answers on stdout too, as every command answers: one
+    JSON line ``{"result": "refused", "reason", …}`` (``runner.errors.refusal``)."""
+    from runner.errors import BadInputError, refusal
+
+    if isinstance(exc, BadInputError):
+        from runner.jsonio import dumps_line
+
+        sys.stdout.write(dumps_line(refusal(exc)) + "\n")
+        sys.stdout.flush()
+
+
 def _internal_error(exc: Exception, fmt: logs.LogFormat) -> int:
     message = f"internal error ({type(exc).__name__}: {exc}); set RUNNER_DEBUG=1 for details"
-    print(logs.error_line(message, fmt=fmt, reason="internal"), file=sys.stderr)
+    logs.report_error(message, fmt=fmt, reason="internal")
     return 70
 
 

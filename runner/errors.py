@@ -16,7 +16,9 @@
     │   ├── LockLost                 74  the worker lock's database session ended under us
     │   └── TargetUnavailable        74  the --target cannot be opened, read or written, or is
     │       │                            not a target (a foreign SQLite file, not SQLite at all)
-    │       └── TargetAbsent         74  no target there, where one must already exist
+    │       ├── TargetAbsent         74  no target there, where one must already exist
+    │       └── PollFailed           74  poll-status: every status read of the pass failed (the
+    │                                    pass is recorded and its summary printed first)
     ├── LockHeld                     75  another live worker holds the lock
     │   └── StoreBusy                75  the store stayed locked longer than the busy timeout
     ├── UnsafeLocation               77  network filesystem, symlink, directory others can write
@@ -25,6 +27,10 @@
         ├── SchemaTooNew             78  the store was written by a newer runner
         └── TargetMismatch           78  the target is not the one pinned into the store (another
                                          target, or none at that path for a pinned store)
+
+A refusal (exit 65: ``BadInputError`` and ``RuleViolation``) also answers on stdout, as
+every command answers: one JSON line ``{"result": "refused", "reason", …}`` (``refusal``
+below; ``accept`` answers its own ``rejected`` line).
 
 The target errors of this table are the *checks before work* (``runner.tasks.target``):
 a delivery run checks that its target opens, can be written and is the store's own before
@@ -39,6 +45,9 @@ the command line.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 
 class RunnerError(Exception):
@@ -66,16 +75,27 @@ class BadInputError(RunnerError):
 
     exit_code = 65
 
-    def __init__(self, message: str, *, reason: str = "invalid_record") -> None:
+    def __init__(self, message: str, *, reason: str = "invalid_record",
+                 detail: Mapping[str, Any] | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        #: fields the refusal's JSON line on stdout carries besides ``result`` and
+        #: ``reason`` (identifiers only: never a contact field)
+        self.detail: Mapping[str, Any] = detail or {}
 
 
 class RuleViolation(BadInputError):
     """A well-formed request that a domain rule refuses."""
 
-    def __init__(self, message: str, *, reason: str = "rule_violation") -> None:
-        super().__init__(message, reason=reason)
+    def __init__(self, message: str, *, reason: str = "rule_violation",
+                 detail: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message, reason=reason, detail=detail)
+
+
+def refusal(exc: BadInputError) -> dict[str, Any]:
+    """The JSON line a refused command prints on stdout (exit 65): ``{"result":
+    "refused", "reason", …detail}``.  ``accept`` answers its own ``rejected`` line."""
+    return {"result": "refused", "reason": exc.reason, **exc.detail}
 
 
 class OutboxPruned(BadInputError):
@@ -128,6 +148,15 @@ class TargetAbsent(TargetUnavailable):
     a target, nor does a run for a store that has delivered before)."""
 
     reason = "target_absent"
+
+
+class PollFailed(TargetUnavailable):
+    """``poll-status`` read nothing: every status read of its pass failed (an absent,
+    unreadable or foreign target, or the target's own read errors).  The pass itself is
+    recorded (poll health) and its summary printed before the command exits with this,
+    so cron or a supervisor notices.  A pass with nothing to poll is not a failure."""
+
+    reason = "poll_failed"
 
 
 class LockHeld(RunnerError):

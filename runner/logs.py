@@ -4,16 +4,30 @@ Every log record carries a stable ``action`` (``lead.accepted``, ``cycle.done`` 
 and tools can match on it.  Records are named by key (``source_lead_id``), never by
 contact fields: callers pass only the fields listed in ``SAFE_FIELDS`` and the formatter
 drops anything else, so a contact alias cannot reach a log line even by mistake.
+
+Every line is dated: text lines start with an ISO 8601 UTC time with the date and ``Z``
+(``2026-11-30T16:45:29.247Z``), JSON lines carry ``ts`` (also the error line a failed
+command prints).  Lines go to stderr, or with ``--log-file PATH`` to that file: opened
+for appending, ``0600``, never through a symlink, and reopened (at the next line) after
+SIGHUP, so ``logrotate`` can move it away and signal, without ``copytruncate``.  The
+one error line of a failed command goes to stderr, and to the log file too when there is
+one.  The whole set-up lives here (``configure``, ``close``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
+import os
 import re
+import signal
 import sys
+import threading
 from datetime import UTC, datetime
-from typing import Any, Literal
+from types import FrameType
+from typing import Any, Literal, TextIO
 
 LogFormat = Literal["text", "json"]
 
@@ -21,8 +35,18 @@ LogFormat = Literal["text", "json"]
 SAFE_FIELDS = (
     "action", "key", "write_id", "state", "from_state", "to_state", "attempts",
     "reconcile_attempts", "count", "cycle", "pid", "signal", "reason", "kind", "seconds",
-    "task", "stage", "worker", "candidate", "error",
+    "task", "stage", "worker", "candidate", "error", "version", "store", "scope", "target",
+    "interval", "heartbeat", "workers", "cycles", "moved",
 )
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def stamp(created: float, digits: int = 3) -> str:
+    """An ISO 8601 UTC time with the date and ``Z``: ``2026-11-30T16:45:29.247Z``
+    (``digits``: 3 or 6 fractional digits)."""
+    text = datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return text[: len(text) - 6 + digits] + "Z"
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -49,7 +73,7 @@ def escape(text: str) -> str:
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        at = datetime.fromtimestamp(record.created, UTC).strftime("%H:%M:%S")
+        at = stamp(record.created)
         extras = _extras(record)
         action = extras.pop("action", record.name)
         tail = " ".join(f"{k}={v}" for k, v in extras.items())
@@ -65,7 +89,7 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=s
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "ts": stamp(record.created, 6),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -75,9 +99,9 @@ class JsonFormatter(logging.Formatter):
 
 
 class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to whatever ``sys.stderr`` is when a record is emitted, not to the stream it
-    was when the handler was made: ``main()`` called again in one process (a test, an
-    embedding program that redirects stderr) never writes into a stale stream."""
+    """Writes to whatever ``sys.stderr`` is when a line is written (not when the handler
+    was made), so ``main(argv)`` called in process, under a test's captured streams, never
+    writes to a stream that an earlier call's capture has closed."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
@@ -87,29 +111,136 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         return sys.stderr
 
     @stream.setter
-    def stream(self, value: Any) -> None:
-        pass  # always the current sys.stderr
+    def stream(self, _value: Any) -> None:
+        return None
 
 
-def configure(fmt: LogFormat = "text", level: int = logging.INFO) -> None:
-    """Route the ``runner`` loggers to stderr in ``fmt``; calling it again replaces the
-    handler, never adds one."""
+class LogFile(logging.Handler):
+    """Appends lines to a file of its own: ``0600``, created if absent, never through a
+    symlink.  :meth:`request_reopen` (called from the SIGHUP handler: it only sets a flag)
+    makes the next line reopen the path first, so a rotated file is let go of."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self._reopen = False
+        self._file: TextIO = open_log_file(path)
+
+    def request_reopen(self) -> None:
+        self._reopen = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+            if self._reopen:
+                self._reopen_now()
+            self._file.write(line + "\n")
+            self._file.flush()
+        except Exception:  # noqa: BLE001 - logging's own convention: never raise
+            self.handleError(record)
+
+    def _reopen_now(self) -> None:
+        self._reopen = False
+        try:
+            fresh = open_log_file(self.path)
+        except Exception as exc:  # noqa: BLE001 - keep the old file rather than lose lines
+            print(f"runner: cannot reopen the log file {self.path!r} ({exc}); "
+                  "still writing to the old one", file=sys.stderr)
+            return
+        old, self._file = self._file, fresh
+        old.close()
+        note = logging.makeLogRecord({
+            "name": "runner.logs", "levelno": logging.INFO, "levelname": "INFO",
+            "msg": "log file reopened (SIGHUP)", "action": "log.reopened"})
+        self._file.write(self.format(note) + "\n")
+
+    def write_line(self, line: str) -> None:
+        with self.lock or threading.Lock():
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self.lock or threading.Lock():
+            self._file.close()
+        super().close()
+
+
+def open_log_file(path: str) -> TextIO:
+    """``path`` opened for appending, ``0600``.  A symlink is ``UnsafeLocation`` (exit 77),
+    any other failure a ``UsageError`` (exit 2)."""
+    from runner.errors import UnsafeLocation, UsageError
+
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeLocation(f"refusing a symlinked --log-file {path!r}") from None
+        raise UsageError(f"cannot open --log-file {path!r}: {exc.strerror}") from None
+    with contextlib.suppress(OSError):  # not ours to change (another user's file): used as is
+        os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
+
+
+class _State:
+    fmt: LogFormat = "text"
+    file: LogFile | None = None
+    previous_hup: Any = None
+
+
+def configure(fmt: LogFormat = "text", level: int | str = logging.INFO,
+              log_file: str | None = None) -> None:
+    """Send runner's log lines to stderr, or to ``log_file`` (reopened on SIGHUP)."""
+    close()
     # neither format shows where a call was made from, nor thread or process names: skip
     # gathering them for every record (the logging HOWTO's "Optimization" section)
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    handler = StderrHandler()
+    handler: logging.Handler = StderrHandler() if log_file is None else LogFile(log_file)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("runner")
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
     root.propagate = False
+    _State.fmt = fmt
+    if isinstance(handler, LogFile):
+        _State.file = handler
+        if threading.current_thread() is threading.main_thread():
+            _State.previous_hup = signal.signal(signal.SIGHUP, _on_sighup)
+
+
+def _on_sighup(_signum: int, _frame: FrameType | None) -> None:
+    if _State.file is not None:
+        _State.file.request_reopen()
+
+
+def close() -> None:
+    """Close the log file, if any, and give SIGHUP back its previous handler."""
+    file, _State.file = _State.file, None
+    if file is None:
+        return
+    if _State.previous_hup is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGHUP, _State.previous_hup)
+        _State.previous_hup = None
+    logging.getLogger("runner").handlers[:] = [StderrHandler()]
+    file.close()
 
 
 def error_line(message: str, *, fmt: LogFormat, reason: str) -> str:
     """The one line a failed command prints on stderr."""
     if fmt == "json":
-        doc = {"level": "error", "action": "command.failed", "reason": reason,
-               "message": message}
+        doc = {"ts": stamp(datetime.now(UTC).timestamp(), 6), "level": "error",
+               "action": "command.failed", "reason": reason, "message": message}
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
     return escape(f"runner: error: {message}")
+
+
+def report_error(message: str, *, fmt: LogFormat, reason: str) -> None:
+    """A failed command's one line: on stderr, and in the log file when there is one
+    (there as a dated log line, so the file keeps why the run ended)."""
+    print(error_line(message, fmt=fmt, reason=reason), file=sys.stderr)
+    if _State.file is not None:
+        record = logging.makeLogRecord({
+            "name": "runner", "levelno": logging.ERROR, "levelname": "ERROR",
+            "msg": message, "action": "command.failed", "reason": reason})
+        _State.file.write_line(_State.file.format(record))

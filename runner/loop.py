@@ -47,6 +47,15 @@ class Service(Protocol):
     async def run(self, shutdown: Shutdown, *, task_status: TaskStatus[None]) -> None: ...
 
     def stop(self) -> None: ...
+
+
+class Drainable(Protocol):
+    """Background tasks that can finish their pending work and return (the pipeline
+    workers' ``runner.pipeline.workers.Drain``)."""
+
+    def request(self) -> None: ...
+
+    async def wait_done(self) -> None: ...
 #: pause before a crashed background task is started again
 RESTART_DELAY = 5.0
 
@@ -58,6 +67,43 @@ class LoopSettings:
     poll_limit: int = 100
     grace: float = 30.0
     dispatch_limit: int | None = None
+    #: emit only the cycles where something happened (and the first); idle cycles are
+    #: logged at debug level.  ``start`` without ``--cycles`` runs this way.
+    quiet_idle: bool = False
+    #: seconds between heartbeat log lines (None: none)
+    heartbeat: float | None = None
+
+
+def eventful(summary: CycleSummary, poll_changes: int, was_failing: bool) -> bool:
+    """Whether a cycle is worth a line: it moved a record, its poll pass saw a changed
+    snapshot or a missing row, or the poll pass started or stopped failing."""
+    return bool(summary.moved or poll_changes or (summary.poll_failed > 0) != was_failing)
+
+
+class Heartbeat:
+    """A log line every ``period`` seconds (monotonic), from the lead loop, while cycles
+    complete: it says the loop is alive and what it did since the last one."""
+
+    def __init__(self, period: float | None) -> None:
+        self.period = period
+        self.due = anyio.current_time() + period if period else float("inf")
+        self.cycles = 0
+        self.moved = 0
+
+    def count(self, summary: CycleSummary) -> None:
+        self.cycles += 1
+        self.moved += summary.moved
+
+    def beat_if_due(self) -> None:
+        now = anyio.current_time()
+        if self.period is None or now < self.due:
+            return
+        log.info("alive: %d cycles, %d record transitions in the last %gs", self.cycles,
+                 self.moved, self.period,
+                 extra={"action": "runner.heartbeat", "cycles": self.cycles,
+                        "moved": self.moved, "seconds": self.period})
+        self.cycles = self.moved = 0
+        self.due = now + self.period
 
 
 class Shutdown:
@@ -76,6 +122,9 @@ class Shutdown:
     @property
     def exit_code(self) -> int:
         return 128 + self.signum if self.hard and self.signum else 0
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
 
     @contextmanager
     def shield(self) -> Iterator[anyio.CancelScope]:
@@ -164,19 +213,41 @@ async def _lead_loop(
     emit: Callable[[CycleSummary], None],
     recovered_at_start: int,
 ) -> None:
-    cycle = 0
+    cycle, failing = 0, False
+    heartbeat = Heartbeat(settings.heartbeat)
     while not shutdown.stopping:
         summary = CycleSummary(recovered=recovered_at_start if cycle == 0 else 0)
+        poll_changes = 0
         with shutdown.work():
             await worker.run_cycle(summary=summary, guard=shutdown,
                                    dispatch_limit=settings.dispatch_limit)
             if not shutdown.stopping:
-                summary.polled = (await worker.poll(settings.poll_limit)).polled
-        emit(summary)
+                polled = await worker.poll(settings.poll_limit)
+                summary.polled, summary.poll_failed = polled.polled, polled.failed
+                poll_changes = polled.changed + polled.missing
+        if not settings.quiet_idle or cycle == 0 or eventful(summary, poll_changes, failing):
+            emit(summary)
+        else:
+            log.debug("idle cycle: nothing moved", extra={"action": "cycle.idle",
+                                                          "cycle": cycle + 1})
+        failing = summary.poll_failed > 0
+        heartbeat.count(summary)
         cycle += 1
         if settings.cycles is not None and cycle >= settings.cycles:
             return
-        await shutdown.sleep(settings.interval)
+        await _wait(shutdown, settings.interval, heartbeat)
+
+
+async def _wait(shutdown: Shutdown, interval: float, heartbeat: Heartbeat) -> None:
+    """Wait ``interval`` seconds between cycles, writing heartbeats when due; returns at
+    once when a stop is asked for."""
+    end = anyio.current_time() + interval
+    while not shutdown.stopping:
+        heartbeat.beat_if_due()
+        left = end - anyio.current_time()
+        if left <= 0:
+            return
+        await shutdown.sleep(min(left, max(heartbeat.due - anyio.current_time(), 0.0)))
 
 
 async def run(
@@ -185,27 +256,69 @@ async def run(
     emit: Callable[[CycleSummary], None],
     background: Sequence[BackgroundTask] = (),
     services: Sequence[Service] = (),
+    started: Callable[[], None] | None = None,
+    drain: Drainable | None = None,
 ) -> int:
     """Run the lead loop (and background tasks, and services) until ``cycles`` or a
     signal.  Returns the exit code.  Raises LockHeld at once if another worker holds the
-    lock."""
+    lock.  ``started`` is called once the lock is held and recovery is done (``start``'s
+    banner).
+
+    ``drain`` (with ``cycles``): after the last lead cycle, the background tasks it
+    covers (pipeline workers) finish what is pending before the run ends, for at most
+    ``grace`` seconds; a signal ends the drain at once.  Without ``drain``, or when a
+    signal ends the run, background tasks are simply cancelled: their work is durable
+    and retried (P5), and the next run picks it up."""
     shutdown = Shutdown(settings.grace)
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:
             async with worker.hold_lock() as recovered, anyio.create_task_group() as tg:
                 tg.start_soon(_watch_signals, signals, shutdown, tg)
+                if started is not None:
+                    started()
                 for name, task in background:
                     tg.start_soon(_isolated, name, task)
                 async with anyio.create_task_group() as serving:
                     for service in services:
                         await serving.start(service.run, shutdown)
                     await _lead_loop(worker, settings, shutdown, emit, recovered)
+                    if drain is not None and not shutdown.stopping:
+                        await _drain(drain, shutdown, settings.grace)
                     for service in services:  # drain what was received, then stop
                         service.stop()
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             raise _unwrap(group) from None
     return shutdown.exit_code
+
+
+async def _drain(drain: Drainable, shutdown: Shutdown, grace: float) -> None:
+    """Let the drained tasks finish their pending work, for at most ``grace`` seconds; a
+    signal ends the wait at once (the tasks are then cancelled with the run)."""
+    log.info("draining the pipeline workers (at most %gs)", grace,
+             extra={"action": "pipeline.draining", "seconds": grace})
+    drain.request()
+    finished = False
+    with anyio.move_on_after(grace):
+        async with anyio.create_task_group() as tg:
+            async def done() -> None:
+                nonlocal finished
+                await drain.wait_done()
+                finished = True
+                tg.cancel_scope.cancel()
+
+            async def stopped() -> None:
+                await shutdown.wait_stopped()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(done)
+            tg.start_soon(stopped)
+    if finished:
+        log.info("pipeline workers drained", extra={"action": "pipeline.drained"})
+    elif not shutdown.stopping:
+        log.warning("the pipeline workers did not drain within %gs; what is pending stays "
+                    "for the next run", grace,
+                    extra={"action": "pipeline.drain_timeout", "seconds": grace})
 
 
 def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -148,6 +148,26 @@ def classify_readback(rows: Sequence[TargetRow], expected: CRMRecord, write_id: 
     return "match" if dict(mine[0].fields) == expected.model_dump() else "mismatch"
 
 
+#: what a reconcile verdict means, in words (``runner uncertain``, the logs); ``read_failed``
+#: is the verdict of a readback that raised
+READBACK_WORDS: Mapping[str, str] = {
+    "match": "row found and equal",
+    "none": "no row in the target",
+    "ambiguous": "two or more rows in the target",
+    "mismatch": "row differs",
+    "read_failed": "target unreachable",
+}
+
+
+def readback_in_words(verdict: str | None, reconcile_attempts: int = 0) -> str:
+    """A record's last reconcile verdict in words; None: not read back in this uncertain
+    episode yet (or, with attempts counted, read back before verdicts were kept)."""
+    if verdict is None:
+        return ("not read back yet" if reconcile_attempts == 0
+                else "not recorded (read back before schema v7)")
+    return READBACK_WORDS.get(verdict, verdict)
+
+
 @dataclass(frozen=True)
 class SendResult:
     """What a send proved: see :meth:`CRMRecordPort.send_blocking`."""

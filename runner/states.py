@@ -4,6 +4,11 @@ Why a table: a transition outside it is a bug, and a bug here is a duplicate ext
 write or a lost record.  The table is the single source of truth; the SQLite adapter
 turns it into a trigger that refuses any other UPDATE, so even a hand-written query
 cannot move a record along an edge that is not listed here.
+
+Only two things ever make a record sendable again (ARCHITECTURE idea 9): a typed "nothing
+was sent" error (``in_flight -> failed_safe``) and an operator's recorded decision after
+a fresh readback (``uncertain -> failed_safe``, ``runner.tasks.resolve``).  The schema
+refuses the second edge unless the decision row for that very uncertain episode exists.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ TRANSITIONS: Mapping[LeadState, frozenset[LeadState]] = {
     S.IN_FLIGHT: frozenset({S.CONFIRMED, S.FAILED_SAFE, S.UNCERTAIN}),
     # a send that certainly did not leave may be sent again
     S.FAILED_SAFE: frozenset({S.IN_FLIGHT}),
-    # only an exact positive readback; never back to in_flight
-    S.UNCERTAIN: frozenset({S.CONFIRMED}),
+    # confirmed: an exact positive readback, or an operator's recorded decision;
+    # failed_safe (sendable again): only an operator's recorded "not sent" decision after
+    # a fresh readback found no row (the store refuses it without that decision row);
+    # never straight back to in_flight
+    S.UNCERTAIN: frozenset({S.CONFIRMED, S.FAILED_SAFE}),
     # only an explicit missing observation
     S.CONFIRMED: frozenset({S.CONFIRMED_THEN_MISSING}),
     # terminal: never recreated

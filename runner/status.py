@@ -93,7 +93,8 @@ async def write_status(store: Store, write: Callable[[str], object]) -> None:
             write(("" if first else ",") + _dumps(record_json(row)))
             first = False
         write("]," + _inner(tail_json(summary)) + ',"lifecycle":'
-              + _dumps(lifecycle_json(lifecycle)) + "," + _inner(pipeline) + "}\n")
+              + _dumps(lifecycle_json(lifecycle)) + "," + _inner(pipeline)
+              + ',"decisions":' + _dumps(summary.decisions) + "}\n")
 
 
 async def status_document(store: Store) -> dict[str, Any]:
@@ -104,4 +105,5 @@ async def status_document(store: Store) -> dict[str, Any]:
         records = [record_json(row) async for row in store.iter_records()]
         pipeline = await pipeline_blocks(store)
     return {**head_json(summary), "records": records, **tail_json(summary),
-            "lifecycle": lifecycle_json(lifecycle), **pipeline}
+            "lifecycle": lifecycle_json(lifecycle), **pipeline,
+            "decisions": summary.decisions}

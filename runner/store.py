@@ -27,13 +27,16 @@ from runner.storedata import (
     AcceptItem,
     AcceptOutcome,
     AcceptResultKind,
+    Decision,
     LeadRow,
     LeadWork,
     ObservationOutcome,
     ObservationWrite,
     PollTarget,
+    ResolveSubject,
     ScopeData,
     StoreSummary,
+    UncertainRow,
     check_scope,
     describe_location,
     is_postgres,
@@ -49,15 +52,18 @@ __all__ = [
     "AcceptItem",
     "AcceptOutcome",
     "AcceptResultKind",
+    "Decision",
     "DispatchSteps",
     "LeadRow",
     "LeadWork",
     "ObservationOutcome",
     "ObservationWrite",
     "PollTarget",
+    "ResolveSubject",
     "ScopeData",
     "Store",
     "StoreSummary",
+    "UncertainRow",
     "check_scope",
     "describe_location",
     "is_postgres",
@@ -184,11 +190,32 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
         ...
 
     async def record_reconcile(
-        self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
+        self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime,
+        outcome: str | None = None,
     ) -> None:
         """Count a reconcile attempt of an uncertain record; ``confirmed`` moves it to
         confirmed.  A new non-empty ``note`` (``ambiguous``, ``mismatch``) writes one
-        ``target_ambiguous`` outbox event."""
+        ``target_ambiguous`` outbox event.  ``outcome``, the readback's verdict (``none``,
+        ``ambiguous``, ``mismatch``, ``read_failed``), is kept as the record's last
+        reconcile verdict (``runner uncertain`` says it in words)."""
+        ...
+
+    # -- operators (E5): list and resolve uncertain records ------------------------------
+
+    async def uncertain_records(self, after_seq: int, limit: int) -> list[UncertainRow]:
+        """Uncertain records after ``after_seq``, in accept order, with when they became
+        uncertain and their last reconcile verdict."""
+        ...
+
+    async def resolve_subject(self, write_id: WriteId) -> ResolveSubject | None:
+        """The record with this write_id (state, event, attempts), or None."""
+        ...
+
+    async def record_operator_decision(self, decision: Decision, now: datetime) -> None:
+        """In one transaction: keep the decision (its ``operator_resolved`` event carries
+        the reason) and move the record from uncertain to ``decision.to_state``, guarded
+        by its state and ``attempts``.  Raises IllegalTransition, having changed nothing,
+        if the record is no longer uncertain at those attempts."""
         ...
 
     # -- status observations (L11, L12) --------------------------------------------------

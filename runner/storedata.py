@@ -22,14 +22,17 @@ if TYPE_CHECKING:
     from runner.store import Store
     from runner.storework import AcceptItem as AcceptItem
     from runner.storework import AcceptOutcome as AcceptOutcome
+    from runner.storework import Decision as Decision
     from runner.storework import LeadWork as LeadWork
     from runner.storework import ObservationWrite as ObservationWrite
     from runner.storework import PollTarget as PollTarget
+    from runner.storework import ResolveSubject as ResolveSubject
 
 #: the data of the write paths lives in ``runner.storework`` and is importable from here
 #: too, loaded on first use: reading the store for ``status`` never builds those classes
 __getattr__ = reexport(__name__, "runner.storework", (
-    "AcceptItem", "AcceptOutcome", "LeadWork", "ObservationWrite", "PollTarget"))
+    "AcceptItem", "AcceptOutcome", "Decision", "LeadWork", "ObservationWrite", "PollTarget",
+    "ResolveSubject"))
 
 AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
 
@@ -58,6 +61,24 @@ ObservationOutcome = Literal["changed", "unchanged", "missing", "failed"]
 
 
 @dataclass(frozen=True)
+class UncertainRow:
+    """An uncertain record as ``runner uncertain`` lists it (never the contact fields)."""
+
+    seq: int
+    source_lead_id: str
+    write_id: WriteId
+    attempts: int
+    reconcile_attempts: int
+    #: when it last became uncertain (for a record already uncertain before schema v7:
+    #: its last change)
+    uncertain_since: str | None
+    #: the verdict of its latest readback since then (``none``, ``ambiguous``,
+    #: ``mismatch``, ``read_failed``), or None before the first
+    last_reconcile: str | None
+    last_reconcile_at: str | None
+
+
+@dataclass(frozen=True)
 class StoreSummary:
     """Everything ``status`` shows except the record list (which is streamed)."""
 
@@ -71,6 +92,8 @@ class StoreSummary:
     #: once something was pruned: {"floor", "count", "by_kind"} of the events removed
     #: (``runner.retention``); the counts above are of the events still in the store
     outbox_pruned: dict[str, Any] | None = None
+    #: the most recent operator decisions, newest first (``runner resolve``)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
 
 
 def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:

@@ -9,7 +9,7 @@ that reading the store for ``status`` never builds these classes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from runner.ids import WriteId
 from runner.states import LeadState
@@ -44,6 +44,38 @@ class LeadWork:
     write_id: WriteId
     state: LeadState
     event: LeadEvent
+
+
+@dataclass(frozen=True)
+class ResolveSubject:
+    """A record an operator names by write_id: its work (key, state, event) and its
+    ``attempts`` (a decision is bound to the uncertain episode at that count)."""
+
+    work: LeadWork
+    tenant_id: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An operator's recorded decision on an uncertain record (``runner resolve``).
+
+    ``decision``: ``confirmed`` (the operator verified the row by other means) or
+    ``not_sent`` (a fresh readback found no row: the record becomes sendable again,
+    ``failed_safe``).  ``readback``: that readback's verdict, None when none was made.
+    """
+
+    tenant_id: str
+    source_lead_id: str
+    write_id: WriteId
+    decision: Literal["confirmed", "not_sent"]
+    reason: str
+    readback: str | None
+    attempts: int
+
+    @property
+    def to_state(self) -> LeadState:
+        return LeadState.CONFIRMED if self.decision == "confirmed" else LeadState.FAILED_SAFE
 
 
 @dataclass(frozen=True)

@@ -357,10 +357,10 @@ class CliStore:
              ) -> subprocess.CompletedProcess[str]:
         return self.run("once", *extra, env=env)
 
-    def cli(self, command: str, *extra: str | Path) -> Any:
-        """Run a command that must exit 0; its last JSON line."""
+    def cli(self, command: str, *extra: str | Path, code: int = 0) -> Any:
+        """Run a command that must exit ``code`` (0 unless said); its last JSON line."""
         proc = self.run(command, *extra)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == code, proc.stderr
         return last_json(proc.stdout)
 
     def status(self) -> Any:

@@ -133,7 +133,9 @@ def test_refused_operations_exit_65_with_one_line_and_change_nothing(
     before = dump_store(db)
     proc = cli(db, *argv, ok=False)
     assert proc.returncode == 65, proc.stderr
-    assert proc.stdout == ""
+    # every refusal answers on stdout too (issue 19 point 5)
+    answer = json.loads(proc.stdout)
+    assert answer["result"] == "refused" and answer["reason"]
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("runner: error: ") and message in lines[0]
     assert "Traceback" not in proc.stderr

@@ -73,7 +73,7 @@ def test_read_errors_over_three_runs_make_one_health_event(env: CliStore) -> Non
     env.cli("poll-status")
     snapshots = [r["snapshot"] for r in env.status()["records"]]
     for _ in range(3):
-        out = env.cli("poll-status", "--fault", "read-error")
+        out = env.cli("poll-status", "--fault", "read-error", code=74)  # every read failed
         assert (out["failed"], out["changed"], out["missing"]) == (2, 0, 0)
     doc = env.status()
     assert kinds(doc)["poll_health"] == 1
@@ -82,7 +82,7 @@ def test_read_errors_over_three_runs_make_one_health_event(env: CliStore) -> Non
     assert doc["poll_health"][0]["open"] and doc["poll_health"][0]["passes"] == 3
     env.cli("poll-status")  # recovers: the run is closed
     assert not env.status()["poll_health"][0]["open"]
-    env.cli("poll-status", "--fault", "read-error")  # a new run: a new event
+    env.cli("poll-status", "--fault", "read-error", code=74)  # a new run: a new event
     assert kinds(env.status())["poll_health"] == 2
 
 
@@ -109,7 +109,7 @@ def test_ambiguous_status_read_is_a_failure_not_a_deletion(env: CliStore) -> Non
                  " SELECT write_id, tenant, source, source_lead_id, is_test, 'dup' FROM sheet")
     conn.commit()
     conn.close()
-    out = env.cli("poll-status")
+    out = env.cli("poll-status", code=74)  # its one read failed
     assert (out["failed"], out["missing"]) == (1, 0)
     doc = env.status()
     assert doc["records"][0]["state"] == "confirmed"

@@ -81,7 +81,7 @@ def test_the_canary_never_leaves_through_a_whole_delivery_lifecycle(
     snap = write_json(workdir / "won.json", {"status": "won"})
     run("observe", *base, "--record", workdir / "e0.json", "--snapshot", snap,
         "--log-format", fmt)
-    run("poll-status", *worker, "--fault", "read-error")
+    run("poll-status", *worker, "--fault", "read-error", code=74)  # every read failed
     run("status", *base, "--log-format", fmt)
     doc = json.loads(outputs[-2])
     assert {r["state"] for r in doc["records"]} == {"confirmed"}

@@ -23,6 +23,8 @@ def test_transition_table_is_exactly_l4() -> None:
         (S.IN_FLIGHT, S.UNCERTAIN),
         (S.FAILED_SAFE, S.IN_FLIGHT),
         (S.UNCERTAIN, S.CONFIRMED),
+        # only by an operator's recorded not-sent decision (issue 19; the store checks it)
+        (S.UNCERTAIN, S.FAILED_SAFE),
         (S.CONFIRMED, S.CONFIRMED_THEN_MISSING),
     }
 
@@ -31,7 +33,6 @@ def test_transition_table_is_exactly_l4() -> None:
     ("src", "dst"),
     [
         (S.UNCERTAIN, S.IN_FLIGHT),  # never a second send of an uncertain record
-        (S.UNCERTAIN, S.FAILED_SAFE),
         (S.PREPARED, S.CONFIRMED),
         (S.CONFIRMED_THEN_MISSING, S.PREPARED),
         (S.CONFIRMED, S.IN_FLIGHT),

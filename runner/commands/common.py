@@ -71,6 +71,12 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
                             help="the synthetic target (a SQLite file)")
     parent.add_argument("--now", help="the current time, ISO-8601 with a timezone")
     parent.add_argument("--log-format", choices=["text", "json"], default="text")
+    parent.add_argument("--log-file", metavar="PATH",
+                        help="append log lines to PATH (0600) instead of stderr; reopened "
+                             "on SIGHUP (for logrotate)")
+    parent.add_argument("--log-level", choices=logs.LEVELS, default="info",
+                        help="the least important lines logged (default info; debug also "
+                             "shows idle cycles)")
     return parent
 
 
@@ -83,7 +89,7 @@ def emit(doc: Any) -> None:
 
 
 def say_error(args: argparse.Namespace, message: str, reason: str) -> None:
-    print(logs.error_line(message, fmt=args.log_format, reason=reason), file=sys.stderr)
+    logs.report_error(message, fmt=args.log_format, reason=reason)
 
 
 def clock_from(args: argparse.Namespace) -> Clock:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +24,7 @@ from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 
 if TYPE_CHECKING:
     from runner import loop
+    from runner.pipeline.workers import Drain
     from runner.tasks.deliver import CycleSummary
     from runner.worker import DurableWorker
 
@@ -64,7 +65,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                        metavar="S",
                        help="seconds to wait between cycles (default 5)")
     start.add_argument("--cycles", type=number(int, 1, MAX_COUNT), metavar="N",
-                       help="stop after N cycles (default: run until signalled)")
+                       help="stop after N cycles, printing a summary for each (default: "
+                            "run until signalled, printing the first cycle and then only "
+                            "cycles where something happened)")
+    start.add_argument("--heartbeat", type=number(float, 0, MAX_SECONDS), default=300.0,
+                       metavar="S",
+                       help="log a heartbeat line every S seconds while cycles complete "
+                            "(default 300; 0: none)")
     start.add_argument("--grace", type=number(float, 0, MAX_SECONDS), default=30.0,
                        metavar="S",
                        help="seconds a send in flight may take to finish after the first "
@@ -75,7 +82,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                             "seconds of UTC wall time (default 300)")
     start.add_argument("--workers", metavar="NAME,...",
                        help="pipeline workers to run as background tasks: raw-retriever, "
-                            "core-processor, generic-materializer, domain-projector")
+                            "core-processor, generic-materializer, domain-projector (with "
+                            "--cycles, they drain what is pending after the last cycle, "
+                            "for at most --grace seconds)")
     start.add_argument("--retriever-config", metavar="FILE",
                        help="the raw retriever's JSON config file (re-read before every "
                             "batch)")
@@ -140,6 +149,8 @@ async def _run(
     args: argparse.Namespace,
     settings: loop.LoopSettings,
     background: Sequence[loop.BackgroundTask] = (),
+    started: Callable[[], None] | None = None,
+    drain: loop.Drainable | None = None,
 ) -> int:
     from runner import loop
 
@@ -151,7 +162,8 @@ async def _run(
     _probe_lock(args)
     async with open_worker(args) as worker:
         if options is None:
-            return await loop.run(worker, settings, _emit_cycle, background)
+            return await loop.run(worker, settings, _emit_cycle, background,
+                                  started=started, drain=drain)
         from runner.commands.serve import build_service
 
         service = build_service(options, worker, mode="start", grace=settings.grace,
@@ -161,7 +173,8 @@ async def _run(
             service.on_cycle(summary)
             _emit_cycle(summary)
 
-        return await loop.run(worker, settings, emit_and_count, background, [service])
+        return await loop.run(worker, settings, emit_and_count, background, [service],
+                              started=started, drain=drain)
 
 
 def _probe_lock(args: argparse.Namespace) -> None:
@@ -173,6 +186,27 @@ def _probe_lock(args: argparse.Namespace) -> None:
         from runner.io.filelock import probe
 
         probe(args.db)
+
+
+def log_banner(args: argparse.Namespace) -> None:
+    """``start``'s one start-up line, once the lock is held and recovery is done: what
+    runs, on what, as which process.  The store is described, never echoed (a DSN may
+    carry a password)."""
+    import logging
+    import os
+
+    from runner import __version__
+    from runner.storedata import describe_location, is_postgres
+
+    scope = load_scope(args.scope)  # read (and checked) already by the worker
+    fields = (scope.tenant_id, scope.account_id, scope.page_id, scope.form_id)
+    logging.getLogger("runner.loop").info(
+        "runner %s started", __version__,
+        extra={"action": "runner.started", "version": __version__, "pid": os.getpid(),
+               "store": describe_location(args.db) if is_postgres(args.db) else args.db,
+               "scope": "/".join(fields),
+               "target": args.target, "interval": args.interval,
+               "heartbeat": args.heartbeat, "workers": args.workers or "none"})
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
@@ -187,28 +221,47 @@ async def cmd_start(args: argparse.Namespace) -> int:
     from runner.tasks.sweep import sweep_background_task
 
     sweep = sweep_background_task(args.db, interval=args.sweep_interval, clock=clock_from(args))
+    # with --cycles, the pipeline workers drain what is pending before the run ends
+    drain = _drain(args) if args.cycles is not None else None
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
-        grace=args.grace, dispatch_limit=args.dispatch_limit),
-        [sweep, *_pipeline_tasks(args)])
+        grace=args.grace, dispatch_limit=args.dispatch_limit,
+        quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None),
+        [sweep, *_pipeline_tasks(args, drain)], started=lambda: log_banner(args),
+        drain=drain)
 
 
-def _pipeline_tasks(args: argparse.Namespace) -> list[loop.BackgroundTask]:
-    """``start --workers``: each pipeline worker as a background task of its own."""
-    if not args.workers:
-        return []
+def _worker_names(args: argparse.Namespace) -> list[str]:
     from runner.commands.pipeline import WORKER_NAMES
-    from runner.pipeline.engine import WorkerSettings, default_registry
-    from runner.tasks.pipeline import pipeline_background_tasks
 
     names = [n.strip() for n in args.workers.split(",") if n.strip()]
     wrong = [n for n in names if n not in WORKER_NAMES]
     if wrong or not names or len(set(names)) != len(names):
         raise UsageError(f"start: --workers takes distinct names among "
                          f"{', '.join(WORKER_NAMES)}")
-    return pipeline_background_tasks(args.db, names, registry=default_registry(args.plugin),
+    return names
+
+
+def _drain(args: argparse.Namespace) -> Drain | None:
+    if not args.workers:
+        return None
+    from runner.tasks.pipeline import drain_for
+
+    return drain_for(_worker_names(args))
+
+
+def _pipeline_tasks(args: argparse.Namespace, drain: Drain | None = None
+                    ) -> list[loop.BackgroundTask]:
+    """``start --workers``: each pipeline worker as a background task of its own."""
+    if not args.workers:
+        return []
+    from runner.pipeline.engine import WorkerSettings, default_registry
+    from runner.tasks.pipeline import pipeline_background_tasks
+
+    return pipeline_background_tasks(args.db, _worker_names(args),
+                                     registry=default_registry(args.plugin),
                                      settings=WorkerSettings(),
-                                     config_path=args.retriever_config)
+                                     config_path=args.retriever_config, drain=drain)
 
 
 async def cmd_observe(args: argparse.Namespace) -> int:
@@ -240,4 +293,10 @@ async def cmd_poll_status(args: argparse.Namespace) -> int:
     async with open_worker(args) as worker:
         summary = await worker.poll(args.poll_limit)
     emit(summary.to_json())
+    if summary.polled and summary.failed == summary.polled:
+        from runner.errors import PollFailed
+
+        raise PollFailed(f"every status read of the pass failed ({summary.failed} of "
+                         f"{summary.polled}); the last snapshots are kept, and 'status' "
+                         "shows the failure under poll_health")
     return 0

@@ -81,12 +81,8 @@ async def _accept_records(args: argparse.Namespace, clock: Clock) -> int:
     from runner.commands.bulk import accept_records, open_records
     from runner.intake import Intake
 
-    try:
-        scope = load_scope(args.scope)
-        fd = open_records(args.records)
-    except BadInputError as exc:
-        say_error(args, exc.message, exc.reason)
-        return exc.exit_code
+    scope = load_scope(args.scope)  # refused: {"result": "refused"} on stdout, exit 65
+    fd = open_records(args.records)
     try:
         async with await open_store(args.db, scope=scope) as store:
             return await accept_records(args, Intake(store, clock, scope), fd)

@@ -17,7 +17,9 @@ runs out, and the next worker processes it again (at-least-once; the writes are
 idempotent).  On cancellation a worker gives back the batch it holds at once.
 
 Workers are kept apart from jobs (``runner.pipeline.jobs``): a worker never ends by
-itself, a job ends when its work is done.
+itself, a job ends when its work is done.  The one exception is a *drain*
+(:class:`Drain`, ``start --cycles N --workers …``): once asked, the workers of one run
+finish what is pending in stage order and then return.
 """
 
 from __future__ import annotations
@@ -87,6 +89,57 @@ class _Budget:
 Emit = Callable[[WorkerCycle], None]
 
 
+class Drain:
+    """The workers of one run finish what is pending, in stage order, then return.
+
+    Once :meth:`request` is called (``start --cycles N``, after its last lead cycle), a
+    worker returns after a cycle that *began* with the drain requested and every upstream
+    worker of this run already finished, and that found nothing more to take (the raw
+    retriever: a batch short of full, the tail caught up; a claim worker: nothing
+    claimed).  So the raw retriever finishes first, then the core processor, and so on;
+    a stage whose upstream worker is not in this run only waits for its own backlog.
+    What stays pending (leased elsewhere, waiting on a retry delay, or written after the
+    request by another process) is left for the next run: it is durable.
+    """
+
+    def __init__(self, stages: list[Stage]) -> None:
+        self.requested = anyio.Event()
+        self._done = {stage: anyio.Event() for stage in stages}
+
+    def request(self) -> None:
+        self.requested.set()
+
+    def ready(self, stage: Stage) -> bool:
+        """Whether a cycle of ``stage`` starting now may be this worker's last."""
+        order = list(Stage)
+        return self.requested.is_set() and all(
+            event.is_set() for upstream, event in self._done.items()
+            if order.index(upstream) < order.index(stage))
+
+    def finish(self, stage: Stage) -> None:
+        if stage in self._done:
+            self._done[stage].set()
+
+    async def wait_done(self) -> None:
+        """Until every worker of the run has finished."""
+        for event in self._done.values():
+            await event.wait()
+
+
+async def _idle(wake: Any, seconds: float, drain: Drain | None) -> None:
+    """Wait for a wake-up or ``seconds``; a drain request ends the wait at once."""
+    if drain is None:
+        await wake.wait(seconds)
+        return
+    async with anyio.create_task_group() as tg:
+        async def first(waiter: Callable[[], Any]) -> None:
+            await waiter()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(first, lambda: wake.wait(seconds))
+        tg.start_soon(first, drain.requested.wait)
+
+
 def _ignore(_cycle: WorkerCycle) -> None:
     return None
 
@@ -94,17 +147,21 @@ def _ignore(_cycle: WorkerCycle) -> None:
 async def run_worker(
     store: PipelineStore, name: str, *, registry: Registry, clock: Clock,
     settings: WorkerSettings | None = None, cycles: int | None = None,
-    config: HotConfig | None = None, emit: Emit = _ignore,
+    config: HotConfig | None = None, emit: Emit = _ignore, drain: Drain | None = None,
 ) -> int:
-    """Run worker ``name`` until cancelled or ``cycles`` cycles; returns cycles run."""
+    """Run worker ``name`` until cancelled, ``cycles`` cycles, or the end of a ``drain``;
+    returns cycles run."""
     if name not in WORKERS:
         raise ValueError(f"unknown worker {name!r}")
     settings = settings or WorkerSettings()
     budget = _Budget(cycles)
     if WORKERS[name] is Stage.RAW_INGESTION:
-        await _run_retriever(store, config or _default_config(settings), clock, budget, emit)
+        await _run_retriever(store, config or _default_config(settings), clock, budget, emit,
+                             drain)
     else:
-        await _run_claims(store, name, registry, settings, clock, budget, emit)
+        await _run_claims(store, name, registry, settings, clock, budget, emit, drain)
+    if drain is not None:
+        drain.finish(WORKERS[name])
     return budget.started
 
 
@@ -116,11 +173,12 @@ def _default_config(settings: WorkerSettings) -> HotConfig:
 
 
 async def _run_retriever(store: PipelineStore, config: HotConfig, clock: Clock,
-                         budget: _Budget, emit: Emit) -> None:
+                         budget: _Budget, emit: Emit, drain: Drain | None = None) -> None:
     name = raw_ingestion.WORKER
     gaps = raw_ingestion.Gaps()
     async with store.wakeups(Stage.RAW_INGESTION) as wake:
         while (cycle := budget.take()) is not None:
+            last_one = drain is not None and drain.ready(Stage.RAW_INGESTION)
             if config.reload():  # the next batch runs with what the file says now
                 await store.record_worker_config(config.view(to_text(clock.now())))
                 if config.error:
@@ -128,8 +186,11 @@ async def _run_retriever(store: PipelineStore, config: HotConfig, clock: Clock,
                         "action": "pipeline.config_invalid", "worker": name})
             result = await raw_ingestion.run_cycle(store, config.effective.ingest, clock, gaps)
             emit(WorkerCycle(name, cycle, result))
-            if result.claimed < config.effective.batch_size and not _last(budget):
-                await wake.wait(config.effective.poll_interval)
+            if result.claimed < config.effective.batch_size:
+                if last_one:
+                    return  # drained: the tail was caught up after the drain request
+                if not _last(budget):
+                    await _idle(wake, config.effective.poll_interval, drain)
 
 
 def _last(budget: _Budget) -> bool:
@@ -138,7 +199,7 @@ def _last(budget: _Budget) -> bool:
 
 async def _run_claims(store: PipelineStore, name: str, registry: Registry,
                       settings: WorkerSettings, clock: Clock, budget: _Budget,
-                      emit: Emit) -> None:
+                      emit: Emit, drain: Drain | None = None) -> None:
     stage = WORKERS[name]
     run_cycle = _CLAIM_CYCLES[stage]
     procs = registry.for_stage(stage)
@@ -152,14 +213,17 @@ async def _run_claims(store: PipelineStore, name: str, registry: Registry,
         owner = owner_id(name, index)
         async with store.wakeups(stage) as wake:
             while (cycle := budget.take()) is not None:
+                last_one = drain is not None and drain.ready(stage)
                 result = await run_cycle(store, registry, owner, settings, clock)
                 emit(WorkerCycle(name, cycle, result))
+                if result.claimed == 0 and last_one:
+                    return  # drained: nothing left to claim after its upstream finished
                 if result.claimed == 0 and not _last(budget):
                     if time.monotonic() - synced > RESYNC_SECONDS:
                         synced = time.monotonic()
                         for proc in procs:
                             await store.sync_backlog(proc.ref, now_ms(clock))
-                    await wake.wait(settings.poll_interval)
+                    await _idle(wake, settings.poll_interval, drain)
 
     async with anyio.create_task_group() as tg:
         for index in range(max(settings.concurrency, 1)):

@@ -29,7 +29,7 @@ import anyio
 
 from runner import crashpoints
 from runner.clock import Clock
-from runner.port import CRMRecordPort
+from runner.port import CRMRecordPort, readback_in_words
 from runner.states import IllegalTransition, LeadState
 from runner.store import DispatchSteps, LeadWork, Store
 
@@ -43,7 +43,9 @@ RECORD_WINDOW = 2.0
 
 @dataclass
 class CycleSummary:
-    """What one cycle did (L13): counts of transitions made by this cycle."""
+    """What one cycle did (L13): counts of transitions made by this cycle, and of its poll
+    pass: ``polled`` records read, ``poll_failed`` of them whose read failed (all of them:
+    the pass read nothing)."""
 
     recovered: int = 0
     reconciled: int = 0
@@ -52,6 +54,13 @@ class CycleSummary:
     failed_safe: int = 0
     uncertain: int = 0
     polled: int = 0
+    poll_failed: int = 0
+
+    @property
+    def moved(self) -> int:
+        """How many record transitions the cycle made (the poll pass's aside)."""
+        return (self.recovered + self.reconciled + self.dispatched + self.confirmed
+                + self.failed_safe + self.uncertain)
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)
@@ -115,14 +124,15 @@ async def reconcile_one(store: Store, port: CRMRecordPort, clock: Clock, work: L
     ok = verdict == "match"
     note = verdict if verdict in ("ambiguous", "mismatch") else None
     crashpoints.hit("reconcile.before-commit")
-    await store.record_reconcile(work.write_id, confirmed=ok, note=note, now=clock.now())
+    await store.record_reconcile(work.write_id, confirmed=ok, note=note, now=clock.now(),
+                                 outcome=None if ok else verdict)
     crashpoints.hit("reconcile.after-commit")
     if ok:
         log.info("confirmed by readback", extra={
             "action": "lead.reconciled", "key": work.source_lead_id,
             "from_state": "uncertain", "to_state": "confirmed"})
     else:
-        log.warning("still uncertain (%s)", verdict,
+        log.warning("still uncertain: %s", readback_in_words(verdict),
                     extra={"action": "lead.still_uncertain", "key": work.source_lead_id,
                            "reason": verdict})
     return int(ok)

@@ -20,7 +20,7 @@ from runner.clock import Clock, SystemClock
 from runner.pipeline.engine import Registry, WorkerSettings
 from runner.pipeline.hotconfig import HotConfig, RetrieverConfig
 from runner.pipeline.port import PipelineStore
-from runner.pipeline.workers import WORKERS, Emit, WorkerCycle, run_worker
+from runner.pipeline.workers import WORKERS, Drain, Emit, WorkerCycle, run_worker
 
 log = logging.getLogger("runner.pipeline")
 
@@ -100,11 +100,18 @@ class CycleLog:
             self.since = now
 
 
+def drain_for(names: Sequence[str]) -> Drain:
+    """A drain over the workers ``names`` (their stages, in stage order)."""
+    return Drain([WORKERS[n] for n in names if n in WORKERS])
+
+
 def pipeline_background_tasks(
     db: str, names: Sequence[str], *, registry: Registry, settings: WorkerSettings,
-    config_path: str | None = None, clock: Clock | None = None,
+    config_path: str | None = None, clock: Clock | None = None, drain: Drain | None = None,
 ) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
-    """``(name, task)`` pairs for the loop's background tasks, one per worker."""
+    """``(name, task)`` pairs for the loop's background tasks, one per worker.  With
+    ``drain`` (``start --cycles N``), each returns once the drain is requested and its
+    stage has nothing pending (``runner.pipeline.workers.Drain``)."""
     unknown = [n for n in names if n not in WORKERS]
     if unknown:
         raise ValueError(f"unknown worker {unknown[0]!r}")
@@ -119,7 +126,7 @@ def pipeline_background_tasks(
                 await run_worker(store, name, registry=registry, clock=clock or SystemClock(),
                                  settings=settings, config=retriever_config(config_path,
                                                                             settings),
-                                 emit=CycleLog(name))
+                                 emit=CycleLog(name), drain=drain)
             finally:
                 with anyio.CancelScope(shield=True):
                     await store.aclose()

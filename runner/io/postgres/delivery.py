@@ -75,7 +75,10 @@ _FINISH_AND_MARK_FENCED = _FINISH_AND_MARK.format(fence=fence_held("$5", "$6", "
 _RECONCILE = """
 UPDATE {s}.leads SET reconcile_attempts = reconcile_attempts + 1,
     state = CASE WHEN $1 THEN 'confirmed' ELSE state END,
-    reconcile_note = coalesce($2, reconcile_note), updated_at = $3
+    reconcile_note = coalesce($2, reconcile_note),
+    last_reconcile = coalesce($5::text, last_reconcile),
+    last_reconcile_at = CASE WHEN $5::text IS NULL THEN last_reconcile_at ELSE $3 END,
+    updated_at = $3
 WHERE write_id = $4 AND state = 'uncertain' RETURNING seq
 """
 
@@ -181,9 +184,11 @@ class DeliveryQueries(PostgresBase):
         return loop_dispatch_steps(self)
 
     async def record_reconcile(
-        self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
+        self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime,
+        outcome: str | None = None,
     ) -> None:
         async with self._guard():
-            rows = await self._fetch(_RECONCILE, confirmed, note, to_text(now), write_id)
+            rows = await self._fetch(_RECONCILE, confirmed, note, to_text(now), write_id,
+                                     outcome)
         if not rows:
             raise IllegalTransition(f"record {write_id} was not uncertain")

@@ -70,7 +70,11 @@ SELECT
   (SELECT coalesce(json_agg(runs ORDER BY runs.run DESC), '[]')::text
    FROM (SELECT run, failure, first_at AS since, last_at, passes, recovered_at,
                 recovered_at IS NULL AS open
-         FROM {s}.poll_health ORDER BY run DESC LIMIT 20) AS runs) AS poll_health
+         FROM {s}.poll_health ORDER BY run DESC LIMIT 20) AS runs) AS poll_health,
+  (SELECT coalesce(json_agg(d ORDER BY d.id DESC), '[]')::text
+   FROM (SELECT id, source_lead_id, write_id, decision, reason, readback, attempts,
+                decided_at AS at
+         FROM {s}.operator_decisions ORDER BY id DESC LIMIT 20) AS d) AS decisions
 """
 RECORD_COLUMNS = (
     "seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts, "
@@ -161,6 +165,7 @@ class LeadQueries(PostgresBase):
             outbox_last_seq=int(row["last_seq"]),
             outbox_by_kind=by_kind,
             poll_health=json.loads(row["poll_health"]),
+            decisions=json.loads(row["decisions"]),
         )
 
     async def iter_records(self, *, page: int = 1000) -> AsyncIterator[LeadRow]:

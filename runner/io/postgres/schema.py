@@ -35,7 +35,8 @@ from __future__ import annotations
 from runner.io.postgres.candidates_schema import CANDIDATES_V1
 from runner.io.postgres.figures_schema import V8 as FIGURES_V8
 from runner.io.postgres.pipeline_schema import PIPELINE_V1
-from runner.states import LeadState, allowed_pairs
+from runner.io.sqlite.schema import V1_TRANSITIONS, V9_TRANSITIONS, transition_list
+from runner.states import LeadState
 
 #: ``runner.pipeline.stages.raw_ingestion.CURSOR`` (not imported: opening a store stays
 #: light; tests/test_retention.py keeps the two equal)
@@ -44,10 +45,6 @@ RETRIEVER_CURSOR = "raw-retriever:outbox"
 
 def _state_list() -> str:
     return ", ".join(f"'{state.value}'" for state in LeadState)
-
-
-def _transition_list() -> str:
-    return ", ".join(f"'{src.value}>{dst.value}'" for src, dst in allowed_pairs())
 
 
 def _refuse(name: str, message: str) -> str:
@@ -184,7 +181,7 @@ CREATE TRIGGER leads_state_changed AFTER UPDATE ON {s}.leads
 FOR EACH ROW WHEN (NEW.state IS DISTINCT FROM OLD.state)
 EXECUTE FUNCTION {s}.leads_state_changed();
 """
-).replace("{states}", _state_list()).replace("{transitions}", _transition_list())
+).replace("{states}", _state_list()).replace("{transitions}", transition_list(V1_TRANSITIONS))
 
 #: v2, delivery (as on SQLite): the last abnormal reconcile verdict of a record, and one
 #: ``target_ambiguous`` event each time it changes to a new non-empty value
@@ -369,6 +366,86 @@ FOR EACH ROW EXECUTE FUNCTION {s}.outbox_prune_guard();
 """
 ).replace("{cursor}", RETRIEVER_CURSOR)
 
+#: v9, operators (E5, issue 19), as on SQLite: ``uncertain_since`` and the last reconcile
+#: verdict of each record, the kept ``operator_decisions`` with their ``operator_resolved``
+#: events, and the guard (replaced) allows ``uncertain -> failed_safe`` only when a
+#: ``not_sent`` decision for that record at its current ``attempts`` exists.  The guard
+#: also sets ``uncertain_since`` (and clears the last verdict) on a move into uncertain.
+V9 = (
+    """
+ALTER TABLE {s}.leads ADD COLUMN uncertain_since text COLLATE "C";
+ALTER TABLE {s}.leads ADD COLUMN last_reconcile text;
+ALTER TABLE {s}.leads ADD COLUMN last_reconcile_at text COLLATE "C";
+
+UPDATE {s}.leads SET uncertain_since = updated_at WHERE state = 'uncertain';
+
+CREATE TABLE {s}.operator_decisions (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant_id      text NOT NULL,
+    source_lead_id text NOT NULL,
+    write_id       text NOT NULL,
+    decision       text NOT NULL CHECK (decision IN ('confirmed', 'not_sent')),
+    reason         text NOT NULL CHECK (length(btrim(reason)) > 0),
+    readback       text,
+    attempts       integer NOT NULL,
+    decided_at     text COLLATE "C" NOT NULL
+);
+CREATE INDEX operator_decisions_by_record ON {s}.operator_decisions (write_id, attempts);
+"""
+    + _refuse("operator_decisions_kept", "operator decisions are kept as recorded")
+    + """
+CREATE TRIGGER operator_decisions_no_change BEFORE UPDATE OR DELETE ON {s}.operator_decisions
+FOR EACH ROW EXECUTE FUNCTION {s}.operator_decisions_kept();
+CREATE TRIGGER operator_decisions_no_truncate BEFORE TRUNCATE ON {s}.operator_decisions
+FOR EACH STATEMENT EXECUTE FUNCTION {s}.operator_decisions_kept();
+
+CREATE FUNCTION {s}.operator_resolved() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM {s}.outbox_append('operator_resolved', NEW.source_lead_id,
+        jsonb_build_object('tenant_id', NEW.tenant_id, 'write_id', NEW.write_id,
+                           'decision', NEW.decision, 'reason', NEW.reason,
+                           'readback', NEW.readback, 'attempts', NEW.attempts),
+        NEW.decided_at);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER operator_resolved AFTER INSERT ON {s}.operator_decisions
+FOR EACH ROW EXECUTE FUNCTION {s}.operator_resolved();
+
+CREATE OR REPLACE FUNCTION {s}.leads_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id
+       OR NEW.source_lead_id IS DISTINCT FROM OLD.source_lead_id
+       OR NEW.canonical IS DISTINCT FROM OLD.canonical
+       OR NEW.write_id IS DISTINCT FROM OLD.write_id
+       OR NEW.accepted_at IS DISTINCT FROM OLD.accepted_at
+       OR NEW.seq IS DISTINCT FROM OLD.seq THEN
+        RAISE EXCEPTION 'a lead record''s key, content and write_id never change'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NEW.state IS DISTINCT FROM OLD.state THEN
+        IF OLD.state || '>' || NEW.state NOT IN ({transitions}) THEN
+            RAISE EXCEPTION 'illegal lead transition % -> %', OLD.state, NEW.state
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        IF OLD.state = 'uncertain' AND NEW.state = 'failed_safe' AND NOT EXISTS (
+            SELECT 1 FROM {s}.operator_decisions d
+            WHERE d.write_id = NEW.write_id AND d.decision = 'not_sent'
+              AND d.attempts = OLD.attempts) THEN
+            RAISE EXCEPTION
+            'illegal lead transition: uncertain -> failed_safe needs a recorded not-sent decision'
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        IF NEW.state = 'uncertain' THEN
+            NEW.uncertain_since := NEW.updated_at;
+            NEW.last_reconcile := NULL;
+            NEW.last_reconcile_at := NULL;
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+"""
+).replace("{transitions}", transition_list(V9_TRANSITIONS))
+
 #: a new store's schema (only when it does not exist yet: CREATE SCHEMA needs the CREATE
 #: privilege on the database even with IF NOT EXISTS, and a DBA may have made the schema
 #: for runner's role beforehand, ``CREATE SCHEMA runner AUTHORIZATION runner``)
@@ -384,7 +461,7 @@ CREATE TABLE {s}.schema_migrations (
 
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
-                              7: V7, 8: FIGURES_V8}
+                              7: V7, 8: FIGURES_V8, 9: V9}
 LATEST = max(MIGRATIONS)
 
 

@@ -12,6 +12,7 @@ from runner.io.postgres.dsn import parse
 from runner.io.postgres.figures import FigureQueries
 from runner.io.postgres.leads import LeadQueries
 from runner.io.postgres.observe import ObserveQueries
+from runner.io.postgres.operators import OperatorQueries
 from runner.io.postgres.pipeline_levels import PipelineLevelQueries
 from runner.io.postgres.pipeline_work import PipelineWorkQueries
 from runner.storedata import StoreSummary
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
-                    PipelineWorkQueries, PipelineLevelQueries):
+class PostgresStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries,
+                    OperatorQueries, CandidateQueries, PipelineWorkQueries,
+                    PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         retention = await self.retention_state()

@@ -183,15 +183,20 @@ class DeliveryQueries(SQLiteBase):
             steps.close()
 
     async def record_reconcile(
-        self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime
+        self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime,
+        outcome: str | None = None,
     ) -> None:
         async with self._guard():
             rows = await self._fetchall(
                 "UPDATE leads SET reconcile_attempts = reconcile_attempts + 1, "
-                "state = CASE WHEN ? THEN 'confirmed' ELSE state END, "
-                "reconcile_note = coalesce(?, reconcile_note), updated_at = ? "
-                "WHERE write_id = ? AND state = 'uncertain' RETURNING seq",
-                (int(confirmed), note, to_text(now), write_id),
+                "state = CASE WHEN :ok THEN 'confirmed' ELSE state END, "
+                "reconcile_note = coalesce(:note, reconcile_note), "
+                "last_reconcile = coalesce(:outcome, last_reconcile), "
+                "last_reconcile_at = CASE WHEN :outcome IS NULL THEN last_reconcile_at "
+                "ELSE :now END, updated_at = :now "
+                "WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq",
+                {"ok": int(confirmed), "note": note, "outcome": outcome,
+                 "now": to_text(now), "write_id": write_id},
             )
         if not rows:
             raise IllegalTransition(f"record {write_id} was not uncertain")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from runner.io.sqlite.candidates_schema import CANDIDATES_V1
 from runner.io.sqlite.figures_schema import V8 as FIGURES_V8
 from runner.io.sqlite.pipeline_schema import PIPELINE_V1
-from runner.states import LeadState, allowed_pairs
+from runner.states import LeadState
 
 APPLICATION_ID = 0x52554E52  # "RUNR"
 
@@ -34,8 +34,23 @@ def _state_list() -> str:
     return ", ".join(f"'{state.value}'" for state in LeadState)
 
 
-def _transition_list() -> str:
-    return ", ".join(f"'{src.value}>{dst.value}'" for src, dst in allowed_pairs())
+def transition_list(pairs: list[tuple[LeadState, LeadState]]) -> str:
+    """The SQL list of allowed ``'from>to'`` pairs."""
+    return ", ".join(f"'{src.value}>{dst.value}'" for src, dst in pairs)
+
+
+S = LeadState
+#: the lead transitions the v1 guard allows.  Frozen here, not read from
+#: ``runner.states``: a migration's text never changes once released (v9 replaces the
+#: guard with ``V9_TRANSITIONS``)
+V1_TRANSITIONS = [
+    (S.PREPARED, S.IN_FLIGHT), (S.IN_FLIGHT, S.CONFIRMED), (S.IN_FLIGHT, S.FAILED_SAFE),
+    (S.IN_FLIGHT, S.UNCERTAIN), (S.CONFIRMED, S.CONFIRMED_THEN_MISSING),
+    (S.FAILED_SAFE, S.IN_FLIGHT), (S.UNCERTAIN, S.CONFIRMED),
+]
+#: from v9 on: ``uncertain -> failed_safe`` by an operator's recorded decision (a test
+#: checks that this is exactly ``runner.states.allowed_pairs()``)
+V9_TRANSITIONS = [*V1_TRANSITIONS, (S.UNCERTAIN, S.FAILED_SAFE)]
 
 
 V1 = f"""
@@ -88,7 +103,7 @@ BEGIN SELECT RAISE(ABORT, 'a lead record''s key, content and write_id never chan
 
 CREATE TRIGGER leads_transition_guard BEFORE UPDATE OF state ON leads
 WHEN NEW.state IS NOT OLD.state
- AND OLD.state || '>' || NEW.state NOT IN ({_transition_list()})
+ AND OLD.state || '>' || NEW.state NOT IN ({transition_list(V1_TRANSITIONS)})
 BEGIN SELECT RAISE(ABORT, 'illegal lead transition'); END;
 
 CREATE TRIGGER leads_accepted AFTER INSERT ON leads
@@ -245,9 +260,87 @@ WHEN OLD.seq > (SELECT floor FROM outbox_retention)
 BEGIN SELECT RAISE(ABORT, 'outbox is append-only above its prune floor'); END;
 """
 
+#: v9, operators (E5, issue 19): what ``runner uncertain`` lists and what ``runner
+#: resolve`` records.
+#:
+#: * ``uncertain_since``: when the record last became uncertain (set by trigger on every
+#:   move into uncertain; a record already uncertain gets its last change time);
+#:   ``last_reconcile`` / ``last_reconcile_at``: the verdict of its latest readback in
+#:   this episode (``none``, ``ambiguous``, ``mismatch``, ``read_failed``), cleared when
+#:   it becomes uncertain again.
+#: * ``operator_decisions``: every decision an operator recorded, kept as written (UPDATE
+#:   and DELETE raise), each with one ``operator_resolved`` outbox event carrying the
+#:   operator's reason.
+#: * the guard allows ``uncertain -> failed_safe``, and a second trigger refuses it unless
+#:   a ``not_sent`` decision for that record at its current ``attempts`` exists: one
+#:   decision authorises one resend of one uncertain episode (a send adds an attempt),
+#:   and nothing else in the store can make an uncertain record sendable.
+V9 = f"""
+ALTER TABLE leads ADD COLUMN uncertain_since TEXT;
+ALTER TABLE leads ADD COLUMN last_reconcile TEXT;
+ALTER TABLE leads ADD COLUMN last_reconcile_at TEXT;
+
+UPDATE leads SET uncertain_since = updated_at WHERE state = 'uncertain';
+
+CREATE TRIGGER leads_uncertain_since AFTER UPDATE OF state ON leads
+WHEN NEW.state = 'uncertain' AND OLD.state IS NOT 'uncertain'
+BEGIN
+    UPDATE leads SET uncertain_since = NEW.updated_at, last_reconcile = NULL,
+                     last_reconcile_at = NULL
+    WHERE seq = NEW.seq;
+END;
+
+CREATE TABLE operator_decisions (
+    id             INTEGER PRIMARY KEY,
+    tenant_id      TEXT NOT NULL,
+    source_lead_id TEXT NOT NULL,
+    write_id       TEXT NOT NULL,
+    decision       TEXT NOT NULL CHECK (decision IN ('confirmed', 'not_sent')),
+    reason         TEXT NOT NULL CHECK (length(trim(reason)) > 0),
+    readback       TEXT,
+    attempts       INTEGER NOT NULL,
+    decided_at     TEXT NOT NULL
+) STRICT;
+
+CREATE INDEX operator_decisions_by_record ON operator_decisions (write_id, attempts);
+
+CREATE TRIGGER operator_decisions_no_update BEFORE UPDATE ON operator_decisions
+BEGIN SELECT RAISE(ABORT, 'operator decisions are kept as recorded'); END;
+
+CREATE TRIGGER operator_decisions_no_delete BEFORE DELETE ON operator_decisions
+BEGIN SELECT RAISE(ABORT, 'operator decisions are kept as recorded'); END;
+
+CREATE TRIGGER operator_resolved AFTER INSERT ON operator_decisions
+BEGIN
+    INSERT INTO outbox (kind, subject, payload, at)
+    VALUES ('operator_resolved', NEW.source_lead_id,
+            json_object('tenant_id', NEW.tenant_id, 'write_id', NEW.write_id,
+                        'decision', NEW.decision, 'reason', NEW.reason,
+                        'readback', NEW.readback, 'attempts', NEW.attempts),
+            NEW.decided_at);
+END;
+
+DROP TRIGGER leads_transition_guard;
+
+CREATE TRIGGER leads_transition_guard BEFORE UPDATE OF state ON leads
+WHEN NEW.state IS NOT OLD.state
+ AND OLD.state || '>' || NEW.state NOT IN ({transition_list(V9_TRANSITIONS)})
+BEGIN SELECT RAISE(ABORT, 'illegal lead transition'); END;
+
+CREATE TRIGGER leads_resend_needs_decision BEFORE UPDATE OF state ON leads
+WHEN OLD.state = 'uncertain' AND NEW.state = 'failed_safe'
+ AND NOT EXISTS (SELECT 1 FROM operator_decisions d
+                 WHERE d.write_id = NEW.write_id AND d.decision = 'not_sent'
+                   AND d.attempts = OLD.attempts)
+BEGIN
+    SELECT RAISE(ABORT,
+        'illegal lead transition: uncertain -> failed_safe needs a recorded not-sent decision');
+END;
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
-                              7: V7, 8: FIGURES_V8}
+                              7: V7, 8: FIGURES_V8, 9: V9}
 LATEST = max(MIGRATIONS)
 
 

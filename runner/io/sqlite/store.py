@@ -12,6 +12,7 @@ from runner.io.sqlite.delivery import DeliveryQueries
 from runner.io.sqlite.figures import FigureQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
+from runner.io.sqlite.operators import OperatorQueries
 from runner.io.sqlite.pipeline_levels import PipelineLevelQueries
 from runner.io.sqlite.pipeline_work import PipelineWorkQueries
 from runner.storedata import StoreSummary
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries, CandidateQueries,
-                  PipelineWorkQueries, PipelineLevelQueries):
+class SQLiteStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries, OperatorQueries,
+                  CandidateQueries, PipelineWorkQueries, PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         retention = await self.retention_state()
@@ -29,7 +30,7 @@ class SQLiteStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries, C
             "floor": retention.floor, "count": retention.pruned,
             "by_kind": retention.pruned_by_kind}
         return replace(lead_summary, poll_health=await self.poll_health_runs(),
-                       outbox_pruned=pruned)
+                       outbox_pruned=pruned, decisions=await self.recent_decisions())
 
     async def __aenter__(self) -> SQLiteStore:
         return self

@@ -1,0 +1,145 @@
+"""Operator commands (SPEC E5, issue 19): ``uncertain`` lists uncertain records, ``resolve``
+records an operator's decision on one of them (``runner.tasks.resolve``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from runner.commands.common import (
+    check_paths,
+    clock_from,
+    common_options,
+    emit,
+)
+from runner.storedata import describe_location, open_store, store_exists
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from runner.store import Store
+    from runner.storedata import UncertainRow
+
+#: records read per page while listing
+PAGE = 500
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    uncertain = sub.add_parser(
+        "uncertain", parents=[common_options(scope="optional")],
+        help="list uncertain records: write_id, key, age, attempts, the last readback in "
+             "words (no lock, changes nothing)")
+    uncertain.set_defaults(handler=cmd_uncertain)
+
+    resolve = sub.add_parser(
+        "resolve", parents=[common_options(scope="optional", target="optional")],
+        help="record an operator's decision on one uncertain record: confirmed (the row "
+             "was verified by other means) or not-sent (after a fresh readback that finds "
+             "no row, the record is sent again)")
+    resolve.add_argument("--write-id", required=True, metavar="W",
+                         help="the uncertain record's write_id (see 'runner uncertain')")
+    resolve.add_argument("--as", dest="resolve_as", required=True,
+                         choices=["confirmed", "not-sent"],
+                         help="confirmed: you verified the row in the target; not-sent: the "
+                              "original request can no longer arrive (needs --target)")
+    resolve.add_argument("--reason", required=True, metavar="TEXT",
+                         help="why: kept with the decision and its outbox event (1-1000 "
+                              "characters; never put contact details here)")
+    resolve.add_argument("--dry-run", action="store_true",
+                         help="make every check (and the readback) and say what would "
+                              "happen; change nothing")
+    resolve.set_defaults(handler=cmd_resolve)
+
+
+def uncertain_json(row: UncertainRow, now: datetime) -> dict[str, Any]:
+    from runner.clock import from_text
+    from runner.port import readback_in_words
+
+    age = (max(0, int((now - from_text(row.uncertain_since)).total_seconds()))
+           if row.uncertain_since else None)
+    return {"write_id": row.write_id, "source_lead_id": row.source_lead_id,
+            "uncertain_since": row.uncertain_since, "age_seconds": age,
+            "attempts": row.attempts, "reconcile_attempts": row.reconcile_attempts,
+            "last_reconcile": row.last_reconcile, "last_reconcile_at": row.last_reconcile_at,
+            "last_reconcile_words": readback_in_words(row.last_reconcile,
+                                                      row.reconcile_attempts)}
+
+
+async def write_uncertain(store: Store, now: datetime, write: Callable[[str], object]) -> None:
+    """``{"records": [...], "count": n}`` as one line, in accept order, streamed page by
+    page from one consistent read."""
+    from runner.jsonio import dumps_line
+
+    async with store.reading():
+        write('{"records":[')
+        after, count = 0, 0
+        while page := await store.uncertain_records(after, PAGE):
+            for row in page:
+                write(("," if count else "") + dumps_line(uncertain_json(row, now)))
+                count += 1
+            after = page[-1].seq
+        write('],"count":' + str(count) + "}\n")
+
+
+async def cmd_uncertain(args: argparse.Namespace) -> int:
+    from runner.commands.leads import load_scope
+
+    scope = load_scope(args.scope) if args.scope else None
+    now = clock_from(args).now()
+    async with await open_store(args.db, scope=scope, create=False) as store:
+        await write_uncertain(store, now, sys.stdout.write)
+    sys.stdout.flush()
+    return 0
+
+
+async def cmd_resolve(args: argparse.Namespace) -> int:
+    """Under the worker lock: a resolve never runs beside a worker (exit 75 while one
+    runs), so no reconcile or dispatch can come between its readback and its commit."""
+    from runner.commands.leads import load_scope
+    from runner.errors import StoreNotFound
+    from runner.tasks.resolve import check_reason, resolve
+
+    check_paths(args)
+    check_reason(args.reason)  # before anything is opened
+    scope = load_scope(args.scope) if args.scope else None
+    if not await store_exists(args.db):
+        raise StoreNotFound(f"no store at {describe_location(args.db)}")
+    if args.target is None and args.resolve_as == "not-sent":
+        from runner.errors import RuleViolation
+
+        raise RuleViolation("--as not-sent needs --target: runner reads the target back "
+                            "before it lets a record be sent again", reason="target_required",
+                            detail={"write_id": args.write_id})
+    probe_lock(args.db)
+    clock = clock_from(args)
+    target = None
+    try:
+        port = None
+        if args.target is not None:
+            from runner.io.synthetic_target import SyntheticTarget
+            from runner.port import CRMRecordPort
+
+            target = SyntheticTarget(args.target)
+            port = CRMRecordPort(target)
+        # a writing command: a store at an older schema is upgraded (as 'once' does)
+        async with await open_store(args.db, scope=scope) as store, store.worker_lock():
+            result = await resolve(store, port, clock, args.write_id, args.resolve_as,
+                                   args.reason, dry_run=args.dry_run)
+    finally:
+        if target is not None:
+            target.close()
+    emit(result.to_json())
+    return 0
+
+
+def probe_lock(db: str) -> None:
+    """A live worker refuses a SQLite resolve at once, before the store is opened (the
+    lock itself is taken after, and held to the end)."""
+    from runner.storedata import is_postgres
+
+    if not is_postgres(db):
+        from runner.io.filelock import probe
+
+        probe(db)
