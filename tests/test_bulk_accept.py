@@ -31,7 +31,7 @@ variant = st.sampled_from(["ok", "ok", "ok", "changed", "bad_type", "out_of_scop
 
 
 #: examples per backend: a PostgreSQL example pays for two schemas of its own
-EXAMPLES = {"sqlite": 40, "postgres": 15}
+EXAMPLES = {"sqlite": 40, "postgres": 8}
 
 
 def test_bulk_answers_equal_single_answers(backend: str) -> None:
