@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -66,6 +65,51 @@ GUARANTEES: dict[str, str] = {
                             "every record ends confirmed (also after failed-safe) or "
                             "uncertain and visible: none stays in flight or prepared",
 }
+
+
+STEPS = HERE / "steps.toml"
+#: the crash points that belong to delivery (the model must name every one of them)
+DELIVERY_POINTS = ("accept.", "recover.", "reconcile.", "dispatch.")
+
+
+def load_steps() -> list[dict[str, Any]]:
+    """The model-to-code table (``model/steps.toml``)."""
+    import tomllib
+
+    with STEPS.open("rb") as f:
+        steps: list[dict[str, Any]] = tomllib.load(f)["step"]
+    return steps
+
+
+def point_name(macro_arg: str) -> str:
+    """``dispatch_after_in_flight`` -> ``dispatch.after-in-flight``."""
+    head, _, rest = macro_arg.strip().partition("_")
+    return f"{head}.{rest.replace('_', '-')}"
+
+
+def model_crash_points(text: str | None = None) -> set[str]:
+    """Every crash point the model names in a ``CRASH(...)`` (``a / b``: both)."""
+    text = MODEL.read_text(encoding="utf-8") if text is None else text
+    found: set[str] = set()
+    for arg in re.findall(r"\bCRASH\(([^)]*)\)", text):
+        if arg.strip() == "point":
+            continue  # the macro's own definition
+        found.update(point_name(a) for a in arg.split("/"))
+    return found
+
+
+def ltl_formulas(text: str | None = None) -> dict[str, str]:
+    """The model's named LTL formulas, as written (macros unexpanded)."""
+    text = MODEL.read_text(encoding="utf-8") if text is None else text
+    return {m.group(1): m.group(2).strip()
+            for m in re.finditer(r"^ltl (\w+)\s*\{(.*)\}\s*$", text, re.M)}
+
+
+def property_macros(text: str | None = None) -> dict[str, str]:
+    """The per-record predicates the formulas use (``#define NAME(i) ...``)."""
+    text = MODEL.read_text(encoding="utf-8") if text is None else text
+    return {m.group(1): m.group(2).strip()
+            for m in re.finditer(r"^#define ([A-Z_]+)\(i\)\s+(.*)$", text, re.M)}
 
 
 @dataclass(frozen=True)
@@ -185,11 +229,11 @@ def tools() -> tuple[str, str]:
     """The spin and C compiler executables; Unavailable if either is missing."""
     spin = shutil.which("spin")
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    missing = [name for name, path in (("spin", spin), ("a C compiler (cc)", cc)) if not path]
-    if missing:
+    if spin is None or cc is None:
+        missing = [name for name, path in (("spin", spin), ("a C compiler (cc)", cc))
+                   if path is None]
         raise Unavailable(f"{' and '.join(missing)} not found on PATH "
                           "(Debian: apt-get install spin gcc)")
-    assert spin is not None and cc is not None
     return spin, cc
 
 
@@ -285,9 +329,9 @@ def run_group(config: str, mutation: str | None, props: Sequence[str], *,
             for o in outcomes:
                 o.detail = "spin -a failed: " + (gen.stdout + gen.stderr).strip()[-2000:]
             return outcomes
-        # a verification searches millions of states: optimise; a mutation stops at its
-        # first counterexample: compile fast
-        cflags = ["-O2"] if mutation is None else ["-O0"]
+        # a verification searches up to millions of states: optimise; a mutation stops at
+        # its first counterexample, and the small bounds search little: compile fast
+        cflags = ["-O2"] if mutation is None and config != "small" else ["-O0"]
         if liveness:
             cflags.append("-DNFAIR=3")
         comp = subprocess.run([cc, *cflags, "-w", "-o", "pan", "pan.c"], cwd=work,
