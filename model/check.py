@@ -8,7 +8,8 @@ mutations went unnoticed would prove nothing.
 
     python model/check.py                 # what CI runs (about a minute on 2 cores)
     python model/check.py --record        # and write bench/results/spin-<UTC>.json
-    python model/check.py --deep          # and the liveness search at N=3 (minutes)
+    python model/check.py --deep          # and the liveness search at N=3 (minutes;
+                                          # --record writes spin-deep-<UTC>.json)
     python model/check.py --quick         # small bounds only (what the pytest run uses)
     python model/check.py --list          # the checks, without running them
 
@@ -428,6 +429,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     args = parser.parse_args(argv)
+    if args.record and (args.quick or args.only):
+        parser.error("--record keeps whole runs only (not --quick or --only)")
     checks = checks_for(quick=args.quick, deep=args.deep)
     if args.only:
         checks = [c for c in checks if args.only in c.name]
@@ -456,7 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.path.insert(0, str(ROOT))
         from bench.results import record
 
-        record("spin", summary(outcomes, wall, jobs=args.jobs, spin=spin),
+        record("spin-deep" if args.deep else "spin",
+               summary(outcomes, wall, jobs=args.jobs, spin=spin),
                script="model/check.py", argv=argv)
     return 1 if failed else 0
 

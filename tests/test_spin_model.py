@@ -115,6 +115,21 @@ def test_each_mutation_names_a_property_the_model_has() -> None:
             f"#ifndef {m.macro}" in text), m.macro
 
 
+def test_the_recorded_figures_are_from_this_model() -> None:
+    """docs/model.md renders the latest bench/results/spin-*.json: it must come from the
+    model as it is (``python model/check.py --record`` after changing the model)."""
+    import hashlib
+    import json
+
+    files = sorted((check.ROOT / "bench" / "results").glob("spin-2*.json"))
+    assert files, "no bench/results/spin-*.json: run python model/check.py --record"
+    doc = json.loads(files[-1].read_text(encoding="utf-8"))
+    assert doc["ok"]
+    assert doc["model_sha256"] == hashlib.sha256(check.MODEL.read_bytes()).hexdigest(), (
+        f"{files[-1].name} was recorded from another version of model/delivery.pml: "
+        "run python model/check.py --record")
+
+
 # -- SPIN -------------------------------------------------------------------------------
 
 
