@@ -360,8 +360,9 @@ def run_group(config: str, mutation: str | None, props: Sequence[str], *,
 
 
 def replay(spin: str, defines: Sequence[str], prop: str, work: Path, lines: int = 80) -> str:
-    """The counterexample's steps, as ``spin -t`` replays them (the last ``lines``)."""
-    out = subprocess.run([spin, *defines, "-t", "-p", "-g", "-N", prop, MODEL.name], cwd=work,
+    """The counterexample's steps, as ``spin -t`` replays them (the last ``lines``; the
+    trail names its claim, ``prop``)."""
+    out = subprocess.run([spin, *defines, "-t", "-p", "-g", MODEL.name], cwd=work,
                          capture_output=True, text=True, check=False).stdout
     return "\n".join(out.splitlines()[-lines:])
 
