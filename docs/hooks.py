@@ -12,7 +12,9 @@ from the measurement.  A page holds a placeholder, ``<!-- gen:NAME -->`` or
 * ``outbox-kinds``: from the SQLite schema's outbox triggers;
 * ``results KIND``: the latest machine-written results file ``bench/results/KIND-*.json``;
 * ``api DOTTED.NAME``: a class's signature, docstring and public methods;
-* ``include FILE``: a file of the repository (the changelog).
+* ``include FILE``: a file of the repository (the changelog);
+* ``model-properties``, ``model-steps``: the SPIN model's named properties (from
+  ``model/delivery.pml``) and its model-to-code table (``model/steps.toml``).
 
 An unknown placeholder fails the build (``mkdocs build --strict`` fails on any error).
 """
@@ -20,6 +22,7 @@ An unknown placeholder fails the build (``mkdocs build --strict`` fails on any e
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -399,6 +402,63 @@ def _render_kill9_http(doc: dict[str, Any]) -> str:
         f"duplicated in the target.", "", *rows])
 
 
+def _states(c: dict[str, Any]) -> str:
+    text = _num(c["states_stored"]) if c["states_stored"] is not None else "?"
+    if c.get("states_visited"):
+        text += f" ({_num(c['states_visited'])} visited)"
+    return text
+
+
+def _render_spin(doc: dict[str, Any]) -> str:
+    checks = doc["checks"]
+    verified = [c for c in checks if c["mutation"] is None]
+    mutated = [c for c in checks if c["mutation"] is not None]
+    changes = {m["macro"]: m for m in doc["mutations"]}
+    keys = ["N", "BATCH", "WORKERS", "MAXCRASH", "MAXFAULT", "MAXRESOLVE", "NETCAP"]
+    configs = ["| bounds | what | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    configs += [f"| `{name}` | {_cell(c['what'])} | " + " | ".join(str(c[k]) for k in keys)
+                + " |" for name, c in doc["configs"].items()]
+    rows = ["| bounds | property | result | states | transitions | depth | memory | "
+            "search (CPU) |", "|---|---|---|---|---|---|---|---|"]
+    rows += [f"| `{c['config']}` | `{c['property']}` | "
+             f"{'**' + c['result'] + '**' if c['result'] != 'verified' else 'verified, 0 errors'}"
+             f" | {_states(c)} | {_num(c['transitions'] or 0)} | {_num(c['depth'] or 0)} | "
+             f"{c['memory_mb'] or 0:,.0f} MB | {c['search_cpu_s']:.1f} s |" for c in verified]
+    muts = ["| mutation | the one-line change | bounds | breaks | counterexample found | "
+            "states until found |", "|---|---|---|---|---|---|"]
+    for c in mutated:
+        m = changes[c["mutation"]]
+        label = " (a limit, not a bug: assumption A1)" if m["kind"] == "limit" else ""
+        found = "yes" if c["result"] == "counterexample" else f"**no ({c['result']})**"
+        muts.append(f"| `{c['mutation']}`{label} | {_cell(m['change'])} | `{c['config']}` | "
+                    f"`{c['property']}` | {found} | {_states(c)} |")
+    verdict = "PASS" if doc["ok"] else "FAIL"
+    stale = []
+    current = hashlib.sha256((ROOT / doc["model"]).read_bytes()).hexdigest()
+    if current != doc["model_sha256"]:
+        stale = ["!!! warning \"Recorded from an earlier version of the model\"",
+                 f"    `{doc['model']}` changed since this run; `model/check.py` writes "
+                 "new figures.", ""]
+    ok_v = sum(c["ok"] for c in verified)
+    ok_m = sum(c["ok"] for c in mutated)
+    counted = (f"{ok_m} of {len(mutated)} mutations give a counterexample"
+               if mutated else "and it repeated every check of the CI run")
+    return "\n".join([
+        *stale, _provenance(doc), "",
+        f"**{verdict}.** {doc['spin']}; model `{doc['model']}` (sha256 "
+        f"`{doc['model_sha256'][:12]}`). {ok_v} of {len(verified)} verifications "
+        f"complete with no errors, {counted}; the whole run took "
+        f"{doc['seconds']:.0f} s wall with {doc['jobs']} jobs (compiling the verifiers "
+        f"included).", "", *configs, "", *rows, *(["", *muts] if mutated else [])])
+
+
+def _render_spin_deep(doc: dict[str, Any]) -> str:
+    """Only what ``--deep`` adds to the CI run (its ``*-deep`` bounds)."""
+    deep = {name for name in doc["configs"] if name.endswith("-deep")}
+    return _render_spin({**doc, "configs": {n: doc["configs"][n] for n in sorted(deep)},
+                         "checks": [c for c in doc["checks"] if c["config"] in deep]})
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "sweep-explain": _render_sweep_explain,
@@ -408,6 +468,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "soak": _render_soak,
     "http": _render_bench,
     "kill9-http": _render_kill9_http,
+    "spin": _render_spin,
+    "spin-deep": _render_spin_deep,
 }
 
 
@@ -500,6 +562,52 @@ def render_include(arg: str) -> str:
     return text.replace("](docs/", "](")
 
 
+# -- the SPIN model of the delivery protocol ---------------------------------------------
+
+
+def _model_check() -> Any:
+    """``model/check.py`` (not an installed package: MkDocs may have dropped the
+    repository from ``sys.path`` again after loading this hook)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from model import check
+
+    return check
+
+
+def _formula(text: str, macros: dict[str, str]) -> str:
+    """``[] FORALL(P)`` -> ``[] ∀i: (P's body)``, with the logical signs for ``&& || !``
+    (a ``|`` would split a table cell)."""
+    text = re.sub(r"FORALL\((\w+)\)", lambda m: f"∀i: {macros[m.group(1)]}", text)
+    text = text.replace("||", "\N{LOGICAL OR}").replace("&&", "\N{LOGICAL AND}")
+    return re.sub(r"!(?!=)", "\N{NOT SIGN}", text)
+
+
+def render_model_properties(_: str) -> str:
+    check = _model_check()
+    formulas, macros = check.ltl_formulas(), check.property_macros()
+    if set(formulas) != set(check.PROPERTIES):
+        raise PluginError("gen:model-properties: model/delivery.pml and model/check.py "
+                          "name different properties")
+    rows = ["| property | the guarantee it checks | formula (LTL) |", "|---|---|---|"]
+    rows += [f"| `{name}` | {_cell(check.GUARANTEES[name])} | "
+             f"`{_cell(_formula(formulas[name], macros))}` |" for name in check.PROPERTIES]
+    return "\n".join(rows)
+
+
+def render_model_steps(_: str) -> str:
+    check = _model_check()
+    rows = ["| model step | where in the model | code | crash points | status |",
+            "|---|---|---|---|---|"]
+    for step in check.load_steps():
+        code = ", ".join(f"`{c}`" for c in step["code"]) or "none yet"
+        points = ", ".join(f"`{p}`" for p in step["crash_points"]) or "-"
+        status = "on main" if step["status"] == "main" else f"**{step['status']}**"
+        rows.append(f"| {_cell(step['step'])} | {_cell(step['model'])} | {code} | {points} "
+                    f"| {status} |")
+    return "\n".join(rows)
+
+
 GENERATORS: dict[str, Callable[[str], str]] = {
     "cli": render_cli,
     "cli-commands": render_cli_commands,
@@ -512,6 +620,8 @@ GENERATORS: dict[str, Callable[[str], str]] = {
     "stop-moments": render_stop_moments,
     "include": render_include,
     "api": render_api,
+    "model-properties": render_model_properties,
+    "model-steps": render_model_steps,
 }
 
 

@@ -1,0 +1,432 @@
+/*
+ * A model of runner's lead delivery protocol (SPEC K3-K5, L3-L8, E1, E2, E5), checked
+ * with SPIN.  docs/model.md says what it proves and what it cannot: it is a model of the
+ * protocol, not the code.  model/check.py runs every property and every mutation.
+ *
+ * Actors: a client that accepts records (commit, then answer), WORKERS worker processes
+ * that share one worker lock (takeover after a crash: the kernel drops the flock), the
+ * target (which may apply a request long after its sender gave up on it), and an operator
+ * who may resolve an uncertain record (issue 19).  A worker or the client may crash
+ * between any two of its steps; a crash loses everything but what was committed.  Every
+ * crash is a CRASH(point) below, named after the crash point in runner/crashpoints.py
+ * that sits at the same place in the code (model/steps.toml ties them together).
+ *
+ * Parameters (spin -DNAME=value): N records (2 or 3), BATCH the largest batch (1: the code
+ * today, one record per request; 2-3: the E1 design, issue 16), WORKERS (1 or 2),
+ * MAXCRASH crashes in all, MAXFAULT "not sent" answers in all (the target eventually
+ * answers), MAXRESOLVE operator decisions.
+ *
+ * Mutations (spin -DM_NAME): each is a one-line change that breaks one guarantee; SPIN
+ * must find a counterexample for each (model/check.py, tests/test_spin_model.py).
+ */
+
+#ifndef N
+#define N 3
+#endif
+#ifndef BATCH
+#define BATCH 1
+#endif
+#ifndef WORKERS
+#define WORKERS 2
+#endif
+#ifndef MAXCRASH
+#define MAXCRASH 2
+#endif
+#ifndef MAXFAULT
+#define MAXFAULT 1
+#endif
+#ifndef NETCAP
+#define NETCAP 2
+#endif
+#ifndef MAXRESOLVE
+#define MAXRESOLVE 1
+#endif
+
+/* record states (runner/states.py LeadState); NONE: not in the store */
+#define NONE        0
+#define PREPARED    1
+#define IN_FLIGHT   2
+#define CONFIRMED   3
+#define FAILED_SAFE 4
+#define UNCERTAIN   5
+
+/* what a send came back with */
+#define NOT_SENT 1   /* BeforeWriteError: refused before sending, or rate limited (E2) */
+#define ANSWERED 2   /* the target answered: read every row back */
+#define LOST     3   /* anything else: a timeout, a dropped answer, a cancelled call */
+
+/* what a readback saw */
+#define SAW_NONE  1  /* no row */
+#define SAW_OTHER 2  /* two rows, or a row that differs, or the read failed */
+
+#define BIT(i)    (1 << (i))
+#define HAS(m, i) ((((m) >> (i)) & 1) == 1)
+
+#if N == 2
+#define FORALL(P) (P(0) && P(1))
+#elif N == 3
+#define FORALL(P) (P(0) && P(1) && P(2))
+#else
+#error "N must be 2 or 3"
+#endif
+
+#ifdef M_DISPATCH_UNCERTAIN
+#define DISPATCHABLE(s) ((s) == PREPARED || (s) == FAILED_SAFE || (s) == UNCERTAIN)
+#else
+#define DISPATCHABLE(s) ((s) == PREPARED || (s) == FAILED_SAFE)
+#endif
+
+/* -- what is durable: the store and the target ---------------------------------------- */
+byte st[N];        /* the store: each record's state */
+byte rows[N];      /* the target: rows carrying each record's write_id (counted up to 2) */
+bool bad[N];       /* the target's row differs from the mapped record */
+chan net = [NETCAP] of { byte };  /* requests in transit: a bitmask of records each */
+
+/* -- ghosts: observations for the properties, never read by the protocol --------------- */
+bool acked[N];     /* the client got the answer "accepted" */
+bool unc[N];       /* became uncertain and no operator released it since */
+byte intr[N];      /* requests carrying the record still in transit */
+byte owed;         /* records whose reconcile call the running cycle still owes */
+
+byte lock;         /* the worker lock: 0 free, else the holder's id */
+byte crashes;      /* crashes so far (all processes) */
+byte faults;       /* "not sent" answers so far */
+byte resolves;     /* operator decisions so far */
+
+/* A crash where the process stands: it dies (os._exit), keeping only what committed.
+   Every step below opens with one, so a process may crash between any two steps.  The
+   argument names the crash point(s) of runner/crashpoints.py at that place ("/": the
+   same gap in the model serves several points); model/steps.toml maps them to the code,
+   and tests/test_spin_model.py checks both sides.  */
+#define CRASH(point) if :: crashes < MAXCRASH -> crashes++; goto crashed :: true fi
+
+/* the target applies a request atomically: all its rows or none (E1) */
+inline apply(mask, differs) {
+  for (k : 0 .. N - 1) {
+    if
+    :: HAS(mask, k) ->
+       rows[k] = (rows[k] < 2 -> rows[k] + 1 : 2);
+       bad[k] = bad[k] || differs
+    :: else
+    fi
+  };
+  k = 0
+}
+
+inline in_transit(mask, delta) {
+  for (k : 0 .. N - 1) {
+    if :: HAS(mask, k) -> intr[k] = intr[k] + delta :: else fi
+  };
+  k = 0
+}
+
+/* -- accept (runner/intake.py): commit, then answer ----------------------------------- */
+#define COMMIT_ACCEPT  if :: st[i] == NONE -> st[i] = PREPARED :: else fi  /* L3: a duplicate changes nothing */
+#define ANSWER         acked[i] = true
+#ifdef M_ACK_BEFORE_COMMIT
+#define ACCEPT_STEP_1  ANSWER
+#define ACCEPT_STEP_2  COMMIT_ACCEPT
+#else
+#define ACCEPT_STEP_1  COMMIT_ACCEPT
+#define ACCEPT_STEP_2  ANSWER
+#endif
+
+active proctype Client() {
+  byte i = 0;
+next:
+  do
+  :: atomic { i < N -> CRASH(accept_before_commit); ACCEPT_STEP_1 }
+     atomic { CRASH(accept_after_commit); ACCEPT_STEP_2; i++ }
+  :: i >= N -> break
+  od;
+  goto done;
+crashed:
+  /* the sender resends what was not answered (a webhook retries until it gets a 200) */
+  atomic { if :: acked[i] -> i++ :: else fi; goto next }
+done:
+  skip
+}
+
+/* -- the worker (runner/tasks/deliver.py run_cycle, as `start` runs it) ---------------- */
+
+/* the outcomes of the batch sent last, committed together (DispatchSteps.finish_and_mark) */
+inline commit_outcomes() {
+  for (k : 0 .. N - 1) {
+    if
+    :: HAS(pend, k) && st[k] == IN_FLIGHT ->
+       if
+       :: HAS(pok, k) -> st[k] = CONFIRMED
+       :: !HAS(pok, k) && HAS(pfs, k) -> st[k] = FAILED_SAFE
+       :: else -> st[k] = UNCERTAIN; unc[k] = true
+       fi
+    :: else
+    fi
+  };
+  pend = 0; pok = 0; pfs = 0
+}
+
+/* the next batch: 1 to BATCH dispatchable records after the last one sent, in accept
+   order (store.dispatchable_page) */
+inline select_batch() {
+  if
+  :: take = 1
+  :: BATCH >= 2 -> take = 2
+  :: BATCH >= 3 -> take = 3
+  fi;
+  for (k : 0 .. N - 1) {
+    if
+    :: k >= nxt && n < take && DISPATCHABLE(st[k]) -> batch = batch | BIT(k); n++; last = k + 1
+    :: else
+    fi
+  };
+  nxt = (batch != 0 -> last : nxt);
+  n = 0; take = 0; last = 0
+}
+
+inline mark_in_flight() {
+  for (k : 0 .. N - 1) {
+    if :: HAS(batch, k) -> st[k] = IN_FLIGHT :: else fi
+  };
+  k = 0
+}
+
+/* every record uncertain at the cycle's start is read back once; only an exact match
+   confirms (L6) */
+inline reconcile_pass() {
+  do
+  :: atomic {
+       CRASH(recover_after_commit / reconcile_after_commit);
+       /* the next uncertain record (store.uncertain_page); the others owe nothing */
+       do
+       :: i < N && st[i] != UNCERTAIN -> owed = owed & ~BIT(i); i++
+       :: else -> break
+       od;
+       if
+       :: i >= N -> i = 0; break
+       :: else
+       fi;
+       /* its readback (CRMRecordPort.confirm, port.classify_readback) */
+       if
+       :: ok = (rows[i] == 1 && !bad[i]); saw = (rows[i] == 0 -> SAW_NONE : SAW_OTHER)
+       :: saw = SAW_OTHER  /* the target cannot be read */
+       fi
+     }
+     atomic {
+       CRASH(reconcile_before_commit);
+       if
+       :: st[i] == UNCERTAIN && ok -> st[i] = CONFIRMED
+#ifdef M_EMPTY_READ_IS_NOT_SENT
+       :: st[i] == UNCERTAIN && saw == SAW_NONE -> st[i] = FAILED_SAFE
+#endif
+       :: else -> skip  /* still uncertain; a reconcile attempt is counted */
+       fi;
+       owed = owed & ~BIT(i); i++; ok = false; saw = 0
+     }
+  od
+}
+
+/* prepared and failed-safe records in accept order, 1 to BATCH per request (L8, E1) */
+inline dispatch_pass() {
+  do
+  :: atomic {
+       CRASH(dispatch_before_confirm / reconcile_after_commit);
+       /* one commit: the last batch's outcomes and this batch's in-flight mark */
+       commit_outcomes();
+       select_batch();
+#ifndef M_MARK_AFTER_SEND
+       mark_in_flight();
+#endif
+       if :: batch == 0 -> nxt = 0; break :: else fi
+     }
+     /* one request; the target applies it atomically, or not at all */
+     atomic {
+       CRASH(dispatch_after_in_flight);
+       if
+       :: faults < MAXFAULT -> faults++; res = NOT_SENT
+       :: apply(batch, false); res = ANSWERED
+       :: apply(batch, false); res = LOST     /* applied; the answer is lost */
+       :: apply(batch, true); res = ANSWERED  /* applied, but not as the mapped record */
+       :: nfull(net) -> net ! batch; in_transit(batch, 1); res = LOST  /* may land later */
+       fi
+     }
+#ifdef M_MARK_AFTER_SEND
+     atomic { CRASH(dispatch_after_write); mark_in_flight() }
+#endif
+     /* an exact readback of every row of the batch (send_blocking, classify_readback) */
+     atomic {
+       CRASH(dispatch_after_write);
+       pend = batch;
+       if
+       :: res == NOT_SENT -> pfs = batch
+       :: res == ANSWERED ->
+#ifdef M_CONFIRM_WITHOUT_READBACK
+          pok = batch
+#else
+          if
+          :: for (k : 0 .. N - 1) {
+               if :: HAS(batch, k) && rows[k] == 1 && !bad[k] -> pok = pok | BIT(k)
+                  :: else
+               fi
+             }
+          :: skip  /* the readback failed: unproven, uncertain */
+          fi
+#endif
+#ifdef M_LOST_ANSWER_IS_NOT_SENT
+       :: res == LOST -> pfs = batch
+#else
+       :: res == LOST -> skip  /* uncertain */
+#endif
+       fi;
+       batch = 0; res = 0; k = 0
+     }
+  od
+}
+
+#ifdef M_NO_LOCK
+#define ACQUIRE_LOCK skip
+#else
+#define ACQUIRE_LOCK lock == 0 -> lock = me  /* refused while another lives; started again later */
+#endif
+
+proctype Worker(byte me) {
+  byte i, k, n, last, nxt, take, batch, pend, pok, pfs, res, saw;
+  bool ok;
+restart:
+  atomic { ACQUIRE_LOCK }
+cycle:
+  /* recover: one commit makes every in-flight record uncertain (deliver.recover) */
+  atomic {
+    CRASH(recover_before_commit / dispatch_after_confirm);
+    for (k : 0 .. N - 1) {
+      if
+#ifdef M_RETRY_IN_FLIGHT
+      :: st[k] == IN_FLIGHT -> st[k] = FAILED_SAFE
+#elif defined(M_NO_RECOVER)
+      :: false
+#else
+      :: st[k] == IN_FLIGHT -> st[k] = UNCERTAIN; unc[k] = true
+#endif
+      :: else
+      fi
+    };
+    owed = 0;
+    for (k : 0 .. N - 1) {
+      if :: st[k] == UNCERTAIN -> owed = owed | BIT(k) :: else fi
+    };
+    k = 0
+  }
+#ifdef M_DISPATCH_BEFORE_RECONCILE
+  dispatch_pass();
+  reconcile_pass();
+#else
+  reconcile_pass();
+  dispatch_pass();
+#endif
+  goto cycle;
+crashed:
+  atomic {
+    if :: lock == me -> lock = 0; owed = 0 :: else fi;  /* the kernel drops the flock */
+    i = 0; k = 0; n = 0; last = 0; nxt = 0; take = 0; batch = 0; pend = 0; pok = 0;
+    pfs = 0; res = 0; saw = 0; ok = false;
+    goto restart
+  }
+}
+
+/* -- the target: a request in transit lands later, or never ---------------------------- */
+active proctype Target() {
+  byte m, k;
+end:
+  do
+  :: atomic { net ? m -> apply(m, false); in_transit(m, -1); m = 0 }
+  :: atomic { net ? m -> in_transit(m, -1); m = 0 }  /* dropped: never applied */
+  od
+}
+
+/* -- the operator's resolve (issue 19, `runner resolve`): under the worker lock (refused
+      while a worker lives), `not-sent` after a fresh readback shows no row; `confirmed`
+      after the operator checked the row by other means ------------------------------- */
+#define OPERATOR 9
+#ifdef NO_ASSUMPTION_A1
+#define A1(j) true
+#else
+/* assumption A1: no request carrying the record can still reach the target */
+#define A1(j) (intr[j] == 0)
+#endif
+#define MAY_RESOLVE(j) (lock == 0 && resolves < MAXRESOLVE && st[j] == UNCERTAIN)
+#ifdef M_RESOLVE_WITHOUT_READBACK
+#define FRESH_READBACK none = true
+#else
+/* one more exact readback; refused if a row is there or the target cannot be read */
+#define FRESH_READBACK if :: none = (rows[i] == 0) :: none = false fi
+#endif
+
+active proctype Operator() {
+  byte i;
+  bool none;
+end:
+  do
+  :: atomic {
+       /* --as not-sent: take the lock, read back */
+       if
+       :: !none && MAY_RESOLVE(0) && A1(0) -> i = 0
+       :: !none && MAY_RESOLVE(1) && A1(1) -> i = 1
+#if N == 3
+       :: !none && MAY_RESOLVE(2) && A1(2) -> i = 2
+#endif
+       fi;
+       lock = OPERATOR;
+       FRESH_READBACK;
+       if :: !none -> lock = 0; i = 0 :: else fi  /* refused */
+     }
+  :: atomic {
+       /* ... and record the decision: the record may be sent again */
+       none ->
+       if
+       :: st[i] == UNCERTAIN -> st[i] = FAILED_SAFE; unc[i] = false; resolves++
+       :: else
+       fi;
+       lock = 0; none = false; i = 0
+     }
+  :: atomic {
+       /* --as confirmed, on the operator's word after checking the row */
+       if
+       :: MAY_RESOLVE(0) && rows[0] == 1 && !bad[0] -> st[0] = CONFIRMED; resolves++
+       :: MAY_RESOLVE(1) && rows[1] == 1 && !bad[1] -> st[1] = CONFIRMED; resolves++
+#if N == 3
+       :: MAY_RESOLVE(2) && rows[2] == 1 && !bad[2] -> st[2] = CONFIRMED; resolves++
+#endif
+       fi
+     }
+  od
+}
+
+init {
+  byte w = 1;
+  atomic {
+    do
+    :: w <= WORKERS -> run Worker(w); w++
+    :: else -> break
+    od
+  }
+}
+
+/* -- the properties, each named after the guarantee it checks ------------------------- */
+#define ONE_ROW_AT_MOST(i)   (rows[i] <= 1)
+#define CONFIRMED_EXACT(i)   (st[i] != CONFIRMED || (rows[i] == 1 && !bad[i]))
+#define NOT_RESENT(i)        (!(unc[i] && st[i] == IN_FLIGHT))
+#define ACKED_STORED(i)      (!acked[i] || st[i] != NONE)
+#define NOT_IN_FLIGHT(i)     (st[i] != IN_FLIGHT)
+#define SETTLED(i)           (st[i] == CONFIRMED || st[i] == UNCERTAIN)
+
+/* never two target rows for one write_id */
+ltl no_duplicate_write { [] FORALL(ONE_ROW_AT_MOST) }
+/* a record is confirmed only while the target holds exactly its own row */
+ltl confirmed_by_readback { [] FORALL(CONFIRMED_EXACT) }
+/* an uncertain record is never sent again by runner (only an operator's not-sent) */
+ltl uncertain_never_resent { [] FORALL(NOT_RESENT) }
+/* every acknowledged record is in the store */
+ltl acknowledged_never_lost { [] FORALL(ACKED_STORED) }
+/* nothing is in flight while a reconcile call of the cycle is still owed */
+ltl no_dispatch_during_reconcile { [] (owed == 0 || FORALL(NOT_IN_FLIGHT)) }
+/* under weak fairness, every record ends confirmed or uncertain (and visible) */
+ltl every_record_settles { <> [] FORALL(SETTLED) }

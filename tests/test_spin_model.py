@@ -1,0 +1,162 @@
+"""The SPIN model of the delivery protocol (issue 20; ``model/``, docs/model.md).
+
+Two kinds of tests:
+
+* the table that ties the model to the code (``model/steps.toml``) is checked against
+  the code and the model, without SPIN: crash points named there exist in
+  ``runner.crashpoints.POINTS``, the model's ``CRASH(...)`` points and the table agree,
+  every delivery crash point is in the model, and each step's functions exist exactly
+  when the step says it is on main;
+* SPIN runs the model at small bounds: the five safety properties verify (a few seconds,
+  in the default run); the liveness property and every mutation (each must yield a
+  counterexample) are ``slow``.  CI also runs ``model/check.py`` at its larger bounds.
+
+Without ``spin`` (or a C compiler) the SPIN tests skip, unless ``RUNNER_REQUIRE_SPIN=1``
+or ``CI=true``, which make a missing SPIN a failure.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import pytest
+
+from model import check
+from runner.crashpoints import POINTS
+
+REQUIRE_ENV = "RUNNER_REQUIRE_SPIN"
+
+
+def _required() -> bool:
+    return os.environ.get(REQUIRE_ENV) == "1" or os.environ.get("CI") == "true"
+
+
+@pytest.fixture(scope="module")
+def spin_tools() -> tuple[str, str]:
+    try:
+        return check.tools()
+    except check.Unavailable as exc:
+        if _required():
+            pytest.fail(f"{exc}; {REQUIRE_ENV}=1 or CI=true requires it")
+        pytest.skip(f"{exc}; set {REQUIRE_ENV}=1 to make this a failure")
+
+
+def _resolve(dotted: str) -> Any:
+    """The object a dotted name names (module, then attributes); raises if it does not
+    exist."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+# -- the table --------------------------------------------------------------------------
+
+
+def test_every_crash_point_in_the_table_exists() -> None:
+    named = {p for step in check.load_steps() for p in step["crash_points"]}
+    missing = sorted(named - set(POINTS))
+    assert not missing, (f"model/steps.toml names crash points that runner/crashpoints.py "
+                         f"no longer has: {missing}; update the table and the model")
+
+
+def test_the_model_and_the_table_name_the_same_crash_points() -> None:
+    in_model = check.model_crash_points()
+    in_table = {p for step in check.load_steps() for p in step["crash_points"]}
+    assert in_model - in_table == set(), "CRASH(...) points of the model not in the table"
+    assert in_table - in_model == set(), "crash points of the table the model never reaches"
+
+
+def test_every_delivery_crash_point_is_modelled() -> None:
+    delivery = {p for p in POINTS if p.startswith(check.DELIVERY_POINTS)}
+    missing = sorted(delivery - check.model_crash_points())
+    assert not missing, (f"delivery crash points with no place in model/delivery.pml: "
+                         f"{missing}; model the step (or say in docs/model.md why not)")
+
+
+def test_each_step_names_code_that_exists_exactly_when_it_is_on_main() -> None:
+    for step in check.load_steps():
+        status = step["status"]
+        for name in step["code"]:
+            try:
+                _resolve(name)
+                found = True
+            except (ImportError, AttributeError):
+                found = False
+            if status == "main":
+                assert found, f"{name!r} (step {step['step']!r}) no longer exists"
+            else:
+                assert not found, (f"{name!r} exists now: mark the step {step['step']!r} "
+                                   f"as on main instead of {status!r}")
+
+
+def test_steps_are_complete_rows() -> None:
+    for step in check.load_steps():
+        assert set(step) == {"step", "model", "code", "crash_points", "status"}, step
+        assert step["status"] == "main" or step["status"].startswith(
+            ("issue ", "designed, issue ", "the world")), step
+
+
+def test_each_mutation_names_a_property_the_model_has() -> None:
+    formulas = check.ltl_formulas()
+    assert set(formulas) == set(check.PROPERTIES)
+    assert {m.breaks for m in check.MUTATIONS} == set(check.PROPERTIES)
+    text = check.MODEL.read_text(encoding="utf-8")
+    for m in check.MUTATIONS:
+        assert f"#ifdef {m.macro}" in text or f"defined({m.macro})" in text or (
+            f"#ifndef {m.macro}" in text), m.macro
+
+
+def test_the_recorded_figures_are_from_this_model() -> None:
+    """docs/model.md renders the latest bench/results/spin-*.json: it must come from the
+    model as it is (``python model/check.py --record`` after changing the model)."""
+    import hashlib
+    import json
+
+    files = sorted((check.ROOT / "bench" / "results").glob("spin-2*.json"))
+    assert files, "no bench/results/spin-*.json: run python model/check.py --record"
+    doc = json.loads(files[-1].read_text(encoding="utf-8"))
+    assert doc["ok"]
+    assert doc["model_sha256"] == hashlib.sha256(check.MODEL.read_bytes()).hexdigest(), (
+        f"{files[-1].name} was recorded from another version of model/delivery.pml: "
+        "run python model/check.py --record")
+
+
+# -- SPIN -------------------------------------------------------------------------------
+
+
+def _expect(outcomes: list[check.Outcome]) -> None:
+    bad = [o for o in outcomes if not o.ok]
+    assert not bad, "\n".join(f"{o.check}: expected {o.expect}, got {o.result} {o.detail}\n"
+                              f"{o.output[-2000:]}" for o in bad)
+
+
+def test_safety_properties_verify_at_small_bounds(spin_tools: tuple[str, str]) -> None:
+    spin, cc = spin_tools
+    outcomes = check.run_group("small", None, check.SAFETY, spin=spin, cc=cc)
+    _expect(outcomes)
+    assert all(o.states_stored and o.states_stored > 10_000 for o in outcomes)
+
+
+@pytest.mark.slow
+def test_every_record_settles_at_small_bounds(spin_tools: tuple[str, str]) -> None:
+    spin, cc = spin_tools
+    _expect(check.run_group("small", None, check.LIVENESS, spin=spin, cc=cc))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutation", check.MUTATIONS, ids=lambda m: m.macro)
+def test_mutation_yields_a_counterexample(spin_tools: tuple[str, str],
+                                          mutation: check.Mutation) -> None:
+    spin, cc = spin_tools
+    (outcome,) = check.run_group("small", mutation.macro, [mutation.breaks], spin=spin, cc=cc)
+    _expect([outcome])
+    assert outcome.errors and outcome.errors >= 1
