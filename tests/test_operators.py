@@ -372,5 +372,5 @@ def test_the_latest_guard_allows_exactly_the_transition_table() -> None:
     from runner.io.sqlite import schema
     from runner.states import allowed_pairs
 
-    assert sorted(schema.V7_TRANSITIONS) == sorted(allowed_pairs())
-    assert schema.LATEST == 7
+    assert sorted(schema.V9_TRANSITIONS) == sorted(allowed_pairs())
+    assert schema.LATEST == 9

@@ -107,9 +107,9 @@ def test_export_prune_and_read_after_the_floor(
     # reading on from the floor: every later event, no gap
     code, out, _ = _cli(capsys, "outbox", "export", "--db", db_location, "--after", "4")
     assert [json.loads(line)["seq"] for line in out.splitlines()] == list(range(5, 11))
-    # from below the floor: a clear error, nothing printed
+    # from below the floor: a clear error, no event printed (only the refusal's line)
     code, out, err = _cli(capsys, "outbox", "export", "--db", db_location, "--after", "2")
-    assert (code, out) == (65, "")
+    assert (code, out) == (65, '{"result":"refused","reason":"pruned"}\n')
     assert "pruned through seq 4" in err
 
     code, out, _ = _cli(capsys, "status", "--db", db_location)

@@ -215,11 +215,17 @@ async def _enable_wal(conn: aiosqlite.Connection) -> None:
     raise StoreBusy("store stayed locked while switching it to WAL; try again")
 
 
+#: the three in one statement, so one read snapshot: read apart, another process's
+#: store creation could commit between them (application id 0, then schema objects:
+#: "not a runner store")
+_HEADER = ("SELECT (SELECT user_version FROM pragma_user_version), "
+           "(SELECT application_id FROM pragma_application_id), "
+           "(SELECT count(*) FROM sqlite_master)")
+
+
 async def _read_header(conn: aiosqlite.Connection) -> tuple[int, int, int]:
-    """(user_version, application_id, number of schema objects)."""
-    (version,) = next(iter(await conn.execute_fetchall("PRAGMA user_version")))
-    (app_id,) = next(iter(await conn.execute_fetchall("PRAGMA application_id")))
-    (objects,) = next(iter(await conn.execute_fetchall("SELECT count(*) FROM sqlite_master")))
+    """(user_version, application_id, number of schema objects), read consistently."""
+    (version, app_id, objects) = next(iter(await conn.execute_fetchall(_HEADER)))
     return int(version), int(app_id), int(objects)
 
 
