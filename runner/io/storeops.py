@@ -9,6 +9,7 @@ own methods are the ones that run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
@@ -17,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio.from_thread
 
 from runner.clock import to_text
+from runner.errors import OutboxPruned
 from runner.lifecycle.results import ExpireResult, ReconcileResult, SweepResult
+from runner.retention import below_floor
 
 if TYPE_CHECKING:
     from runner.ids import WriteId
@@ -133,3 +136,29 @@ class SweepOps:
             crashpoints.hit("sweep.before-commit")  # written, not committed
         crashpoints.hit("sweep.after-commit")
         return result
+
+
+class RetentionOps:
+    """Outbox reads that vouch for the prune floor (``runner.retention``): each adapter
+    supplies ``_floor`` and ``_export_rows`` (``seq, kind, subject, payload, at`` rows)."""
+
+    if TYPE_CHECKING:
+        def _guard(self) -> AbstractAsyncContextManager[Any]: ...
+        async def _floor(self) -> int: ...
+        async def _export_rows(self, after_seq: int, limit: int) -> Sequence[Any]: ...
+
+    async def check_outbox_floor(self, after_seq: int) -> None:
+        """Raise OutboxPruned if events after ``after_seq`` were pruned (call after the
+        read it vouches for)."""
+        async with self._guard():
+            floor = await self._floor()
+        if (why := below_floor(after_seq, floor)) is not None:
+            raise OutboxPruned(why)
+
+    async def export_outbox(self, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """Events after ``after_seq`` in sequence order, at most ``limit``, whole."""
+        async with self._guard():
+            rows = await self._export_rows(after_seq, limit)
+        await self.check_outbox_floor(after_seq)
+        return [{"seq": int(r[0]), "kind": str(r[1]), "subject": r[2],
+                 "payload": json.loads(r[3]), "at": str(r[4])} for r in rows]

@@ -12,13 +12,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from runner.errors import OutboxPruned
 from runner.io.postgres.base import PostgresBase
+from runner.io.storeops import RetentionOps
 from runner.retention import (
     PruneFacts,
     PruneResult,
     RetentionState,
-    below_floor,
     plan_prune,
 )
 
@@ -42,28 +41,15 @@ WHERE o.seq > $1 AND o.seq <= $2 AND o.kind = ANY($3::text[])
 """
 
 
-class RetentionQueries(PostgresBase):
+class RetentionQueries(PostgresBase, RetentionOps):
     async def _floor(self) -> int:
         if self.schema_version < RETENTION_VERSION:
             return 0
         rows = await self._fetch("SELECT floor FROM {s}.outbox_retention")
         return int(rows[0]["floor"]) if rows else 0
 
-    async def check_outbox_floor(self, after_seq: int) -> None:
-        """Raise OutboxPruned if events after ``after_seq`` were pruned (call after the
-        read it vouches for)."""
-        async with self._guard():
-            floor = await self._floor()
-        if (why := below_floor(after_seq, floor)) is not None:
-            raise OutboxPruned(why)
-
-    async def export_outbox(self, after_seq: int, limit: int) -> list[dict[str, Any]]:
-        """Events after ``after_seq`` in sequence order, at most ``limit``, whole."""
-        async with self._guard():
-            rows = await self._fetch(_EXPORT, after_seq, limit)
-        await self.check_outbox_floor(after_seq)
-        return [{"seq": int(r["seq"]), "kind": str(r["kind"]), "subject": r["subject"],
-                 "payload": json.loads(r["payload"]), "at": str(r["at"])} for r in rows]
+    async def _export_rows(self, after_seq: int, limit: int) -> Sequence[Any]:
+        return await self._fetch(_EXPORT, after_seq, limit)
 
     async def retention_state(self) -> RetentionState:
         if self.schema_version < RETENTION_VERSION:

@@ -17,13 +17,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from runner.errors import OutboxPruned
 from runner.io.sqlite.base import SQLiteBase
+from runner.io.storeops import RetentionOps
 from runner.retention import (
     PruneFacts,
     PruneResult,
     RetentionState,
-    below_floor,
     plan_prune,
 )
 
@@ -32,28 +31,15 @@ _CURSOR = "raw-retriever:outbox"
 _EXPORT = "SELECT seq, kind, subject, payload, at FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?"
 
 
-class RetentionQueries(SQLiteBase):
+class RetentionQueries(SQLiteBase, RetentionOps):
     async def _floor(self) -> int:
         if self.schema_version < RETENTION_VERSION:
             return 0
         rows = await self._fetchall("SELECT floor FROM outbox_retention")
         return int(rows[0][0]) if rows else 0
 
-    async def check_outbox_floor(self, after_seq: int) -> None:
-        """Raise OutboxPruned if events after ``after_seq`` were pruned (call after the
-        read it vouches for)."""
-        async with self._guard():
-            floor = await self._floor()
-        if (why := below_floor(after_seq, floor)) is not None:
-            raise OutboxPruned(why)
-
-    async def export_outbox(self, after_seq: int, limit: int) -> list[dict[str, Any]]:
-        """Events after ``after_seq`` in sequence order, at most ``limit``, whole."""
-        async with self._guard():
-            rows = await self._fetchall(_EXPORT, (after_seq, limit))
-        await self.check_outbox_floor(after_seq)
-        return [{"seq": int(r[0]), "kind": str(r[1]), "subject": r[2],
-                 "payload": json.loads(r[3]), "at": str(r[4])} for r in rows]
+    async def _export_rows(self, after_seq: int, limit: int) -> Sequence[Any]:
+        return await self._fetchall(_EXPORT, (after_seq, limit))
 
     async def retention_state(self) -> RetentionState:
         if self.schema_version < RETENTION_VERSION:
