@@ -12,16 +12,18 @@ nothing, so it is simply run again (a few times); every other error is translate
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import asyncpg
 from asyncpg.transaction import Transaction
 
 from runner.errors import StoreBusy
+from runner.io.engine.db import Db, Row
+from runner.io.engine.queries import load
 from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
 from runner.io.postgres.lock import AdvisoryLock, Fence
@@ -32,12 +34,15 @@ from runner.storedata import ScopeData
 if TYPE_CHECKING:
     from runner.models import Scope
 
+QUERIES = load("runner.io.postgres")
+#: each query's SQL with ``$n`` placeholders, and its parameter names in that order
+NUMBERED = {name: (q.numbered(), q.params) for name, q in QUERIES.items()}
 _RETRIES = 5
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError,
               asyncpg.exceptions.SerializationError)
 
 
-class PostgresBase(PinnedScope):
+class PostgresBase(PinnedScope, Db):
     backend = "postgres"
 
     def __init__(
@@ -73,6 +78,32 @@ class PostgresBase(PinnedScope):
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
         return nullcontext() if self._inside() else self._lock
+
+    # -- the connection port (runner.io.engine.db.Db) ------------------------------------
+
+    async def fetch(self, name: str, /, **params: Any) -> Sequence[Row]:
+        sql, names = NUMBERED[name]
+        async with self._guard():
+            rows = await self._fetch(sql, *[params[n] for n in names])
+        return cast("Sequence[Row]", rows)  # a Record indexes by column number
+
+    async def execute(self, name: str, /, **params: Any) -> int:
+        sql, names = NUMBERED[name]
+        async with self._guard():
+            return await self._count(sql, *[params[n] for n in names])
+
+    async def execute_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        sql, names = NUMBERED[name]
+        async with self._guard():
+            try:
+                await self._conn.executemany(
+                    self._sql(sql), [[row[n] for n in names] for row in rows])
+            except connection.TRANSLATED as exc:
+                raise connection.translate(
+                    exc, "writing the store", self.location.where) from None
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        return self._transaction()
 
     async def _fetch(self, template: str, *args: Any) -> Sequence[asyncpg.Record]:
         sql = self._sql(template)
@@ -149,6 +180,6 @@ class PostgresBase(PinnedScope):
                 await self._rollback(transaction)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=1024)
 def _qualified(template: str, schema_ident: str) -> str:
     return render(template, schema_ident)

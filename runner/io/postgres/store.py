@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from runner.io.engine.figures import FigureOps
 from runner.io.postgres import connection
 from runner.io.postgres.candidates import CandidateQueries
 from runner.io.postgres.delivery import DeliveryQueries
 from runner.io.postgres.dsn import parse
-from runner.io.postgres.figures import FigureQueries
 from runner.io.postgres.leads import LeadQueries
 from runner.io.postgres.observe import ObserveQueries
 from runner.io.postgres.operators import OperatorQueries
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries,
+class PostgresStore(FigureOps, ObserveQueries, LeadQueries, DeliveryQueries,
                     OperatorQueries, CandidateQueries, PipelineWorkQueries,
                     PipelineLevelQueries):
     async def summary(self) -> StoreSummary:

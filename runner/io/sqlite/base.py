@@ -8,6 +8,7 @@ different transactions.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 import anyio
 
+from runner.io.engine.db import Db, Row
+from runner.io.engine.queries import load
 from runner.io.sqlite import connection
 from runner.io.storeops import PinnedScope
 from runner.storedata import ScopeData
@@ -25,7 +28,18 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteBase(PinnedScope):
+QUERIES = load("runner.io.sqlite")
+
+
+def _bindable(params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """SQLite binds no lists: a list goes as JSON text (the SQL reads it with json_each)."""
+    if any(isinstance(v, list | tuple) for v in params.values()):
+        return {k: json.dumps(v) if isinstance(v, list | tuple) else v
+                for k, v in params.items()}
+    return params
+
+
+class SQLiteBase(PinnedScope, Db):
     backend = "sqlite"
 
     def __init__(
@@ -39,9 +53,10 @@ class SQLiteBase(PinnedScope):
         # fast: an uncontended acquire does not yield first (every holder awaits its
         # statement at once, which yields anyway); a cancelled caller still stops here
         self._lock = anyio.Lock(fast_acquire=True)
-        #: the task inside reading(): only its reads skip the lock (it holds it already);
-        #: any other task waits, instead of running inside the read transaction
-        self._reader: object | None = None
+        #: the task inside reading() or transaction(): only its statements skip the lock
+        #: (it holds it already); any other task waits, instead of running inside the
+        #: open transaction
+        self._owner: object | None = None
 
     async def aclose(self) -> None:
         await connection.close_quietly(self._conn)
@@ -52,9 +67,33 @@ class SQLiteBase(PinnedScope):
         return FileLock(lock_path_for(self.path))
 
     def _guard(self) -> AbstractAsyncContextManager[Any]:
-        # inside reading() the lock is already ours (anyio.Lock is not reentrant)
-        inside = self._reader is not None and self._reader == anyio.get_current_task().id
+        # inside reading() or transaction() the lock is already ours (anyio.Lock is not
+        # reentrant)
+        inside = self._owner is not None and self._owner == anyio.get_current_task().id
         return nullcontext() if inside else self._lock
+
+    # -- the connection port (runner.io.engine.db.Db) ------------------------------------
+
+    async def fetch(self, name: str, /, **params: Any) -> Sequence[Row]:
+        async with self._guard():
+            return await self._fetchall(QUERIES[name].sql, _bindable(params))
+
+    async def execute(self, name: str, /, **params: Any) -> int:
+        async with self._guard():
+            try:
+                cursor = await self._conn.execute(QUERIES[name].sql, _bindable(params))
+                count = cursor.rowcount
+                await cursor.close()
+            except sqlite3.Error as exc:
+                raise connection.translate(exc, "writing the store", self.path) from None
+        return count
+
+    async def execute_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        async with self._guard():
+            await self._executemany(QUERIES[name].sql, [_bindable(r) for r in rows])
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        return self._transaction()
 
     async def _fetchall(
         self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()
@@ -84,6 +123,7 @@ class SQLiteBase(PinnedScope):
         never be left open on a shared connection)."""
         async with self._guard():
             await self._fetchall("BEGIN IMMEDIATE")
+            owner, self._owner = self._owner, anyio.get_current_task().id
             try:
                 yield
                 await self._fetchall("COMMIT")
@@ -91,15 +131,17 @@ class SQLiteBase(PinnedScope):
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await connection.rollback_quietly(self._conn)
                 raise
+            finally:
+                self._owner = owner
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[None]:
         """One consistent snapshot for several reads (a WAL read transaction)."""
         async with self._lock:
             await self._fetchall("BEGIN")
-            self._reader = anyio.get_current_task().id
+            self._owner = anyio.get_current_task().id
             try:
                 yield
             finally:
-                self._reader = None
+                self._owner = None
                 await connection.rollback_quietly(self._conn)

@@ -6,10 +6,10 @@ import sqlite3
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from runner.io.engine.figures import FigureOps
 from runner.io.sqlite import connection
 from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.delivery import DeliveryQueries
-from runner.io.sqlite.figures import FigureQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
 from runner.io.sqlite.operators import OperatorQueries
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteStore(FigureQueries, ObserveQueries, LeadQueries, DeliveryQueries, OperatorQueries,
+class SQLiteStore(FigureOps, ObserveQueries, LeadQueries, DeliveryQueries, OperatorQueries,
                   CandidateQueries, PipelineWorkQueries, PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)

@@ -1,0 +1,65 @@
+"""Named SQL, one ``queries.sql`` per dialect.
+
+A file is a list of blocks, each opened by a ``-- name: NAME`` line; parameters are
+written ``:param``.  SQLite binds ``:param`` itself; for PostgreSQL each name becomes a
+``$n`` (the same name the same number) and the values are passed in that order.  Names
+that start with ``_`` are a dialect's own (its hooks use them); every other name must be
+defined by both dialects with the same parameters (``tests/test_queries.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib.resources import files
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+# a quoted string, a quoted identifier or a comment is skipped whole; ``::type`` is a cast
+_PARAM = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)")
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    name: str
+    sql: str
+    #: the parameter names, in the order of first use
+    params: tuple[str, ...]
+
+    def numbered(self) -> str:
+        """The SQL with ``$n`` placeholders (``n`` is the name's place in ``params``)."""
+        place = {name: i for i, name in enumerate(self.params, 1)}
+
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            return match.group(0) if name is None else f"${place[name]}"
+
+        return _PARAM.sub(sub, self.sql)
+
+
+class QueryFileError(ValueError):
+    pass
+
+
+def parse(text: str) -> dict[str, Query]:
+    """Every named block of ``text``; text before the first name is a comment."""
+    marks = list(_NAME.finditer(text))
+    queries: dict[str, Query] = {}
+    for mark, after in zip(marks, [*marks[1:], None], strict=True):
+        name = mark.group(1)
+        body = text[mark.end(): after.start() if after else len(text)].strip()
+        sql = "\n".join(line for line in body.splitlines()
+                        if not line.lstrip().startswith("--")).strip()
+        if not sql:
+            raise QueryFileError(f"query {name!r} is empty")
+        if name in queries:
+            raise QueryFileError(f"query {name!r} is defined twice")
+        names = [m.group(1) for m in _PARAM.finditer(sql) if m.group(1)]
+        queries[name] = Query(name, sql, tuple(dict.fromkeys(names)))
+    return queries
+
+
+@cache
+def load(package: str) -> dict[str, Query]:
+    """The named queries of ``package``'s ``queries.sql`` (read once)."""
+    return parse(files(package).joinpath("queries.sql").read_text(encoding="utf-8"))
