@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "runner.commands.outbox",
     "runner.commands.serve",
     "runner.commands.operators",
+    "runner.commands.config",
 )
 
 #: which module registers each command: a command line naming one imports only that
@@ -49,6 +50,7 @@ COMMANDS = {
     "serve": "runner.commands.serve",
     "uncertain": "runner.commands.operators",
     "resolve": "runner.commands.operators",
+    "config": "runner.commands.config",
 }
 
 
@@ -91,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from runner import crashpoints
 
             crashpoints.check_environment()
+        if args_list[:1] != ["config"] and any(
+                a == "--config" or a.startswith("--config=") for a in args_list):
+            from runner import config  # a file's values join the command line
+
+            args_list = config.apply(build_parser(), args_list).argv
+            fmt = _log_format(args_list)
         args = build_parser(args_list).parse_args(args_list)
         logs.configure(fmt, getattr(args, "log_level", "info"),
                        log_file=getattr(args, "log_file", None))

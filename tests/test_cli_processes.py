@@ -44,6 +44,7 @@ ACTS: dict[str, tuple[str, set[str]]] = {
     # the arranged record is confirmed: resolve refuses it (65) and says so on stdout
     "resolve": ("resolve --db {db} --write-id w-none --as confirmed --reason smoke --dry-run",
                 {"result", "reason", "write_id"}),
+    "config": ("config show -- status --db {db}", {"command", "config", "values"}),
 }
 #: the exit code a smoke line ends with, where it is not 0
 EXIT = {"resolve": 65}

@@ -105,7 +105,7 @@ def test_the_raw_retriever_takes_hot_reconfiguration(
     db: str, workdir: Path, scope_file: Path
 ) -> None:
     config = write_json(workdir / "retriever.json", {"batch_size": 2})
-    child = Child("worker", "raw-retriever", "--db", db, "--config", config,
+    child = Child("worker", "raw-retriever", "--db", db, "--retriever-config", config,
                   "--poll-interval", "0.05")
     try:
         def claimed(c: Child) -> int:

@@ -70,6 +70,9 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
         parent.add_argument("--target", required=target == "required",
                             help="the synthetic target (a SQLite file)")
     parent.add_argument("--now", help="the current time, ISO-8601 with a timezone")
+    parent.add_argument("--config", metavar="FILE",
+                        help="read options from a TOML file (keys are the long flags "
+                             "without '--'; a flag on the command line wins)")
     parent.add_argument("--log-format", choices=["text", "json"], default="text")
     parent.add_argument("--log-file", metavar="PATH",
                         help="append log lines to PATH (0600) instead of stderr; reopened "

@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     worker.add_argument("name", choices=WORKER_NAMES)
     worker.add_argument("--cycles", type=number(int, 1, 10**9), metavar="N",
                         help="stop after N cycles (default: run until signalled)")
-    worker.add_argument("--config", metavar="FILE",
+    worker.add_argument("--retriever-config", metavar="FILE",
                         help="raw-retriever: its JSON config file, re-read before every "
                              "batch (batch_size, kinds, poll_interval)")
     worker.set_defaults(handler=cmd_worker)
@@ -109,7 +109,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     registry = registry_from(args)
-    config = retriever_config(args.config, settings)
+    config = retriever_config(args.retriever_config, settings)
     await require_store(args.db)
     def show(cycle: WorkerCycle) -> None:
         # every cycle of a finite run; an endless one skips idle cycles (no line a second)

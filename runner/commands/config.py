@@ -1,0 +1,52 @@
+"""``config show``: the effective configuration of a command line, and where each value
+came from (issue 19; ``runner.config``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from runner.commands.common import Parser, emit
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    config = sub.add_parser("config", help="show the effective configuration")
+    verbs = config.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    show = verbs.add_parser(
+        "show", help="print the options a command line would run with, each with where it "
+                     "came from: flag, file (--config) or default (changes nothing)")
+    show.add_argument("--config", metavar="FILE",
+                      help="a TOML file of options (keys are the long flags without '--')")
+    show.add_argument("words", nargs=argparse.REMAINDER, metavar="COMMAND ...",
+                      help="the command line to show (default: start)")
+    show.set_defaults(handler=cmd_show)
+
+
+async def cmd_show(args: argparse.Namespace) -> int:
+    from runner import config
+    from runner.cli import build_parser
+
+    parser = build_parser()
+    words = list(args.words or ["start"])
+    if words[0] == "--":
+        words = words[1:]
+    argv = [*words, *(["--config", args.config] if args.config else [])]
+    applied = config.apply(parser, argv)
+    namespace = parser.parse_args(applied.argv)
+    leaf, _ = config.leaf(parser, applied.argv)
+    assert leaf is not None  # parse_args found the command
+    values = {key: {"value": _plain(getattr(namespace, action.dest)),
+                    "from": applied.sources.get(action.dest, "default")}
+              for key, action in config.options(leaf).items()
+              if not key.startswith("config")}
+    emit({"command": " ".join(w for w in words if not w.startswith("-"))[:80],
+          "config": applied.path, "values": values})
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return str(value)
