@@ -31,6 +31,7 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from runner.io.systemd import Notifier
 from runner.tasks.deliver import CycleSummary
 from runner.worker import DurableWorker
 
@@ -188,9 +189,21 @@ class Shutdown:
             await self._stopped.wait()
 
 
-async def _watch_signals(signals: AsyncIterator[int], shutdown: Shutdown, tg: TaskGroup) -> None:
+async def _watch_signals(
+    signals: AsyncIterator[int], shutdown: Shutdown, tg: TaskGroup, notifier: Notifier
+) -> None:
     async for signum in signals:
+        first = not shutdown.stopping
         shutdown.on_signal(signum, tg)
+        if first:
+            notifier.stopping(f"stopping on {signal.Signals(signum).name}")
+
+
+def _status(cycle: int, summary: CycleSummary) -> str:
+    """A cycle's counts for the supervisor (systemd's STATUS=)."""
+    return (f"cycle {cycle}: {summary.dispatched} sent, {summary.confirmed} confirmed, "
+            f"{summary.uncertain} uncertain, {summary.failed_safe} failed-safe, "
+            f"{summary.polled} polled ({summary.poll_failed} failed)")
 
 
 async def _isolated(name: str, task: Callable[[], Awaitable[None]]) -> None:
@@ -212,6 +225,7 @@ async def _lead_loop(
     shutdown: Shutdown,
     emit: Callable[[CycleSummary], None],
     recovered_at_start: int,
+    notifier: Notifier,
 ) -> None:
     cycle, failing = 0, False
     heartbeat = Heartbeat(settings.heartbeat)
@@ -233,21 +247,28 @@ async def _lead_loop(
         failing = summary.poll_failed > 0
         heartbeat.count(summary)
         cycle += 1
+        if not shutdown.stopping:  # a cycle cut short by a stop is not progress
+            notifier.progressed(_status(cycle, summary))
         if settings.cycles is not None and cycle >= settings.cycles:
             return
-        await _wait(shutdown, settings.interval, heartbeat)
+        await _wait(shutdown, settings.interval, heartbeat, notifier)
 
 
-async def _wait(shutdown: Shutdown, interval: float, heartbeat: Heartbeat) -> None:
-    """Wait ``interval`` seconds between cycles, writing heartbeats when due; returns at
-    once when a stop is asked for."""
+async def _wait(
+    shutdown: Shutdown, interval: float, heartbeat: Heartbeat, notifier: Notifier
+) -> None:
+    """Wait ``interval`` seconds between cycles (monotonic), writing heartbeats and
+    feeding the supervisor's watchdog when due; returns at once when a stop is asked
+    for."""
     end = anyio.current_time() + interval
     while not shutdown.stopping:
         heartbeat.beat_if_due()
-        left = end - anyio.current_time()
+        notifier.ping_if_due()
+        now = anyio.current_time()
+        left = end - now
         if left <= 0:
             return
-        await shutdown.sleep(min(left, max(heartbeat.due - anyio.current_time(), 0.0)))
+        await shutdown.sleep(min(left, max(min(heartbeat.due, notifier.next_ping) - now, 0.0)))
 
 
 async def run(
@@ -258,6 +279,7 @@ async def run(
     services: Sequence[Service] = (),
     started: Callable[[], None] | None = None,
     drain: Drainable | None = None,
+    notifier: Notifier | None = None,
 ) -> int:
     """Run the lead loop (and background tasks, and services) until ``cycles`` or a
     signal.  Returns the exit code.  Raises LockHeld at once if another worker holds the
@@ -268,27 +290,36 @@ async def run(
     covers (pipeline workers) finish what is pending before the run ends, for at most
     ``grace`` seconds; a signal ends the drain at once.  Without ``drain``, or when a
     signal ends the run, background tasks are simply cancelled: their work is durable
-    and retried (P5), and the next run picks it up."""
+    and retried (P5), and the next run picks it up.
+
+    ``notifier`` (default: from ``$NOTIFY_SOCKET``) tells a supervisor (systemd) when the
+    run is ready, how each cycle went, and when it stops (``runner.io.systemd``)."""
     shutdown = Shutdown(settings.grace)
+    notifier = Notifier.from_env() if notifier is None else notifier
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         try:
             async with worker.hold_lock() as recovered, anyio.create_task_group() as tg:
-                tg.start_soon(_watch_signals, signals, shutdown, tg)
+                tg.start_soon(_watch_signals, signals, shutdown, tg, notifier)
                 if started is not None:
                     started()
+                notifier.ready(f"lock held, {recovered} recovered")
                 for name, task in background:
                     tg.start_soon(_isolated, name, task)
                 async with anyio.create_task_group() as serving:
                     for service in services:
                         await serving.start(service.run, shutdown)
-                    await _lead_loop(worker, settings, shutdown, emit, recovered)
+                    await _lead_loop(worker, settings, shutdown, emit, recovered, notifier)
                     if drain is not None and not shutdown.stopping:
                         await _drain(drain, shutdown, settings.grace)
                     for service in services:  # drain what was received, then stop
                         service.stop()
+                if not shutdown.stopping:
+                    notifier.stopping("the last cycle is done")
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             raise _unwrap(group) from None
+        finally:
+            notifier.close()
     return shutdown.exit_code
 
 
