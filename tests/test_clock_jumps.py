@@ -10,9 +10,11 @@ ahead): a time in the store after ``now`` counts as ``now``, so nothing starves.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 
 from runner import DurableWorker
@@ -20,12 +22,15 @@ from runner.clock import FixedClock
 from runner.errors import RuleViolation
 from runner.io.synthetic_target import SyntheticTarget
 from runner.lifecycle import rules
+from runner.loop import LoopSettings, run
 from runner.models import Scope
 from runner.pipeline.engine import default_registry
 from runner.pipeline.funnel import LeadFacts
 from runner.pipeline.jobs import run_job
 from runner.pipeline.model import CLOCK_HORIZON_MS
 from runner.store import Store
+from runner.tasks.deliver import CycleSummary
+from tests.fakes import ScriptedAdapter
 from tests.helpers import SCOPE, event
 from tests.pipeline_fixtures import NOW, lead_history
 
@@ -98,3 +103,76 @@ async def test_the_store_refuses_an_analysis_or_promotion_before_creation(
         await store.begin_promotion("c1", T0 - timedelta(seconds=1))
     assert info.value.reason == "before_creation"
     assert (await store.begin_promotion("c1", T0)).status.value == "promoting"
+
+
+# -- the lead loop's schedule: the monotonic clock ---------------------------------------
+
+
+class SteppedLoop(asyncio.SelectorEventLoop):
+    """An event loop whose monotonic clock a test moves on (as a suspend would, on a
+    clock that counts it): every timer due by then fires at once."""
+
+    offset = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.offset
+
+
+def test_the_lead_loop_waits_on_the_monotonic_clock_and_a_jump_ahead_is_one_cycle(
+        workdir: Path) -> None:
+    loops: list[SteppedLoop] = []
+
+    def make_loop() -> SteppedLoop:
+        loops.append(SteppedLoop())
+        return loops[-1]
+
+    summaries: list[CycleSummary] = []
+    after: list[int] = []
+
+    async def main() -> int:
+        cycled = [anyio.Event(), anyio.Event()]
+
+        def emit(summary: CycleSummary) -> None:
+            summaries.append(summary)
+            if len(summaries) <= 2:
+                cycled[len(summaries) - 1].set()
+
+        async def jumper() -> None:
+            await cycled[0].wait()  # the loop now waits its 60 s interval
+            loops[0].offset += 3600  # an hour passes unseen
+            await cycled[1].wait()  # the wait ended: one cycle
+            await anyio.sleep(0.5)  # an observation window: no catch-up burst follows
+            after.append(len(summaries))
+            loops[0].offset += 60  # the next interval passes: the last cycle
+
+        async with DurableWorker(str(workdir / "q.db"), SCOPE,
+                                 ScriptedAdapter(workdir / "t.db")) as worker:
+            await worker.accept(event(1))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(jumper)
+                return await run(worker, LoopSettings(cycles=3, interval=60), emit)
+
+    code = anyio.run(main, backend_options={"loop_factory": make_loop})
+    assert code == 0
+    assert after == [2]
+    assert [s.confirmed for s in summaries] == [1, 0, 0]
+
+
+async def test_the_wall_clock_set_back_a_day_neither_stalls_nor_repeats_the_cycles(
+        workdir: Path, db_location: str) -> None:
+    clock = FixedClock(T0)
+    summaries: list[CycleSummary] = []
+
+    def emit(summary: CycleSummary) -> None:
+        summaries.append(summary)
+        clock.at -= timedelta(days=1)  # between cycles, the host clock goes back a day
+
+    adapter = ScriptedAdapter(workdir / "t.db")
+    async with DurableWorker(db_location, SCOPE, adapter, clock=clock) as worker:
+        await worker.accept(event(1))
+        with anyio.fail_after(60):
+            code = await run(worker, LoopSettings(cycles=3, interval=0.01), emit)
+    assert code == 0
+    assert [s.confirmed for s in summaries] == [1, 0, 0]
+    assert [s.polled for s in summaries] == [1, 1, 1]  # polled "in the future": again
+    assert len(adapter.writes) == 1

@@ -145,6 +145,38 @@ async def test_an_overrun_is_followed_by_one_late_run_not_a_burst() -> None:
     assert sweeper.calls[:3] == [START, START + timedelta(minutes=12), t(12, 20)]
 
 
+class JumpingTime(FakeTime):
+    """A wall clock that jumps by ``jump`` during the first sleep (a clock set back or
+    forward, or a suspend the monotonic sleep did not count)."""
+
+    def __init__(self, moment: datetime, jump: timedelta) -> None:
+        super().__init__(moment)
+        self.jump: timedelta | None = jump
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(seconds)
+        if self.jump is not None:
+            self.at += self.jump
+            self.jump = None
+
+
+async def test_a_clock_set_back_an_hour_delays_the_next_sweep_by_at_most_one_interval() -> None:
+    time = JumpingTime(START, timedelta(hours=-1))
+    sweeper = FakeSweeper(time, want=3)
+    await run_until_done(sweeper, time)
+    # after the jump the wall clock reads 11:05; the next run is at 11:10, not at 12:05
+    assert sweeper.calls[:3] == [START, t(11, 10), t(11, 15)]
+    assert max(time.sleeps) <= 300
+
+
+async def test_a_suspend_or_a_jump_ahead_gives_one_late_sweep_then_the_schedule() -> None:
+    time = JumpingTime(START, timedelta(hours=3))
+    sweeper = FakeSweeper(time, want=3)
+    await run_until_done(sweeper, time)
+    # three hours passed unseen: one sweep at once (not 36 catch-up runs), then aligned
+    assert sweeper.calls[:3] == [START, t(15, 5), t(15, 10)]
+
+
 async def test_sub_second_intervals_align_too() -> None:
     time = FakeTime(t(12, 0, 0.1))
     sweeper = FakeSweeper(time, want=3, takes={1: 0, 2: 0, 3: 0})

@@ -70,9 +70,19 @@ async def sweep_once(store: CandidateSweeper, now: datetime) -> SweepResult | No
     return result
 
 
-async def sleep_until(target: datetime, clock: Clock, sleep: Sleep) -> None:
-    """Wait until the clock reads ``target`` (sleeping again if woken early)."""
+async def sleep_until(target: datetime, clock: Clock, sleep: Sleep, interval: float) -> None:
+    """Wait until the clock reads ``target``: sleeping (on the monotonic clock) and reading
+    the wall clock again after each sleep.
+
+    The wall clock may move under a sleep.  Forward (a jump, or a suspend that the
+    monotonic sleep did not count): the target has passed, the wait ends, and one late run
+    follows, never a burst.  Back (more than ``interval`` left): the target is aligned
+    again from the clock's new time, so a clock set back an hour delays the next run by at
+    most one interval, never by the hour."""
     while (remaining := (target - clock.now()).total_seconds()) > 0:
+        if remaining > interval:
+            target = next_run(clock.now(), interval)
+            continue
         await sleep(remaining)
 
 
@@ -95,7 +105,7 @@ async def run_sweep_schedule(
     while True:
         started = clock.now()
         await sweep_once(store, started)
-        await sleep_until(next_run(started, interval), clock, sleep)
+        await sleep_until(next_run(started, interval), clock, sleep, interval)
 
 
 def sweep_background_task(
