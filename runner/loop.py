@@ -31,6 +31,7 @@ from typing import Protocol
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
+from runner.alerts import Alerts
 from runner.io.systemd import Notifier
 from runner.tasks.deliver import CycleSummary
 from runner.worker import DurableWorker
@@ -226,6 +227,7 @@ async def _lead_loop(
     emit: Callable[[CycleSummary], None],
     recovered_at_start: int,
     notifier: Notifier,
+    alerts: Alerts | None,
 ) -> None:
     cycle, failing = 0, False
     heartbeat = Heartbeat(settings.heartbeat)
@@ -249,6 +251,9 @@ async def _lead_loop(
         cycle += 1
         if not shutdown.stopping:  # a cycle cut short by a stop is not progress
             notifier.progressed(_status(cycle, summary))
+            if alerts is not None:
+                figures = await worker.store.lead_figures()
+                alerts.cycle_done(summary, figures, anyio.current_time(), worker.clock.now())
         if settings.cycles is not None and cycle >= settings.cycles:
             return
         await _wait(shutdown, settings.interval, heartbeat, notifier)
@@ -280,6 +285,7 @@ async def run(
     started: Callable[[], None] | None = None,
     drain: Drainable | None = None,
     notifier: Notifier | None = None,
+    alerts: Alerts | None = None,
 ) -> int:
     """Run the lead loop (and background tasks, and services) until ``cycles`` or a
     signal.  Returns the exit code.  Raises LockHeld at once if another worker holds the
@@ -293,7 +299,9 @@ async def run(
     and retried (P5), and the next run picks it up.
 
     ``notifier`` (default: from ``$NOTIFY_SOCKET``) tells a supervisor (systemd) when the
-    run is ready, how each cycle went, and when it stops (``runner.io.systemd``)."""
+    run is ready, how each cycle went, and when it stops (``runner.io.systemd``).
+    ``alerts`` runs the operator's alert command when something needs a person
+    (``runner.alerts``); what it queued is sent before the run ends."""
     shutdown = Shutdown(settings.grace)
     notifier = Notifier.from_env() if notifier is None else notifier
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -303,24 +311,41 @@ async def run(
                 if started is not None:
                     started()
                 notifier.ready(f"lock held, {recovered} recovered")
+                if alerts is not None:
+                    alerts.started(anyio.current_time())
+                    tg.start_soon(alerts.run_sender)
+                    tg.start_soon(_watch_stalls, alerts)
                 for name, task in background:
                     tg.start_soon(_isolated, name, task)
                 async with anyio.create_task_group() as serving:
                     for service in services:
                         await serving.start(service.run, shutdown)
-                    await _lead_loop(worker, settings, shutdown, emit, recovered, notifier)
+                    await _lead_loop(worker, settings, shutdown, emit, recovered, notifier,
+                                     alerts)
                     if drain is not None and not shutdown.stopping:
                         await _drain(drain, shutdown, settings.grace)
                     for service in services:  # drain what was received, then stop
                         service.stop()
                 if not shutdown.stopping:
                     notifier.stopping("the last cycle is done")
+                if alerts is not None and not shutdown.hard:
+                    with anyio.move_on_after(2 * alerts.settings.timeout):
+                        await alerts.flush()
                 tg.cancel_scope.cancel()
         except BaseExceptionGroup as group:
             raise _unwrap(group) from None
         finally:
             notifier.close()
     return shutdown.exit_code
+
+
+async def _watch_stalls(alerts: Alerts) -> None:
+    """Check for a stalled cycle when one would begin (a task of the run)."""
+    while True:
+        due = alerts.next_stall_check()
+        left = due - anyio.current_time()
+        await anyio.sleep(min(max(left, 0.05), alerts.settings.cycle_stall))
+        alerts.check_stall(anyio.current_time())
 
 
 async def _drain(drain: Drainable, shutdown: Shutdown, grace: float) -> None:

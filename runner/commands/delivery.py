@@ -24,6 +24,7 @@ from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 
 if TYPE_CHECKING:
     from runner import loop
+    from runner.alerts import AlertSettings
     from runner.pipeline.workers import Drain
     from runner.tasks.deliver import CycleSummary
     from runner.worker import DurableWorker
@@ -41,6 +42,59 @@ def _poll_option(parser: argparse.ArgumentParser) -> None:
                                           f"{DEFAULT_POLL_LIMIT})")
 
 
+def _alert_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--alert-command", metavar="CMD",
+                        help="run CMD (split like a shell line, not run by a shell) with a "
+                             "JSON alert on stdin when something needs a person: records "
+                             "became uncertain, one waits too long, polls keep failing, a "
+                             "cycle stalls, the store fails")
+    parser.add_argument("--alert-uncertain-age", type=number(float, 1, 30 * MAX_SECONDS),
+                        default=3600.0, metavar="S",
+                        help="alert when the oldest uncertain record was accepted more "
+                             "than S seconds ago (default 3600)")
+    parser.add_argument("--alert-poll-failures", type=number(int, 1, MAX_COUNT), default=3,
+                        metavar="N", help="alert after N poll passes in a row read nothing "
+                                          "(default 3)")
+    parser.add_argument("--alert-cycle-stall", type=number(float, 0.1, MAX_SECONDS),
+                        default=600.0, metavar="S",
+                        help="alert when no cycle completes for S seconds (default 600; "
+                             "more than --interval)")
+    parser.add_argument("--alert-repeat", type=number(float, 1, MAX_SECONDS),
+                        default=3600.0, metavar="S",
+                        help="repeat a lasting alert every S seconds, no sooner "
+                             "(default 3600)")
+    parser.add_argument("--alert-timeout", type=number(float, 0.1, 600), default=10.0,
+                        metavar="S", help="kill the alert command after S seconds "
+                                          "(default 10)")
+
+
+def alert_settings(args: argparse.Namespace) -> AlertSettings | None:
+    """The alert settings of a command line (None: no --alert-command), checked."""
+    command = getattr(args, "alert_command", None)
+    if command is None:
+        return None
+    import shlex
+
+    from runner.alerts import AlertSettings
+    from runner.storedata import describe_location, is_postgres
+
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise UsageError(f"--alert-command: {exc}") from None
+    if not argv:
+        raise UsageError("--alert-command is empty")
+    interval = getattr(args, "interval", 0.0)
+    if args.alert_cycle_stall <= interval:
+        raise UsageError(f"--alert-cycle-stall ({args.alert_cycle_stall:g}s) must be more "
+                         f"than --interval ({interval:g}s): waiting is not a stall")
+    return AlertSettings(
+        argv, uncertain_age=args.alert_uncertain_age, poll_failures=args.alert_poll_failures,
+        cycle_stall=args.alert_cycle_stall, repeat=args.alert_repeat,
+        timeout=args.alert_timeout,
+        store=describe_location(args.db) if is_postgres(args.db) else args.db)
+
+
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     faults = ("inject a fault into every target call of the run: outage, timeout, "
               "crash-after-write, crash-before-write, read-error; or crash-at:POINT[@N] to "
@@ -52,6 +106,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _poll_option(once)
     once.add_argument("--dispatch-limit", type=number(int, 1, MAX_COUNT), metavar="N",
                       help="send at most N records per cycle (default: all)")
+    _alert_options(once)
     once.set_defaults(handler=cmd_once)
 
     start = sub.add_parser(
@@ -89,6 +144,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                        help="the raw retriever's JSON config file (re-read before every "
                             "batch)")
     plugin_option(start, "import MODULE and call its register(registry)")
+    _alert_options(start)
     from runner.commands.serve import health_option, listen_options
 
     listen_options(start, required=False)
@@ -153,28 +209,43 @@ async def _run(
     drain: loop.Drainable | None = None,
 ) -> int:
     from runner import loop
+    from runner.errors import StoreError, TargetUnavailable
 
     options = None
     if getattr(args, "listen", None) is not None:
         from runner.commands.serve import http_options
 
         options = http_options(args)  # bad secrets, a public address: before anything
+    alerting = alert_settings(args)
+    alerts = None
+    if alerting is not None:
+        from runner.alerts import Alerts
+
+        alerts = Alerts(alerting)
     _probe_lock(args)
-    async with open_worker(args) as worker:
-        if options is None:
-            return await loop.run(worker, settings, _emit_cycle, background,
-                                  started=started, drain=drain)
-        from runner.commands.serve import build_service
+    try:
+        async with open_worker(args) as worker:
+            if options is None:
+                return await loop.run(worker, settings, _emit_cycle, background,
+                                      started=started, drain=drain, alerts=alerts)
+            from runner.commands.serve import build_service
 
-        service = build_service(options, worker, mode="start", grace=settings.grace,
-                                interval=settings.interval)
+            service = build_service(options, worker, mode="start", grace=settings.grace,
+                                    interval=settings.interval)
 
-        def emit_and_count(summary: CycleSummary) -> None:
-            service.on_cycle(summary)
-            _emit_cycle(summary)
+            def emit_and_count(summary: CycleSummary) -> None:
+                service.on_cycle(summary)
+                _emit_cycle(summary)
 
-        return await loop.run(worker, settings, emit_and_count, background, [service],
-                              started=started, drain=drain)
+            return await loop.run(worker, settings, emit_and_count, background, [service],
+                                  started=started, drain=drain, alerts=alerts)
+    except StoreError as exc:
+        if alerts is not None and not isinstance(exc, TargetUnavailable):
+            import anyio
+
+            with anyio.CancelScope(shield=True):
+                await alerts.send_now(alerts.store_failed(exc.reason, exc.message))
+        raise
 
 
 def _probe_lock(args: argparse.Namespace) -> None:
