@@ -79,7 +79,7 @@ class DispatchSteps(Protocol):
     record costs no hop between the event loop and a thread; these are the same
     transitions as the Store's async methods, blocking.  SQLite makes them on a connection
     of their own; other stores bridge back to their async methods on the event loop
-    (:class:`runner.io.storeops.LoopDispatchSteps`)."""
+    (:class:`runner.io.engine.delivery.LoopDispatchSteps`)."""
 
     def finish_and_mark(
         self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime

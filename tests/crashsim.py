@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.invariants import DELETED_TABLE
-from runner.io.storeops import loop_dispatch_steps
+from runner.io.engine.delivery import loop_dispatch_steps
 from runner.io.synthetic_target import SyntheticTarget
 from runner.models import CRMRecord
 from runner.port import BeforeWriteError, Observation, TargetReadError, TargetRow

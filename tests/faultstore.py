@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from runner.errors import StoreError
-from runner.io.storeops import loop_dispatch_steps
+from runner.io.engine.delivery import loop_dispatch_steps
 
 #: attributes that are not operations
 PLAIN = frozenset({"backend", "scope", "path", "schema_version", "aclose", "__aenter__",

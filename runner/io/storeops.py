@@ -10,12 +10,10 @@ own methods are the ones that run.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
-
-import anyio.from_thread
+from typing import TYPE_CHECKING, Any
 
 from runner.clock import to_text
 from runner.errors import OutboxPruned
@@ -23,39 +21,10 @@ from runner.lifecycle.results import ExpireResult, ReconcileResult, SweepResult
 from runner.retention import below_floor
 
 if TYPE_CHECKING:
-    from runner.ids import WriteId
     from runner.lifecycle.results import SweepFunction
     from runner.models import Scope
-    from runner.states import LeadState
     from runner.storedata import ScopeData
     from runner.storework import ObservationWrite
-
-
-class _Finishing(Protocol):
-    async def finish_and_mark(
-        self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
-    ) -> int | None: ...
-
-
-class LoopDispatchSteps:
-    """Dispatch steps (``runner.store.DispatchSteps``) that run a store's own async
-    ``finish_and_mark`` on the event loop, called from the dispatch run's worker thread:
-    for a store whose driver is async (asyncpg), and for test wrappers that count or fail
-    the store's operations.  Each step is one hop back to the loop."""
-
-    def __init__(self, store: _Finishing) -> None:
-        self._store = store
-
-    def finish_and_mark(
-        self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
-    ) -> int | None:
-        return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now)
-
-
-@asynccontextmanager
-async def loop_dispatch_steps(store: _Finishing) -> AsyncIterator[LoopDispatchSteps]:
-    """``Store.dispatch_steps`` for a store whose operations are all async."""
-    yield LoopDispatchSteps(store)
 
 
 class PinnedScope:

@@ -45,32 +45,21 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 LIMIT 1
 """
 
-def fence_held(pid: str, classid: str, objid: str) -> str:
-    """SQL that is true while session ``pid`` holds the advisory lock ``(classid, objid)``
-    in this database (the arguments are the statement's placeholders; see ``Fence``)."""
-    return f"""
-EXISTS (SELECT 1 FROM pg_catalog.pg_locks l
-        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-          AND l.pid = {pid} AND l.classid = {classid} AND l.objid = {objid}
-          AND l.database = (SELECT oid FROM pg_catalog.pg_database
-                            WHERE datname = current_database()))
-"""
-
-
 _APP_NAME = re.compile(r"runner pid=(\d+)(?: host=(\S+))?")
 
 
 @dataclass(frozen=True)
 class Fence:
     """Which session holds the worker lock: an in-flight mark proceeds only while it
-    still does (a check in the same statement, ``fence_held``)."""
+    still does (a check in the same statement: ``_finish_and_mark_fenced`` in
+    queries.sql)."""
 
     backend_pid: int
     classid: int
     objid: int
 
-    def args(self) -> tuple[int, int, int]:
-        return self.backend_pid, self.classid, self.objid
+    def params(self) -> dict[str, int]:
+        return {"pid": self.backend_pid, "classid": self.classid, "objid": self.objid}
 
 
 def worker_lock_key(schema: str, scope: ScopeData | None) -> int:

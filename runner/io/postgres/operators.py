@@ -58,7 +58,7 @@ class OperatorQueries(PostgresBase):
         return [uncertain_row(r) for r in rows]
 
     async def resolve_subject(self, write_id: WriteId) -> ResolveSubject | None:
-        from runner.io.postgres.delivery import _work
+        from runner.io.engine.delivery import lead_work as _work
         from runner.storework import ResolveSubject
 
         async with self._guard():
@@ -66,7 +66,7 @@ class OperatorQueries(PostgresBase):
         if not rows:
             return None
         row = rows[0]
-        return ResolveSubject(work=_work(row), tenant_id=str(row["tenant_id"]),
+        return ResolveSubject(work=_work(row[:5]), tenant_id=str(row["tenant_id"]),
                               attempts=int(row["attempts"]))
 
     async def record_operator_decision(self, decision: Decision, now: datetime) -> None:

@@ -26,6 +26,73 @@ SELECT first_at FROM {s}.poll_health WHERE recovered_at IS NULL ORDER BY run DES
 -- ==== delivery ======================================================================
 
 
+-- name: pinned_target
+SELECT target_id FROM {s}.target_pin
+
+-- name: pin_target
+INSERT INTO {s}.target_pin (target_id, pinned_at) VALUES (:target_id, :now)
+ON CONFLICT (only_row) DO NOTHING
+
+-- name: recover_in_flight
+UPDATE {s}.leads SET state = 'uncertain', updated_at = :now
+WHERE state = 'in_flight' RETURNING source_lead_id
+
+-- name: uncertain_page
+SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
+WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit
+
+-- name: dispatchable_page
+SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
+WHERE state IN ('prepared', 'failed_safe') AND seq > :after_seq
+ORDER BY seq LIMIT :limit
+
+-- name: finish_and_mark
+-- one statement, so one commit, for both rows: the outcome of the send that finished
+-- (:done, in_flight -> :outcome) and the in-flight mark of the next one (:next); either
+-- may be NULL; each row is guarded by the state it must be in (the row lock an UPDATE
+-- takes makes the check and the change one step, also against a concurrent writer), and
+-- the triggers write both state_changed events
+UPDATE {s}.leads SET
+    state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END,
+    attempts = attempts + CASE WHEN write_id = :next THEN 1 ELSE 0 END,
+    updated_at = :now
+WHERE (write_id = :done AND state = 'in_flight')
+   OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
+RETURNING write_id, attempts
+
+-- name: _finish_and_mark_fenced
+-- finish_and_mark while this store holds the worker lock (runner.io.postgres.lock):
+-- nothing at all changes once the lock's session (:pid) no longer holds the advisory lock
+-- (:classid, :objid); the first column says whether it did (one row at least)
+WITH fence AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.pid = :pid AND l.classid = :classid AND l.objid = :objid
+          AND l.database = (SELECT oid FROM pg_catalog.pg_database
+                            WHERE datname = current_database())) AS held
+),
+changed AS (
+    UPDATE {s}.leads SET
+        state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END,
+        attempts = attempts + CASE WHEN write_id = :next THEN 1 ELSE 0 END,
+        updated_at = :now
+    WHERE (SELECT held FROM fence)
+      AND ((write_id = :done AND state = 'in_flight')
+           OR (write_id = :next AND state IN ('prepared', 'failed_safe')))
+    RETURNING write_id, attempts
+)
+SELECT fence.held, changed.write_id, changed.attempts FROM fence LEFT JOIN changed ON true
+
+-- name: record_reconcile
+UPDATE {s}.leads SET reconcile_attempts = reconcile_attempts + 1,
+    state = CASE WHEN :ok THEN 'confirmed' ELSE state END,
+    reconcile_note = coalesce(:note, reconcile_note),
+    last_reconcile = coalesce(:outcome::text, last_reconcile),
+    last_reconcile_at = CASE WHEN :outcome::text IS NULL THEN last_reconcile_at ELSE :now END,
+    updated_at = :now
+WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq
+
 -- ==== (end delivery) ==================================================================
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.figures import FigureOps
 from runner.io.postgres import connection
 from runner.io.postgres.candidates import CandidateQueries
-from runner.io.postgres.delivery import DeliveryQueries
+from runner.io.postgres.delivery import FencedMark
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadQueries
 from runner.io.postgres.observe import ObserveQueries
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(FigureOps, ObserveQueries, LeadQueries, DeliveryQueries,
+class PostgresStore(FigureOps, ObserveQueries, LeadQueries, FencedMark, DeliveryOps,
                     OperatorQueries, CandidateQueries, PipelineWorkQueries,
                     PipelineLevelQueries):
     async def summary(self) -> StoreSummary:

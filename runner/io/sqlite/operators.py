@@ -68,7 +68,7 @@ class OperatorQueries(SQLiteBase):
         return [uncertain_row(r) for r in rows]
 
     async def resolve_subject(self, write_id: WriteId) -> ResolveSubject | None:
-        from runner.io.sqlite.delivery import _work
+        from runner.io.engine.delivery import lead_work as _work
         from runner.storework import ResolveSubject
 
         async with self._guard():

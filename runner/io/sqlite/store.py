@@ -6,10 +6,11 @@ import sqlite3
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.figures import FigureOps
 from runner.io.sqlite import connection
 from runner.io.sqlite.candidates import CandidateQueries
-from runner.io.sqlite.delivery import DeliveryQueries
+from runner.io.sqlite.delivery import BlockingDispatch
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
 from runner.io.sqlite.operators import OperatorQueries
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteStore(FigureOps, ObserveQueries, LeadQueries, DeliveryQueries, OperatorQueries,
-                  CandidateQueries, PipelineWorkQueries, PipelineLevelQueries):
+class SQLiteStore(FigureOps, ObserveQueries, LeadQueries, BlockingDispatch, DeliveryOps,
+                  OperatorQueries, CandidateQueries, PipelineWorkQueries,
+                  PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         retention = await self.retention_state()

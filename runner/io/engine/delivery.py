@@ -1,0 +1,149 @@
+"""Delivery (SPEC L4-L8): the target pin, recovery, the work pages and the send
+transitions, written once.
+
+Each operation is one statement, so one call and one transaction; the outbox events are
+written by the schema's triggers in the same transaction.  Every transition names the
+state it expects in its WHERE clause: a stale or repeated call updates nothing instead of
+moving a record along the wrong edge, and the engine refuses what it did not change.
+
+The send transitions are one statement, ``finish_and_mark``: the outcome of the send that
+finished (``done``: in_flight -> outcome) and the in-flight mark of the next one
+(prepared/failed_safe -> in_flight, ``attempts + 1``), either of them absent
+(``mark_in_flight`` has no ``done``, ``finish_send`` no next record).  A dialect may
+override two hooks: ``_marking`` runs the statement when it marks a record (PostgreSQL
+checks its worker lock's fence there) and ``dispatch_steps`` gives a dispatch run's
+thread its blocking steps (SQLite commits on a connection of its own; by default each step
+hops back to the event loop, :class:`LoopDispatchSteps`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio.from_thread
+
+from runner.clock import to_text
+from runner.ids import WriteId
+from runner.io.engine.db import Db, Row
+from runner.states import IllegalTransition, LeadState, check_transition
+
+if TYPE_CHECKING:
+    from runner.storework import LeadWork
+
+#: one send step: the record that finished and its outcome, if any
+Done = tuple[WriteId, LeadState] | None
+
+
+def step_params(done: Done, next_write_id: WriteId | None, now: datetime) -> dict[str, Any]:
+    """The ``finish_and_mark`` parameters of a step; refuses an outcome that is not a
+    transition out of in_flight."""
+    if done is not None:
+        check_transition(LeadState.IN_FLIGHT, done[1])
+    return {"now": to_text(now), "next": next_write_id,
+            "done": None if done is None else done[0],
+            "outcome": None if done is None else done[1].value}
+
+
+def step_result(rows: Sequence[Row], done: Done, next_write_id: WriteId | None) -> int | None:
+    """The next record's new attempts (None: it is no longer dispatchable) from the
+    ``write_id, attempts`` rows the step changed; refuses a ``done`` not in flight."""
+    changed = {str(r[0]): int(r[1]) for r in rows}
+    if done is not None and done[0] not in changed:
+        raise IllegalTransition(f"record {done[0]} was not in flight")
+    return None if next_write_id is None else changed.get(next_write_id)
+
+
+class _Finishing(Protocol):
+    async def finish_and_mark(
+        self, done: Done, next_write_id: WriteId, now: datetime
+    ) -> int | None: ...
+
+
+class LoopDispatchSteps:
+    """Dispatch steps (``runner.store.DispatchSteps``) that run a store's own async
+    ``finish_and_mark`` on the event loop, called from the dispatch run's worker thread:
+    for a store whose driver is async (asyncpg), and for test wrappers that count or fail
+    the store's operations.  Each step is one hop back to the loop."""
+
+    def __init__(self, store: _Finishing) -> None:
+        self._store = store
+
+    def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime) -> int | None:
+        return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now)
+
+
+@asynccontextmanager
+async def loop_dispatch_steps(store: _Finishing) -> AsyncIterator[LoopDispatchSteps]:
+    """``Store.dispatch_steps`` for a store whose operations are all async."""
+    yield LoopDispatchSteps(store)
+
+
+def lead_work(row: Row) -> LeadWork:
+    """A ``LeadWork`` from a row that starts ``seq, source_lead_id, write_id, state,
+    canonical``."""
+    from runner.models import LeadEvent  # the model is built only by commands that deliver
+    from runner.storework import LeadWork
+
+    return LeadWork(seq=int(row[0]), source_lead_id=str(row[1]),
+                    write_id=WriteId(str(row[2])), state=LeadState(row[3]),
+                    event=LeadEvent.model_validate_json(row[4]))
+
+
+class DeliveryOps(Db):
+    async def pinned_target(self) -> str | None:
+        rows = await self.fetch("pinned_target")
+        return str(rows[0][0]) if rows else None
+
+    async def pin_target(self, target_id: str, now: datetime) -> str:
+        # a pin never changes once written (the schema refuses it), so the insert and the
+        # read need no common transaction: whatever the read sees is final
+        await self.fetch("pin_target", target_id=target_id, now=to_text(now))
+        return str((await self.fetch("pinned_target"))[0][0])
+
+    async def recover_in_flight(self, now: datetime) -> list[str]:
+        return [str(r[0]) for r in await self.fetch("recover_in_flight", now=to_text(now))]
+
+    async def uncertain_page(self, after_seq: int, limit: int) -> list[LeadWork]:
+        rows = await self.fetch("uncertain_page", after_seq=after_seq, limit=limit)
+        return [lead_work(r) for r in rows]
+
+    async def dispatchable_page(self, after_seq: int, limit: int) -> list[LeadWork]:
+        rows = await self.fetch("dispatchable_page", after_seq=after_seq, limit=limit)
+        return [lead_work(r) for r in rows]
+
+    async def mark_in_flight(self, write_id: WriteId, now: datetime) -> int | None:
+        return await self.finish_and_mark(None, write_id, now)
+
+    async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
+        # marks nothing, so it is not fenced: an outcome is recorded also after the worker
+        # lock's session has ended
+        done = (write_id, outcome)
+        rows = await self.fetch("finish_and_mark", **step_params(done, None, now))
+        step_result(rows, done, None)
+
+    async def finish_and_mark(
+        self, done: Done, next_write_id: WriteId, now: datetime
+    ) -> int | None:
+        rows = await self._marking(step_params(done, next_write_id, now))
+        return step_result(rows, done, next_write_id)
+
+    async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
+        """Hook: run ``finish_and_mark`` for a step that marks a record in flight."""
+        return await self.fetch("finish_and_mark", **params)
+
+    def dispatch_steps(self) -> AbstractAsyncContextManager[Any]:
+        """Hook: a dispatch run's blocking steps (here: each one hops to the loop; a
+        network round trip costs more than the hop)."""
+        return loop_dispatch_steps(self)
+
+    async def record_reconcile(
+        self, write_id: WriteId, *, confirmed: bool, note: str | None, now: datetime,
+        outcome: str | None = None,
+    ) -> None:
+        rows = await self.fetch("record_reconcile", write_id=write_id, ok=confirmed,
+                                note=note, outcome=outcome, now=to_text(now))
+        if not rows:
+            raise IllegalTransition(f"record {write_id} was not uncertain")
