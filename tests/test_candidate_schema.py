@@ -13,7 +13,7 @@ import pytest
 from runner.clock import to_text
 from runner.errors import RuleViolation
 from runner.io.sqlite import schema
-from runner.io.sqlite.candidates import RECONCILE_STUCK, SWEEP_EXPIRED
+from runner.io.sqlite.base import QUERIES
 from runner.lifecycle import CandidateStatus, rules
 from runner.store import Store, open_store
 from tests.helpers import ROOT
@@ -134,8 +134,9 @@ async def test_the_sweeps_read_only_the_rows_they_may_change(raw: sqlite3.Connec
     """T5 "never scanned": each sweep statement searches a partial index that holds only
     discovered/analyzing (or promoting) rows, so promoted rows are not even read."""
     for sql, params, index in (
-        (SWEEP_EXPIRED, {"now": "x"}, "candidates_to_expire"),
-        (RECONCILE_STUCK, {"now": "x", "cutoff": "x"}, "candidates_promoting"),
+        (QUERIES["expire_candidates"].sql, {"now": "x"}, "candidates_to_expire"),
+        (QUERIES["reconcile_stuck_promoting"].sql, {"now": "x", "cutoff": "x"},
+         "candidates_promoting"),
     ):
         plan = " ".join(row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + sql, params))
         assert f"SEARCH candidates USING INDEX {index}" in plan

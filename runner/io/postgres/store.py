@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.figures import FigureOps
 from runner.io.postgres import connection
-from runner.io.postgres.candidates import CandidateQueries
 from runner.io.postgres.delivery import DeliveryQueries
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadQueries
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class PostgresStore(FigureOps, ObserveQueries, LeadQueries, DeliveryQueries,
-                    OperatorQueries, CandidateQueries, PipelineWorkQueries,
+                    OperatorQueries, CandidateOps, PipelineWorkQueries,
                     PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
