@@ -143,6 +143,21 @@ async def test_the_sweeps_read_only_the_rows_they_may_change(raw: sqlite3.Connec
         assert "SCAN" not in plan
 
 
+def test_the_named_sql_spells_the_active_term_as_the_expiry_index_does() -> None:
+    """The named SQL writes the active statuses out; the schema builds them from
+    ``runner.lifecycle.states``: both must stay the same term (SQLite matches a partial
+    index only by the identical term)."""
+    from runner.io.engine.queries import load
+    from runner.io.postgres import candidates_schema as pg_schema
+    from runner.io.sqlite import candidates_schema as sqlite_schema
+
+    for package, term in (("runner.io.sqlite", sqlite_schema.ACTIVE_TERM),
+                          ("runner.io.postgres", pg_schema.ACTIVE_TERM)):
+        queries = load(package)
+        for name in ("analyze_candidate", "begin_promotion", "expire_candidates"):
+            assert term in queries[name].sql, (package, name)
+
+
 # -- races: a guarded write never overwrites a transition that committed first -------------
 
 
