@@ -226,9 +226,10 @@ def _timed_sweep(path: Path, statements: list[str],
                  prepare: list[str]) -> tuple[float, list[int]]:
     """One stdlib transaction of ``statements`` on ``path`` (after ``prepare``): seconds,
     and the rows each statement changed."""
-    from runner.io.sqlite.candidates import RECONCILE_STUCK, SWEEP_EXPIRED
+    from runner.io.sqlite.base import QUERIES
 
-    named = {"expired": SWEEP_EXPIRED, "reconciled": RECONCILE_STUCK,
+    named = {"expired": QUERIES["expire_candidates"].sql,
+             "reconciled": QUERIES["reconcile_stuck_promoting"].sql,
              "audit-expired": _AUDIT_EXPIRED, "audit-reconciled": _AUDIT_RECONCILED}
     conn = sqlite3.connect(path, isolation_level=None)
     try:

@@ -13,7 +13,7 @@ import pytest
 from runner.clock import to_text
 from runner.errors import RuleViolation
 from runner.io.sqlite import schema
-from runner.io.sqlite.candidates import RECONCILE_STUCK, SWEEP_EXPIRED
+from runner.io.sqlite.base import QUERIES
 from runner.lifecycle import CandidateStatus, rules
 from runner.store import Store, open_store
 from tests.helpers import ROOT
@@ -134,12 +134,28 @@ async def test_the_sweeps_read_only_the_rows_they_may_change(raw: sqlite3.Connec
     """T5 "never scanned": each sweep statement searches a partial index that holds only
     discovered/analyzing (or promoting) rows, so promoted rows are not even read."""
     for sql, params, index in (
-        (SWEEP_EXPIRED, {"now": "x"}, "candidates_to_expire"),
-        (RECONCILE_STUCK, {"now": "x", "cutoff": "x"}, "candidates_promoting"),
+        (QUERIES["expire_candidates"].sql, {"now": "x"}, "candidates_to_expire"),
+        (QUERIES["reconcile_stuck_promoting"].sql, {"now": "x", "cutoff": "x"},
+         "candidates_promoting"),
     ):
         plan = " ".join(row[-1] for row in raw.execute("EXPLAIN QUERY PLAN " + sql, params))
         assert f"SEARCH candidates USING INDEX {index}" in plan
         assert "SCAN" not in plan
+
+
+def test_the_named_sql_spells_the_active_term_as_the_expiry_index_does() -> None:
+    """The named SQL writes the active statuses out; the schema builds them from
+    ``runner.lifecycle.states``: both must stay the same term (SQLite matches a partial
+    index only by the identical term)."""
+    from runner.io.engine.queries import load
+    from runner.io.postgres import candidates_schema as pg_schema
+    from runner.io.sqlite import candidates_schema as sqlite_schema
+
+    for package, term in (("runner.io.sqlite", sqlite_schema.ACTIVE_TERM),
+                          ("runner.io.postgres", pg_schema.ACTIVE_TERM)):
+        queries = load(package)
+        for name in ("analyze_candidate", "begin_promotion", "expire_candidates"):
+            assert term in queries[name].sql, (package, name)
 
 
 # -- races: a guarded write never overwrites a transition that committed first -------------

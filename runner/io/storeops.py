@@ -2,26 +2,23 @@
 
 Each adapter supplies the primitives (``_transaction``, and the one-statement helpers
 named below); these mixins compose them into the Store operations, so the transaction
-boundaries and the crash points around the sweep's commit cannot drift apart between
-SQLite and PostgreSQL.  A mixin is listed after the adapter's base class, so the base's
-own methods are the ones that run.
+boundaries cannot drift apart between SQLite and PostgreSQL.  A mixin is listed after
+the adapter's base class, so the base's own methods are the ones that run.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from runner.clock import to_text
 from runner.errors import OutboxPruned
-from runner.lifecycle.results import ExpireResult, ReconcileResult, SweepResult
 from runner.retention import below_floor
 
 if TYPE_CHECKING:
-    from runner.lifecycle.results import SweepFunction
     from runner.models import Scope
     from runner.storedata import ScopeData
     from runner.storework import ObservationWrite
@@ -71,40 +68,6 @@ class PollOps:
             await self._clamp_poll_times(at)
             changed = await self._observations(writes, at) if writes else 0
             return changed, await self._poll_health(failure, at)
-
-
-class SweepOps:
-    """The candidate sweeps (C4): each one transaction, its run recorded for ``status``."""
-
-    if TYPE_CHECKING:
-        def _transaction(self) -> AbstractAsyncContextManager[Any]: ...
-        async def _expire(self, now: datetime) -> int: ...
-        async def _reconcile(self, now: datetime) -> int: ...
-        async def _record_sweep(self, function: SweepFunction, now: datetime,
-                                result: Mapping[str, object]) -> None: ...
-
-    async def sweep_expired(self, now: datetime) -> ExpireResult:
-        async with self._transaction():
-            result = ExpireResult(expired=await self._expire(now))
-            await self._record_sweep("sweepExpired", now, result)
-        return result
-
-    async def reconcile_stuck_promoting(self, now: datetime) -> ReconcileResult:
-        async with self._transaction():
-            result = ReconcileResult(reconciled=await self._reconcile(now))
-            await self._record_sweep("reconcileStuckPromoting", now, result)
-        return result
-
-    async def sweep_candidates(self, now: datetime) -> SweepResult:
-        from runner import crashpoints
-
-        async with self._transaction():
-            expired = await self._expire(now)
-            result = SweepResult(expired=expired, reconciled=await self._reconcile(now))
-            await self._record_sweep("sweepCandidates", now, result)
-            crashpoints.hit("sweep.before-commit")  # written, not committed
-        crashpoints.hit("sweep.after-commit")
-        return result
 
 
 class RetentionOps:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.figures import FigureOps
 from runner.io.postgres import connection
-from runner.io.postgres.candidates import CandidateQueries
 from runner.io.postgres.delivery import FencedMark
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadQueries
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class PostgresStore(FigureOps, ObserveQueries, LeadQueries, FencedMark, DeliveryOps,
-                    OperatorQueries, CandidateQueries, PipelineWorkQueries,
+                    OperatorQueries, CandidateOps, PipelineWorkQueries,
                     PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)

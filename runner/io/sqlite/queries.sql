@@ -71,6 +71,91 @@ WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq
 -- ==== candidates ====================================================================
 
 
+-- name: candidate
+SELECT c.seq, c.id, c.status, c.created_at, c.expires_at, c.analysis_deadline, c.quorum,
+       c.promotion_locked_at, c.decision_id,
+       (SELECT json_group_array(analyst) FROM
+           (SELECT analyst FROM candidate_analyses a WHERE a.candidate_id = c.id
+            ORDER BY a.seq)) AS analysts
+FROM candidates c
+WHERE c.id = :id
+
+-- name: candidates_page
+SELECT c.seq, c.id, c.status, c.created_at, c.expires_at, c.analysis_deadline, c.quorum,
+       c.promotion_locked_at, c.decision_id,
+       (SELECT json_group_array(analyst) FROM
+           (SELECT analyst FROM candidate_analyses a WHERE a.candidate_id = c.id
+            ORDER BY a.seq)) AS analysts
+FROM candidates c
+WHERE c.seq > :after ORDER BY c.seq LIMIT :page
+
+-- name: add_candidate
+INSERT INTO candidates (id, created_at, expires_at, analysis_deadline, quorum, updated_at)
+VALUES (:id, :created_at, :expires_at, :analysis_deadline, :quorum, :created_at)
+ON CONFLICT (id) DO NOTHING
+RETURNING seq
+
+-- name: analyze_candidate
+-- the analysis trigger counts it and moves discovered -> analyzing.  The status term is
+-- spelled as candidates_schema.ACTIVE_TERM throughout (the expiry index's WHERE term)
+INSERT INTO candidate_analyses (candidate_id, analyst, analyzed_at)
+SELECT id, :analyst, :now FROM candidates
+WHERE id = :id AND status IN ('analyzing', 'discovered') AND analysis_deadline >= :now
+  AND created_at <= :now
+ON CONFLICT (candidate_id, analyst) DO NOTHING
+RETURNING seq
+
+-- name: begin_promotion
+-- with quorum, T4 cannot apply, so "unexpired" is exactly "not past expires_at" (T3)
+UPDATE candidates
+SET status = 'promoting', promotion_locked_at = :now, reason = 'promotion', updated_at = :now
+WHERE id = :id AND status IN ('analyzing', 'discovered') AND analyses >= quorum
+  AND expires_at >= :now AND created_at <= :now
+RETURNING seq
+
+-- name: record_decision
+UPDATE candidates SET decision_id = :decision, reason = 'decision', updated_at = :now
+WHERE id = :id AND status = 'promoting' AND decision_id IS NULL
+RETURNING seq
+
+-- name: finish_promotion
+UPDATE candidates SET status = 'promoted', reason = 'promoted', updated_at = :now
+WHERE id = :id AND status = 'promoting' AND decision_id IS NOT NULL
+RETURNING seq
+
+-- name: expire_candidates
+-- T3 (past expires_at) or T4 (past analysis_deadline without quorum).  Both imply
+-- analysis_deadline < now (T2), the term the partial index candidates_to_expire serves
+-- (its WHERE term spelled identically, so that SQLite uses it)
+UPDATE candidates
+SET status = 'expired',
+    reason = CASE WHEN expires_at < :now THEN 'T3' ELSE 'T4' END,
+    updated_at = :now
+WHERE status IN ('analyzing', 'discovered') AND analysis_deadline < :now
+  AND (expires_at < :now OR analyses < quorum)
+
+-- name: reconcile_stuck_promoting
+UPDATE candidates
+SET status = CASE WHEN decision_id IS NOT NULL THEN 'promoted' ELSE 'rejected' END,
+    reason = CASE WHEN decision_id IS NOT NULL THEN 'reconciled: decision recorded'
+                  ELSE 'reconciled: no decision' END,
+    updated_at = :now
+WHERE status = 'promoting' AND promotion_locked_at < :cutoff
+
+-- name: record_candidate_sweep
+INSERT INTO candidate_sweep (one, function, at, result)
+VALUES (1, :function, :at, :result)
+ON CONFLICT (one) DO UPDATE
+SET function = excluded.function, at = excluded.at, result = excluded.result
+
+-- name: candidate_summary
+-- the counts per status as one JSON object, and the last sweep (NULLs: none yet)
+SELECT (SELECT json_group_object(status, n)
+        FROM (SELECT status, count(*) AS n FROM candidates GROUP BY status) AS by_status
+       ) AS counts,
+       sweep.function, sweep.at, sweep.result
+FROM (SELECT 1) AS one LEFT JOIN candidate_sweep AS sweep ON sweep.one = 1
+
 -- ==== (end candidates) ================================================================
 
 

@@ -6,10 +6,10 @@ import sqlite3
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.figures import FigureOps
 from runner.io.sqlite import connection
-from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.delivery import BlockingDispatch
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class SQLiteStore(FigureOps, ObserveQueries, LeadQueries, BlockingDispatch, DeliveryOps,
-                  OperatorQueries, CandidateQueries, PipelineWorkQueries,
+                  OperatorQueries, CandidateOps, PipelineWorkQueries,
                   PipelineLevelQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
