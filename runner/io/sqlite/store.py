@@ -7,14 +7,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.io.engine.figures import FigureOps
+from runner.io.engine.pipeline import PipelineOps
 from runner.io.sqlite import connection
 from runner.io.sqlite.candidates import CandidateQueries
 from runner.io.sqlite.delivery import DeliveryQueries
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
 from runner.io.sqlite.operators import OperatorQueries
-from runner.io.sqlite.pipeline_levels import PipelineLevelQueries
-from runner.io.sqlite.pipeline_work import PipelineWorkQueries
+from runner.io.sqlite.pipeline import PipelineHooks
+from runner.io.sqlite.retention import RetentionQueries
 from runner.storedata import StoreSummary
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class SQLiteStore(FigureOps, ObserveQueries, LeadQueries, DeliveryQueries, OperatorQueries,
-                  CandidateQueries, PipelineWorkQueries, PipelineLevelQueries):
+                  CandidateQueries, PipelineOps, PipelineHooks, RetentionQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         retention = await self.retention_state()
