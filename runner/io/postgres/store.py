@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING
 from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.figures import FigureOps
+from runner.io.engine.pipeline import PipelineOps
 from runner.io.postgres import connection
 from runner.io.postgres.delivery import FencedMark
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadQueries
 from runner.io.postgres.observe import ObserveQueries
 from runner.io.postgres.operators import OperatorQueries
-from runner.io.postgres.pipeline_levels import PipelineLevelQueries
-from runner.io.postgres.pipeline_work import PipelineWorkQueries
+from runner.io.postgres.pipeline import PipelineHooks
+from runner.io.postgres.retention import RetentionQueries
 from runner.storedata import StoreSummary
 
 if TYPE_CHECKING:
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 
 class PostgresStore(FigureOps, ObserveQueries, LeadQueries, FencedMark, DeliveryOps,
-                    OperatorQueries, CandidateOps, PipelineWorkQueries,
-                    PipelineLevelQueries):
+                    OperatorQueries, CandidateOps, PipelineOps, PipelineHooks,
+                    RetentionQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         retention = await self.retention_state()

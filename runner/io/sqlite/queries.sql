@@ -162,4 +162,179 @@ FROM (SELECT 1) AS one LEFT JOIN candidate_sweep AS sweep ON sweep.one = 1
 -- ==== pipeline ======================================================================
 
 
+-- Staged processing (runner/io/engine/pipeline.py, SPEC P1-P11).  A claim is one
+-- BEGIN IMMEDIATE transaction (its write lock keeps two claimers off the same rows):
+-- a new fencing token from pipeline_fence, then one UPDATE … RETURNING through the
+-- partial index that holds only non-terminal rows.  Every write that ends or extends a
+-- claim names the token, the state 'claimed' and (but release) an unexpired lease.
+-- A list parameter is JSON text here (read with json_each).
+
+-- name: register_pipeline_processor
+INSERT INTO pipeline_processors
+    (name, version, stage, input_level, capability, rebacklog, registered_ms)
+VALUES (:name, :version, :stage, :level, :capability, :rebacklog, :now)
+ON CONFLICT (name, version) DO NOTHING
+RETURNING name
+
+-- name: current_pipeline_processors
+-- every processor at its highest registered version
+SELECT name, version, stage, capability, rebacklog FROM pipeline_processors p
+WHERE NOT EXISTS (SELECT 1 FROM pipeline_processors q
+                  WHERE q.name = p.name AND q.version > p.version)
+ORDER BY input_level, name
+
+-- name: sync_pipeline_backlog
+-- the missing work rows of a processor version; :all_inputs also takes the inputs that
+-- are terminal under an older version
+INSERT INTO pipeline_work (input_id, processor, version, state, available_at, input_rev)
+SELECT r.id, :name, :version, 'pending', :now, r.rev FROM pipeline_records r
+WHERE r.level = :level
+  AND (:all_inputs OR NOT EXISTS (SELECT 1 FROM pipeline_work o
+                                  WHERE o.input_id = r.id AND o.processor = :name
+                                    AND o.state = 'done'))
+ON CONFLICT (input_id, processor, version) DO NOTHING
+
+-- name: force_pipeline_replay
+UPDATE pipeline_work SET state = 'pending', available_at = :now
+WHERE processor = :name AND version = :version AND state = 'done'
+
+-- name: pipeline_backlog
+-- rows not terminal, plus inputs with no work row yet that sync_pipeline_backlog would take
+SELECT (SELECT count(*) FROM pipeline_work
+        WHERE processor = :name AND version = :version AND state <> 'done')
+     + (SELECT count(*) FROM pipeline_records r
+        WHERE r.level = :level
+          AND NOT EXISTS (SELECT 1 FROM pipeline_work w WHERE w.input_id = r.id
+                          AND w.processor = :name AND w.version = :version)
+          AND (:all_inputs OR NOT EXISTS (SELECT 1 FROM pipeline_work o
+                                          WHERE o.input_id = r.id AND o.processor = :name
+                                            AND o.state = 'done')))
+
+-- name: _next_pipeline_fence
+UPDATE pipeline_fence SET last = last + 1 WHERE one = 1 RETURNING last
+
+-- name: _claim_pipeline_work
+-- claimable: pending and due, or claimed under a lease that ran out; an available_at
+-- past :far was set by a clock that has since gone back, and is due too
+UPDATE pipeline_work
+SET state = 'claimed', owner = :owner, fence = :token, available_at = :expires,
+    attempts = attempts + 1,
+    input_rev = (SELECT r.rev FROM pipeline_records r WHERE r.id = pipeline_work.input_id)
+WHERE id IN (SELECT id FROM pipeline_work
+             WHERE processor = :name AND version = :version AND state <> 'done'
+               AND (available_at <= :now OR available_at > :far)
+             ORDER BY available_at LIMIT :limit)
+RETURNING id
+
+-- name: _claimed_pipeline_items
+SELECT w.id, r.id, r.key, r.payload, w.input_rev, w.attempts
+FROM pipeline_work w JOIN pipeline_records r ON r.id = w.input_id
+WHERE w.fence = :token AND w.state = 'claimed'
+ORDER BY w.id
+
+-- name: held_pipeline_items
+SELECT count(*) FROM pipeline_work
+WHERE fence = :token AND state = 'claimed' AND available_at >= :now
+
+-- name: renew_pipeline_lease
+UPDATE pipeline_work SET available_at = :expires
+WHERE fence = :token AND state = 'claimed' AND available_at >= :now
+
+-- name: release_pipeline_claim
+UPDATE pipeline_work SET state = 'pending', available_at = :now
+WHERE fence = :token AND state = 'claimed'
+
+-- name: finish_pipeline_work
+-- an input that changed since the claim read it goes back to the backlog
+UPDATE pipeline_work
+SET state = CASE WHEN :state = 'done' AND input_rev IS NOT
+                      (SELECT r.rev FROM pipeline_records r WHERE r.id = pipeline_work.input_id)
+                 THEN 'pending' ELSE :state END,
+    outcome = :outcome, error = :error, retryable = :retryable, available_at = :available,
+    done_ms = :now
+WHERE fence = :token AND state = 'claimed' AND id IN (SELECT value FROM json_each(:ids))
+
+-- name: pipeline_records_by_key
+SELECT key, payload, orders FROM pipeline_records
+WHERE level = :level AND key IN (SELECT value FROM json_each(:keys))
+
+-- name: replace_pipeline_records
+-- one row per parameter set (execute_many); a new payload bumps rev (its trigger keeps
+-- the old one in pipeline_history), the same payload and orders change nothing
+INSERT INTO pipeline_records
+    (level, key, payload, orders, processor, version, input_id, updated_ms)
+VALUES (:level, :key, :payload, :orders, :name, :version, :input_id, :now)
+ON CONFLICT (level, key) DO UPDATE
+SET rev = rev + (payload IS NOT excluded.payload), payload = excluded.payload,
+    orders = excluded.orders, processor = excluded.processor, version = excluded.version,
+    input_id = excluded.input_id, updated_ms = excluded.updated_ms
+WHERE payload IS NOT excluded.payload OR orders IS NOT excluded.orders
+
+-- name: _ingest_pipeline_records
+-- :rows is a JSON array of [key, payload] pairs: one statement, whose change count is
+-- the number of new records (a known key is left as it is)
+INSERT INTO pipeline_records (level, key, payload, processor, version, updated_ms)
+SELECT 1, json_extract(value, '$[0]'), json_extract(value, '$[1]'), :name, :version, :now
+FROM json_each(:rows) WHERE true
+ON CONFLICT (level, key) DO NOTHING
+
+-- name: move_pipeline_cursor
+INSERT INTO pipeline_cursors (name, position, updated_ms) VALUES (:name, :position, :now)
+ON CONFLICT (name) DO UPDATE
+SET position = max(position, excluded.position), updated_ms = excluded.updated_ms
+
+-- name: pipeline_cursor_position
+SELECT position FROM pipeline_cursors WHERE name = :name
+
+-- name: read_pipeline_outbox
+-- the lead's form joins from its canonical event (one field, never the contact fields)
+SELECT o.seq, o.kind, o.subject, o.payload, o.at, json_extract(l.canonical, '$.form_id')
+FROM outbox o
+LEFT JOIN leads l ON l.source_lead_id = o.subject
+                 AND l.tenant_id = json_extract(o.payload, '$.tenant_id')
+WHERE o.seq > :after AND o.seq <= :upto
+ORDER BY o.seq LIMIT :limit
+
+-- name: pipeline_outbox_floor
+SELECT floor FROM outbox_retention
+
+-- name: pipeline_outbox_last_seq
+SELECT coalesce(max(seq), 0) FROM outbox
+
+-- name: pipeline_outbox_pending
+-- lead events of :kinds after :after that have no D1 record yet: how many, the first
+SELECT count(*), min(o.seq) FROM outbox o
+WHERE o.seq > :after AND o.kind IN (SELECT value FROM json_each(:kinds))
+  AND NOT EXISTS (SELECT 1 FROM pipeline_records r
+                  WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)
+
+-- name: save_pipeline_worker_config
+INSERT INTO pipeline_worker_config (worker, desired, effective, error, updated_at)
+VALUES (:worker, :desired, :effective, :error, :at)
+ON CONFLICT (worker) DO UPDATE
+SET desired = excluded.desired, effective = excluded.effective, error = excluded.error,
+    updated_at = excluded.updated_at
+
+-- name: pipeline_worker_configs
+SELECT worker, desired, effective, error, updated_at
+FROM pipeline_worker_config ORDER BY worker
+
+-- name: pipeline_level_counts
+-- records per level, and (as level 0) the rows of pipeline_history
+SELECT level, count(*) FROM pipeline_records GROUP BY level
+UNION ALL
+SELECT 0, count(*) FROM pipeline_history
+
+-- name: pipeline_funnel
+-- the funnel records of D4 (keys from :prefix up to, not including, :prefix_end)
+SELECT json_extract(payload, '$.form_id'), json_extract(payload, '$.status'), count(*)
+FROM pipeline_records
+WHERE level = 4 AND key >= :prefix AND key < :prefix_end
+  AND json_extract(payload, '$.counted') = 1
+GROUP BY 1, 2 ORDER BY 1, 2
+
+-- name: pipeline_level_page
+SELECT key, payload, rev FROM pipeline_records
+WHERE level = :level AND key > :after ORDER BY key LIMIT :limit
+
 -- ==== (end pipeline) ==================================================================

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.figures import FigureOps
+from runner.io.engine.pipeline import PipelineOps
 from runner.io.sqlite import connection
 from runner.io.sqlite.delivery import BlockingDispatch
 from runner.io.sqlite.leads import LeadQueries
 from runner.io.sqlite.observe import ObserveQueries
 from runner.io.sqlite.operators import OperatorQueries
-from runner.io.sqlite.pipeline_levels import PipelineLevelQueries
-from runner.io.sqlite.pipeline_work import PipelineWorkQueries
+from runner.io.sqlite.pipeline import PipelineHooks
+from runner.io.sqlite.retention import RetentionQueries
 from runner.storedata import StoreSummary
 
 if TYPE_CHECKING:
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 
 class SQLiteStore(FigureOps, ObserveQueries, LeadQueries, BlockingDispatch, DeliveryOps,
-                  OperatorQueries, CandidateOps, PipelineWorkQueries,
-                  PipelineLevelQueries):
+                  OperatorQueries, CandidateOps, PipelineOps, PipelineHooks,
+                  RetentionQueries):
     async def summary(self) -> StoreSummary:
         lead_summary = await LeadQueries.summary(self)
         retention = await self.retention_state()
