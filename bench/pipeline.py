@@ -73,8 +73,8 @@ def child_runner(db: str, go: str, batch: int) -> None:
 
     from bench.noop_plugin import NOOP
     from runner.clock import SystemClock
+    from runner.io.stores import open_store
     from runner.pipeline.engine import Registry, WorkerSettings, run_round
-    from runner.store import open_store
 
     async def main() -> tuple[int, float]:
         settings = WorkerSettings(batch_size=batch, lease_seconds=60)
@@ -151,8 +151,8 @@ def runner_store_with_inputs(location: str, n: int) -> None:
     import anyio
 
     from bench.noop_plugin import NOOP
+    from runner.io.stores import open_store
     from runner.pipeline.model import NewRecord
-    from runner.store import open_store
 
     async def fill() -> None:
         async with await open_store(location) as store:

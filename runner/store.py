@@ -5,10 +5,10 @@ commits together with its outbox event (K3).  Tasks and the worker only ever tal
 protocol; SQLite (``runner.io.sqlite``) and PostgreSQL adapters implement it, and
 backend-specific SQL stays inside them.
 
-``open_store`` picks the adapter from the location: a ``postgresql://`` DSN or a file path.
-Adapters are imported lazily, so a command never loads a driver it does not use.  The
-plain data the operations take and return, and ``open_store``, live in the light
-``runner.storedata`` (re-exported here); this module adds the protocol itself.
+``runner.io.stores.open_store`` picks the adapter from the location (a ``postgresql://``
+DSN or a file path): composition happens at the edge.  The plain data the operations take
+and return live in the light ``runner.storedata`` (re-exported here); this module adds the
+protocol itself.
 """
 
 from __future__ import annotations
@@ -38,10 +38,7 @@ from runner.storedata import (
     StoreSummary,
     UncertainRow,
     check_scope,
-    describe_location,
     is_postgres,
-    open_store,
-    store_exists,
 )
 
 if TYPE_CHECKING:
@@ -65,10 +62,7 @@ __all__ = [
     "StoreSummary",
     "UncertainRow",
     "check_scope",
-    "describe_location",
     "is_postgres",
-    "open_store",
-    "store_exists",
 ]
 
 

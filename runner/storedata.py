@@ -19,7 +19,6 @@ from runner.states import LeadState
 
 if TYPE_CHECKING:
     from runner.models import Scope
-    from runner.store import Store
     from runner.storework import AcceptItem as AcceptItem
     from runner.storework import AcceptOutcome as AcceptOutcome
     from runner.storework import Decision as Decision
@@ -112,47 +111,3 @@ def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
 
 def is_postgres(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))
-
-
-def describe_location(location: str) -> str:
-    """A store's location for messages: a path, or ``schema 'x' at host:port/db`` (a DSN
-    is never echoed: it may carry a password)."""
-    if is_postgres(location):
-        from runner.io.postgres.dsn import describe, schema_of
-
-        return f"schema {schema_of(location)!r} at {describe(location)}"
-    return repr(location)
-
-
-async def store_exists(location: str) -> bool:
-    """Whether a store is at ``location`` (a file; on PostgreSQL, runner's schema in the
-    database), without creating anything."""
-    if is_postgres(location):
-        from runner.io.postgres import postgres_store_exists
-
-        return await postgres_store_exists(location)
-    import anyio
-
-    return await anyio.Path(location).exists()
-
-
-async def open_store(
-    location: str, *, scope: Scope | None = None, create: bool = True,
-    cache_kib: int | None = None,
-) -> Store:
-    """Open (and with ``create``, create and migrate) the store at ``location``.
-
-    With ``scope``, the scope is pinned if the store has none yet, in the same transaction
-    that creates the store (K9), or compared with the pinned one (ConfigMismatch, exit 78).
-    Without ``create`` nothing is written: a missing store is StoreNotFound and an older
-    schema is reported, not migrated.  ``cache_kib`` bounds the SQLite page cache of this
-    connection (the adapter's default otherwise); PostgreSQL caches on the server and
-    ignores it.
-    """
-    if is_postgres(location):
-        from runner.io.postgres import open_postgres_store
-
-        return await open_postgres_store(location, scope=scope, create=create)
-    from runner.io.sqlite.store import open_sqlite_store
-
-    return await open_sqlite_store(location, scope=scope, create=create, cache_kib=cache_kib)

@@ -20,11 +20,12 @@ from typing import Any
 from runner import intake
 from runner.clock import Clock, SystemClock
 from runner.errors import BadInputError, RuleViolation, UsageError
+from runner.io.stores import open_store
 from runner.models import LeadEvent, Scope, validate_scope
 from runner.port import CRMAdapter, CRMRecordPort, Missing
 from runner.states import LeadState
 from runner.status import status_document
-from runner.store import Store, open_store
+from runner.store import Store
 from runner.tasks import deliver, poll, target
 
 

@@ -216,7 +216,7 @@ def dump_db(path: Path) -> list[str]:
 
 def read_store(location: str | Path) -> tuple[Any, list[Any]]:
     """(summary, records) of a store on either backend, read through the library."""
-    from runner.store import open_store
+    from runner.io.stores import open_store
     from tests import pg
 
     async def read() -> tuple[Any, list[Any]]:

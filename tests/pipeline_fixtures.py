@@ -11,8 +11,9 @@ from typing import Any
 from runner.clock import Clock, FixedClock
 from runner.intake import prepare
 from runner.models import Scope, WriteId
-from runner.pipeline.engine import Registry, WorkerSettings, default_registry
+from runner.pipeline.engine import Registry, WorkerSettings
 from runner.pipeline.jobs import run_job
+from runner.pipeline.plugins import default_registry
 from runner.states import LeadState
 from runner.store import AcceptItem, ObservationWrite, Store, is_postgres
 from tests.helpers import event

@@ -108,7 +108,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def seed_in_process(db: str) -> None:
     """The same store as ``seeded``, built through the library (fast, for PostgreSQL,
     where a store cannot be copied as a file)."""
-    from runner.store import open_store
+    from runner.io.stores import open_store
 
     async def go() -> None:
         async with await open_store(db) as store:

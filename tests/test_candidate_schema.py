@@ -14,8 +14,9 @@ from runner.clock import to_text
 from runner.errors import RuleViolation
 from runner.io.sqlite import schema
 from runner.io.sqlite.base import QUERIES
+from runner.io.stores import open_store
 from runner.lifecycle import CandidateStatus, rules
-from runner.store import Store, open_store
+from runner.store import Store
 from tests.helpers import ROOT
 from tests.lifecycle_fixtures import add, at, promoted, promoting, statuses
 

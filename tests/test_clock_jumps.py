@@ -24,10 +24,10 @@ from runner.io.synthetic_target import SyntheticTarget
 from runner.lifecycle import rules
 from runner.loop import LoopSettings, run
 from runner.models import Scope
-from runner.pipeline.engine import default_registry
 from runner.pipeline.funnel import LeadFacts
 from runner.pipeline.jobs import run_job
 from runner.pipeline.model import CLOCK_HORIZON_MS
+from runner.pipeline.plugins import default_registry
 from runner.store import Store
 from runner.tasks.deliver import CycleSummary
 from tests.fakes import ScriptedAdapter

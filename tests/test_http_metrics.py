@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runner import DurableWorker
 from runner.io.faults import Fault, FaultyAdapter
+from runner.io.stores import open_store
 from runner.io.synthetic_target import SyntheticTarget
 from runner.states import LeadState
-from runner.store import open_store
 from tests.helpers import SCOPE, event, run_cli, write_json
 from tests.httpkit import body_of, serving
 

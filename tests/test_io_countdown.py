@@ -13,9 +13,9 @@ import pytest
 
 from bench.invariants import audit
 from runner import DurableWorker
+from runner.io.stores import open_store
 from runner.models import CRMRecord
 from runner.port import AmbiguousWriteError, BeforeWriteError
-from runner.store import open_store
 from tests.fakes import ScriptedAdapter
 from tests.faultstore import CountdownStore, InjectedIOError, attach
 from tests.helpers import SCOPE, event

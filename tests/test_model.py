@@ -39,8 +39,8 @@ from bench.invariants import audit
 from runner import DurableWorker, crashpoints
 from runner.clock import to_text
 from runner.errors import RuleViolation
+from runner.io.stores import open_store
 from runner.lifecycle import rules
-from runner.store import open_store
 from tests.crashsim import Crash, KillableStore, ModelTarget, read_store
 from tests.fakes import BEHAVIOURS
 from tests.faultstore import attach

@@ -261,7 +261,7 @@ def test_log_lines_never_carry_the_dsn_password(backend: str) -> None:
     """``describe_location`` is what every line uses for a PostgreSQL store."""
     if backend != "postgres":
         pytest.skip("a DSN is PostgreSQL's")
-    from runner.storedata import describe_location
+    from runner.io.stores import describe_location
 
     assert "pw-123" not in describe_location(
         "postgresql://user:pw-123@db.example:5432/app?schema=runner")

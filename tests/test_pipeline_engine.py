@@ -15,7 +15,6 @@ from runner.pipeline.engine import (
     Registry,
     RetryPolicy,
     WorkerSettings,
-    default_registry,
     processor,
     run_round,
 )
@@ -31,6 +30,7 @@ from runner.pipeline.model import (
     output,
     unsupported,
 )
+from runner.pipeline.plugins import default_registry
 from runner.pipeline.report import backlog_document, builtin_refs
 from runner.status import status_document
 from runner.store import Store

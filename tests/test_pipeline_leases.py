@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from runner.clock import SystemClock
+from runner.io.stores import open_store
 from runner.models import Scope
 from runner.pipeline.engine import (
     Processor,
@@ -21,7 +22,7 @@ from runner.pipeline.engine import (
 from runner.pipeline.funnel import LeadFacts
 from runner.pipeline.jobs import run_job
 from runner.pipeline.model import Claim, Item, LeaseLost, Outcome
-from runner.store import Store, open_store
+from runner.store import Store
 from tests.pipeline_fixtures import NOW, lead_history, level, query
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from runner.io.stores import open_store
 from runner.models import Scope
-from runner.store import Store, open_store
+from runner.store import Store
 from tests.helpers import Child, run_main, wait_path
 from tests.pipeline_fixtures import lead_history, level, query
 

@@ -8,11 +8,13 @@ import anyio
 import pytest
 
 from runner.clock import SystemClock
+from runner.io.stores import open_store
 from runner.models import Scope
-from runner.pipeline.engine import WorkerSettings, default_registry
+from runner.pipeline.engine import WorkerSettings
 from runner.pipeline.model import NewRecord, Stage
+from runner.pipeline.plugins import default_registry
 from runner.pipeline.workers import WorkerCycle, run_worker
-from runner.store import Store, open_store
+from runner.store import Store
 from tests import pg
 from tests.pipeline_fixtures import level
 

@@ -127,7 +127,7 @@ def test_the_lock_names_its_holder_and_ignores_how_the_dsn_is_spelled(env: Env) 
 
 
 async def test_sessions_ask_for_keepalives_and_no_idle_timeout(db: str) -> None:
-    from runner.store import open_store
+    from runner.io.stores import open_store
 
     async with await open_store(db, create=True) as store:
         conn = store._conn  # type: ignore[attr-defined]

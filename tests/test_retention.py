@@ -18,12 +18,13 @@ from runner.errors import OutboxPruned
 from runner.intake import prepare
 from runner.io.postgres import schema as pg_schema
 from runner.io.sqlite import schema as sqlite_schema
+from runner.io.stores import open_store
 from runner.models import Scope, WriteId
 from runner.pipeline.engine import RoundResult
 from runner.pipeline.stages import raw_ingestion
 from runner.pipeline.workers import WorkerCycle
 from runner.retention import PruneFacts, plan_prune
-from runner.store import Store, open_store
+from runner.store import Store
 from runner.tasks.pipeline import CycleLog
 from tests.helpers import SCOPE, event
 

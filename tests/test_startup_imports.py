@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from runner import cli
-from runner.storedata import open_store
+from runner.io.stores import open_store
 from tests.helpers import ROOT
 
 #: loaded by ``status`` on a SQLite store: never

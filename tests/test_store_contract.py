@@ -10,10 +10,11 @@ import pytest
 
 from runner.errors import ConfigMismatch
 from runner.intake import prepare
+from runner.io.stores import open_store
 from runner.models import Scope, WriteId
 from runner.states import LeadState
 from runner.status import status_document
-from runner.store import Store, open_store
+from runner.store import Store
 from tests import pg
 from tests.helpers import event
 

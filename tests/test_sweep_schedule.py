@@ -4,6 +4,7 @@ waiting; the tests wait on events, bounded by ``fail_after``."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -15,9 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.errors import StoreBusy
+from runner.io.stores import open_store
 from runner.lifecycle import SweepResult
 from runner.lifecycle.rules import new_candidate
-from runner.store import open_store
 from runner.tasks.sweep import SCHEDULE, next_run, run_sweep_schedule, sweep_background_task
 from tests.lifecycle_fixtures import FakeTime
 
@@ -242,7 +243,8 @@ async def test_the_background_task_sweeps_its_store_on_a_connection_of_its_own(
         waited.set()
         await time.sleep(seconds)
 
-    name, task = sweep_background_task(db_location, clock=time, sleep=sleep)
+    name, task = sweep_background_task(functools.partial(open_store, db_location), clock=time,
+                                       sleep=sleep)
     assert name == "Candidate Lifecycle Sweep"
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
@@ -254,4 +256,4 @@ async def test_the_background_task_sweeps_its_store_on_a_connection_of_its_own(
     assert last is not None and (last.at, last.result) == (START, {"expired": 1,
                                                                    "reconciled": 0})
     with pytest.raises(ValueError, match="positive"):
-        sweep_background_task(db_location, interval=0)
+        sweep_background_task(functools.partial(open_store, db_location), interval=0)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator, Callable, Sequence
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from runner import loop
     from runner.alerts import AlertSettings
     from runner.pipeline.workers import Drain
+    from runner.store import Store
     from runner.tasks.deliver import CycleSummary
     from runner.worker import DurableWorker
 
@@ -76,7 +78,8 @@ def alert_settings(args: argparse.Namespace) -> AlertSettings | None:
     import shlex
 
     from runner.alerts import AlertSettings
-    from runner.storedata import describe_location, is_postgres
+    from runner.io.stores import describe_location
+    from runner.storedata import is_postgres
 
     try:
         argv = shlex.split(command)
@@ -267,7 +270,8 @@ def log_banner(args: argparse.Namespace) -> None:
     import os
 
     from runner import __version__
-    from runner.storedata import describe_location, is_postgres
+    from runner.io.stores import describe_location
+    from runner.storedata import is_postgres
 
     scope = load_scope(args.scope)  # read (and checked) already by the worker
     fields = (scope.tenant_id, scope.account_id, scope.page_id, scope.form_id)
@@ -291,7 +295,8 @@ async def cmd_start(args: argparse.Namespace) -> int:
     from runner import loop
     from runner.tasks.sweep import sweep_background_task
 
-    sweep = sweep_background_task(args.db, interval=args.sweep_interval, clock=clock_from(args))
+    sweep = sweep_background_task(background_opener(args.db), interval=args.sweep_interval,
+                                  clock=clock_from(args))
     # with --cycles, the pipeline workers drain what is pending before the run ends
     drain = _drain(args) if args.cycles is not None else None
     return await _run(args, loop.LoopSettings(
@@ -300,6 +305,14 @@ async def cmd_start(args: argparse.Namespace) -> int:
         quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None),
         [sweep, *_pipeline_tasks(args, drain)], started=lambda: log_banner(args),
         drain=drain)
+
+
+def background_opener(db: str) -> Callable[[], Awaitable[Store]]:
+    """Opens a background task's own store connection (a small page cache)."""
+    from runner.io.stores import open_store
+    from runner.limits import BACKGROUND_CACHE_KIB
+
+    return functools.partial(open_store, db, cache_kib=BACKGROUND_CACHE_KIB)
 
 
 def _worker_names(args: argparse.Namespace) -> list[str]:
@@ -326,10 +339,11 @@ def _pipeline_tasks(args: argparse.Namespace, drain: Drain | None = None
     """``start --workers``: each pipeline worker as a background task of its own."""
     if not args.workers:
         return []
-    from runner.pipeline.engine import WorkerSettings, default_registry
+    from runner.pipeline.engine import WorkerSettings
+    from runner.pipeline.plugins import default_registry
     from runner.tasks.pipeline import pipeline_background_tasks
 
-    return pipeline_background_tasks(args.db, _worker_names(args),
+    return pipeline_background_tasks(background_opener(args.db), _worker_names(args),
                                      registry=default_registry(args.plugin),
                                      settings=WorkerSettings(),
                                      config_path=args.retriever_config, drain=drain)

@@ -15,7 +15,7 @@ from runner.commands.common import (
     say_error,
 )
 from runner.errors import BadInputError
-from runner.storedata import open_store
+from runner.io.stores import open_store
 
 if TYPE_CHECKING:
     from runner import intake

@@ -14,7 +14,7 @@ from runner.commands.common import (
     common_options,
     emit,
 )
-from runner.storedata import describe_location, open_store, store_exists
+from runner.io.stores import describe_location, open_store, store_exists
 
 if TYPE_CHECKING:
     from datetime import datetime

@@ -26,7 +26,7 @@ import sys
 from typing import Any
 
 from runner.commands.common import clock_from, common_options, emit, number
-from runner.storedata import open_store
+from runner.io.stores import open_store
 
 MAX_SEQ = 2**62
 #: events per read while exporting

@@ -19,7 +19,7 @@ from runner.commands.common import (
     number,
     plugin_option,
 )
-from runner.storedata import open_store
+from runner.io.stores import open_store
 
 if TYPE_CHECKING:
     from runner.pipeline.engine import Registry, WorkerSettings
@@ -97,7 +97,7 @@ def settings_from(args: argparse.Namespace) -> WorkerSettings:
 
 
 def registry_from(args: argparse.Namespace) -> Registry:
-    from runner.pipeline.engine import default_registry
+    from runner.pipeline.plugins import default_registry
 
     return default_registry(args.plugin)
 

@@ -8,7 +8,8 @@ completing), and the store makes a second write of the same outputs change nothi
 
 Register your own in code::
 
-    from runner.pipeline.engine import default_registry, processor
+    from runner.pipeline.engine import processor
+    from runner.pipeline.plugins import default_registry
     from runner.pipeline.model import Output, Stage, output, not_applicable
 
     @processor("word-count", version=1, stage=Stage.CORE_PROCESSING, capability="count")
@@ -34,19 +35,15 @@ writes nothing.  Either way the batch is someone else's now.
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import logging
 import os
 import socket
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 
 from runner.clock import Clock
-from runner.errors import UsageError
 from runner.pipeline.model import (
     MAX_DELAY_SECONDS,
     Claim,
@@ -132,34 +129,6 @@ class Registry:
 
     def refs(self) -> list[ProcessorRef]:
         return [p.ref for p in self._by_name.values()]
-
-
-def default_registry(plugins: Sequence[str] = ()) -> Registry:
-    """The built-in lead funnel processors, then each plugin module's ``register``."""
-    from runner.pipeline import funnel
-
-    registry = Registry()
-    for proc in funnel.processors():
-        registry.register(proc)
-    for name in plugins:
-        try:
-            found = importlib.util.find_spec(name)
-        except (ImportError, ValueError) as exc:  # a parent package that is missing
-            raise UsageError(f"cannot import plugin {name!r}: {exc}") from None
-        if found is None:
-            raise UsageError(f"cannot import plugin {name!r}: no module of that name")
-        try:
-            # stdout carries runner's JSON lines only: what a module prints as it is
-            # imported goes to stderr
-            with contextlib.redirect_stdout(sys.stderr):
-                module = importlib.import_module(name)
-        except ImportError as exc:
-            raise UsageError(f"cannot import plugin {name!r}: {exc}") from None
-        hook = getattr(module, "register", None)
-        if not callable(hook):
-            raise UsageError(f"plugin {name!r} has no register(registry) function")
-        hook(registry)
-    return registry
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -21,6 +22,9 @@ from runner.pipeline.engine import Registry, WorkerSettings
 from runner.pipeline.hotconfig import HotConfig, RetrieverConfig
 from runner.pipeline.port import PipelineStore
 from runner.pipeline.workers import WORKERS, Drain, Emit, WorkerCycle, run_worker
+
+if TYPE_CHECKING:
+    from runner.store import Store
 
 log = logging.getLogger("runner.pipeline")
 
@@ -106,22 +110,21 @@ def drain_for(names: Sequence[str]) -> Drain:
 
 
 def pipeline_background_tasks(
-    db: str, names: Sequence[str], *, registry: Registry, settings: WorkerSettings,
+    open_store: Callable[[], Awaitable[Store]], names: Sequence[str], *, registry: Registry,
+    settings: WorkerSettings,
     config_path: str | None = None, clock: Clock | None = None, drain: Drain | None = None,
 ) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
     """``(name, task)`` pairs for the loop's background tasks, one per worker.  With
     ``drain`` (``start --cycles N``), each returns once the drain is requested and its
-    stage has nothing pending (``runner.pipeline.workers.Drain``)."""
+    stage has nothing pending (``runner.pipeline.workers.Drain``).  Each worker has a
+    store connection of its own (``open_store()`` opens it)."""
     unknown = [n for n in names if n not in WORKERS]
     if unknown:
         raise ValueError(f"unknown worker {unknown[0]!r}")
 
     def make(name: str) -> Callable[[], Awaitable[None]]:
         async def task() -> None:
-            from runner.limits import BACKGROUND_CACHE_KIB
-            from runner.store import open_store
-
-            store = await open_store(db, cache_kib=BACKGROUND_CACHE_KIB)
+            store = await open_store()
             try:
                 await run_worker(store, name, registry=registry, clock=clock or SystemClock(),
                                  settings=settings, config=retriever_config(config_path,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import anyio
 from anyio.abc import TaskStatus
@@ -31,9 +31,14 @@ from runner.clock import Clock, SystemClock
 from runner.lifecycle.port import CandidateSweeper
 from runner.lifecycle.results import SCHEDULE, SweepResult
 
+if TYPE_CHECKING:
+    from runner.store import Store
+
 log = logging.getLogger("runner.sweep")
 
 Sleep = Callable[[float], Awaitable[None]]
+#: opens a store connection of the task's own (the edge binds the location)
+StoreOpener = Callable[[], Awaitable["Store"]]
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -109,21 +114,19 @@ async def run_sweep_schedule(
 
 
 def sweep_background_task(
-    db: str,
+    open_store: StoreOpener,
     *,
     interval: float = DEFAULT_INTERVAL,
     clock: Clock | None = None,
     sleep: Sleep = anyio.sleep,
 ) -> tuple[str, Callable[[], Awaitable[None]]]:
     """``(name, task)`` for the worker loop's background tasks: the schedule over a store
-    connection of its own, so a long sweep never holds the lead cycle's connection."""
+    connection of its own (``open_store()`` opens it), so a long sweep never holds the
+    lead cycle's connection."""
     next_run(datetime.now(UTC), interval)  # refuse a bad interval when the task is built
 
     async def task() -> None:
-        from runner.limits import BACKGROUND_CACHE_KIB
-        from runner.store import open_store
-
-        store = await open_store(db, cache_kib=BACKGROUND_CACHE_KIB)
+        store = await open_store()
         try:
             await run_sweep_schedule(store, clock or SystemClock(), interval=interval,
                                      sleep=sleep)
