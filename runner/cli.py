@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from runner import __version__, logs
-from runner.errors import RunnerError
+from runner.errors import RunnerError, leaves
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -170,17 +170,9 @@ def _internal_error(exc: Exception, fmt: logs.LogFormat) -> int:
 
 def _sole_runner_error(group: BaseExceptionGroup[BaseException]) -> RunnerError | None:
     """The first RunnerError of a group whose every leaf is one (else None: a bug)."""
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop(0)
-        if isinstance(exc, BaseExceptionGroup):
-            pending[:0] = list(exc.exceptions)
-        else:
-            leaves.append(exc)
-    if leaves and all(isinstance(leaf, RunnerError) for leaf in leaves):
-        first = leaves[0]
-        assert isinstance(first, RunnerError)
+    found = leaves(group)
+    first = found[0] if found else None
+    if isinstance(first, RunnerError) and all(isinstance(x, RunnerError) for x in found):
         return first
     return None
 

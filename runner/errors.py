@@ -50,6 +50,15 @@ from collections.abc import Mapping
 from typing import Any
 
 
+def leaves(error: BaseException) -> list[BaseException]:
+    """The errors an exception group holds, however deeply nested, in order (an error
+    that is not a group: itself).  A task group wraps what its tasks raised in a group;
+    the one error boundary (``runner.cli``) and the loop read through it with this."""
+    if not isinstance(error, BaseExceptionGroup):
+        return [error]
+    return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+
+
 class RunnerError(Exception):
     """Root of every error runner raises on purpose."""
 

@@ -22,17 +22,19 @@ SIGINT ignored — a background job of a non-interactive shell — still stops o
 from __future__ import annotations
 
 import logging
-import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskStatus
 
+from runner import signals as stop_signals
 from runner.alerts import Alerts
+from runner.errors import leaves
 from runner.io.systemd import Notifier
+from runner.signals import Shutdown
+from runner.tasks import deliver, poll, target
 from runner.tasks.deliver import CycleSummary
 from runner.worker import DurableWorker
 
@@ -108,98 +110,6 @@ class Heartbeat:
         self.due = now + self.period
 
 
-class Shutdown:
-    """Signal state of a run, and the :class:`runner.tasks.deliver.SendGuard` of its sends."""
-
-    def __init__(self, grace: float) -> None:
-        self.grace = grace
-        self.stopping = False
-        self.hard = False
-        self.signum: int | None = None
-        self._stopped = anyio.Event()
-        self._send_scope: anyio.CancelScope | None = None
-        self._send_done = anyio.Event()
-        self._work_scope: anyio.CancelScope | None = None
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum if self.hard and self.signum else 0
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-    @contextmanager
-    def shield(self) -> Iterator[anyio.CancelScope]:
-        with anyio.CancelScope(shield=True) as scope:
-            self._send_scope, self._send_done = scope, anyio.Event()
-            if self.hard:
-                scope.cancel()
-            try:
-                yield scope
-            finally:
-                self._send_scope = None
-                self._send_done.set()
-
-    @contextmanager
-    def work(self) -> Iterator[anyio.CancelScope]:
-        """The scope of one cycle or poll pass: cancelled at once by a graceful stop when
-        no send is in flight (then only reads are interrupted)."""
-        with anyio.CancelScope() as scope:
-            self._work_scope = scope
-            try:
-                yield scope
-            finally:
-                self._work_scope = None
-
-    def on_signal(self, signum: int, tg: TaskGroup) -> None:
-        self.signum = signum
-        name = signal.Signals(signum).name
-        if self.stopping:
-            log.warning("second %s: stopping at once", name,
-                        extra={"action": "runner.hard_stop", "signal": name})
-            self._hard_stop(tg)
-            return
-        self.stopping = True
-        self._stopped.set()
-        if self._send_scope is not None:
-            log.warning("%s: letting the send in flight finish (grace %ss)", name, self.grace,
-                        extra={"action": "runner.stopping", "signal": name})
-            tg.start_soon(self._grace_timer, tg)
-        else:
-            log.warning("%s: stopping", name, extra={"action": "runner.stopping", "signal": name})
-            if self._work_scope is not None:
-                self._work_scope.cancel()
-
-    async def _grace_timer(self, tg: TaskGroup) -> None:
-        with anyio.move_on_after(self.grace):
-            await self._send_done.wait()
-            return
-        log.warning("grace of %ss ran out: stopping at once", self.grace,
-                    extra={"action": "runner.hard_stop", "reason": "grace"})
-        self._hard_stop(tg)
-
-    def _hard_stop(self, tg: TaskGroup) -> None:
-        self.hard = True
-        if self._send_scope is not None:
-            self._send_scope.cancel()
-        tg.cancel_scope.cancel()
-
-    async def sleep(self, seconds: float) -> None:
-        """Wait between cycles; returns at once when a stop is asked for."""
-        with anyio.move_on_after(seconds):
-            await self._stopped.wait()
-
-
-async def _watch_signals(
-    signals: AsyncIterator[int], shutdown: Shutdown, tg: TaskGroup, notifier: Notifier
-) -> None:
-    async for signum in signals:
-        first = not shutdown.stopping
-        shutdown.on_signal(signum, tg)
-        if first:
-            notifier.stopping(f"stopping on {signal.Signals(signum).name}")
-
-
 def _status(cycle: int, summary: CycleSummary) -> str:
     """A cycle's counts for the supervisor (systemd's STATUS=)."""
     return (f"cycle {cycle}: {summary.dispatched} sent, {summary.confirmed} confirmed, "
@@ -235,10 +145,11 @@ async def _lead_loop(
         summary = CycleSummary(recovered=recovered_at_start if cycle == 0 else 0)
         poll_changes = 0
         with shutdown.work():
-            await worker.run_cycle(summary=summary, guard=shutdown,
-                                   dispatch_limit=settings.dispatch_limit)
+            await deliver.run_cycle(worker.store, worker.port, worker.clock, guard=shutdown,
+                                    dispatch_limit=settings.dispatch_limit, summary=summary)
             if not shutdown.stopping:
-                polled = await worker.poll(settings.poll_limit)
+                polled = await poll.poll_pass(worker.store, worker.port, worker.clock,
+                                              settings.poll_limit, target.TRUSTED)
                 summary.polled, summary.poll_failed = polled.polled, polled.failed
                 poll_changes = polled.changed + polled.missing
         if not settings.quiet_idle or cycle == 0 or eventful(summary, poll_changes, failing):
@@ -304,10 +215,12 @@ async def run(
     (``runner.alerts``); what it queued is sent before the run ends."""
     shutdown = Shutdown(settings.grace)
     notifier = Notifier.from_env() if notifier is None else notifier
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with stop_signals.receiver() as signals:
         try:
-            async with worker.hold_lock() as recovered, anyio.create_task_group() as tg:
-                tg.start_soon(_watch_signals, signals, shutdown, tg, notifier)
+            async with deliver.holding_lock(worker.store, worker.port, worker.clock) as recovered, \
+                    anyio.create_task_group() as tg:
+                tg.start_soon(stop_signals.watch, signals, shutdown, tg,
+                              lambda name: notifier.stopping(f"stopping on {name}"))
                 if started is not None:
                     started()
                 notifier.ready(f"lock held, {recovered} recovered")
@@ -381,12 +294,5 @@ def _unwrap(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The task group wraps whatever the lead loop raised (a full or unreadable store, …)
     in a group; a lone error is raised as itself, so the CLI maps it to its exit code and
     one clean line instead of a traceback."""
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            pending.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    return leaves[0] if len(leaves) == 1 else group
+    found = leaves(group)
+    return found[0] if len(found) == 1 else group

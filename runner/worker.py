@@ -118,12 +118,12 @@ class DurableWorker:
         if self._locked:
             yield 0
             return
-        async with self.store.worker_lock():
+        check = None if self._target_checked else self._port
+        async with deliver.holding_lock(self.store, check, self.clock) as recovered:
+            self._target_checked = self._target_checked or check is not None
             self._locked = True
             try:
-                if self._port is not None:
-                    await self.check_target()
-                yield await deliver.recover(self.store, self.clock)
+                yield recovered
             finally:
                 self._locked = False
 
@@ -134,7 +134,8 @@ class DurableWorker:
         guard: deliver.SendGuard | None = None,
         summary: deliver.CycleSummary | None = None,
     ) -> deliver.CycleSummary:
-        """One cycle: recover -> reconcile -> dispatch (L8), under the worker lock."""
+        """One cycle: reconcile -> dispatch (L8), under the worker lock (taken for the
+        cycle unless ``hold_lock`` holds it: taking it recovers in-flight records)."""
         summary = summary if summary is not None else deliver.CycleSummary()
         async with self.hold_lock() as recovered:
             summary.recovered += recovered

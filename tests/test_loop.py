@@ -82,10 +82,11 @@ async def test_a_store_error_in_the_lead_loop_is_raised_as_itself(
     async with DurableWorker(db_location, SCOPE, ScriptedAdapter(workdir / "t.db")) as worker:
         await worker.accept(event(1))
 
-        async def failing_cycle(**_kw: object) -> CycleSummary:
+        async def full(*_args: object) -> None:
             raise StoreFull("the store is full (test)")
 
-        worker.run_cycle = failing_cycle  # type: ignore[method-assign]
+        # the cycle's first read (the uncertain records to reconcile) finds the store full
+        worker.store.uncertain_page = full  # type: ignore[method-assign]
         with anyio.fail_after(30), pytest.raises(StoreFull):
             await run(worker, LoopSettings(cycles=1, interval=0), lambda _s: None)
 

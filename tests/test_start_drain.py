@@ -18,7 +18,8 @@ import anyio.lowlevel
 import pytest
 
 from runner import DurableWorker
-from runner.loop import LoopSettings, Shutdown, _drain, run
+from runner.loop import LoopSettings, _drain, run
+from runner.signals import Shutdown
 from tests.fakes import ScriptedAdapter
 from tests.helpers import SCOPE, event, run_cli, write_json
 

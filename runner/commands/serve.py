@@ -26,7 +26,7 @@ from runner.errors import UsageError
 if TYPE_CHECKING:
     from anyio.abc import TaskStatus
 
-    from runner import loop
+    from runner import signals
     from runner.io.http.auth import WebhookAuth
     from runner.io.http.health import LoopState, Mode
     from runner.io.http.metrics import Metrics
@@ -143,7 +143,7 @@ class HttpService:
     def __init__(self, server: HttpServer, state: LoopState, metrics: Metrics) -> None:
         self.server, self.state, self.metrics = server, state, metrics
 
-    async def run(self, shutdown: loop.Shutdown, *,
+    async def run(self, shutdown: signals.Shutdown, *,
                   task_status: TaskStatus[None]) -> None:
         self.state.lock_held = True
         self.state.stop_source = lambda: shutdown.stopping

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -32,6 +32,7 @@ from runner.clock import Clock
 from runner.port import CRMRecordPort, readback_in_words
 from runner.states import IllegalTransition, LeadState
 from runner.store import DispatchSteps, LeadWork, Store
+from runner.tasks import target
 
 log = logging.getLogger("runner.deliver")
 
@@ -304,6 +305,22 @@ def _log_outcome(work: LeadWork, outcome: LeadState) -> None:
         "from_state": "in_flight", "to_state": outcome.value})
 
 
+@asynccontextmanager
+async def holding_lock(
+    store: Store, port: CRMRecordPort | None, clock: Clock
+) -> AsyncIterator[int]:
+    """Hold the worker lock (L7) for a run of cycles.  On acquiring it the target is
+    checked (with a ``port``; ``runner.tasks.target``: a bad target stops the run before
+    any record changes), then every in-flight record becomes uncertain: recovery runs
+    once per acquisition, since no other worker can leave a record in flight while the
+    lock is held.  Yields how many were recovered.  Raises LockHeld (exit 75) at once if
+    another live worker holds it."""
+    async with store.worker_lock():
+        if port is not None:
+            await target.check_for_writes(store, port, clock)
+        yield await recover(store, clock)
+
+
 async def run_cycle(
     store: Store,
     port: CRMRecordPort,
@@ -313,12 +330,12 @@ async def run_cycle(
     dispatch_limit: int | None = None,
     summary: CycleSummary | None = None,
 ) -> CycleSummary:
-    """recover -> reconcile every uncertain record -> dispatch (L8).  The caller holds the
-    worker lock for the whole cycle.  ``summary`` is filled as the cycle goes, so a cycle
-    interrupted by a stop still reports what it did."""
+    """reconcile every uncertain record -> dispatch (L8).  The caller holds the worker lock
+    (``holding_lock``, which recovered in-flight records when it took it).  ``summary`` is
+    filled as the cycle goes, so a cycle interrupted by a stop still reports what it
+    did."""
     guard = guard or NoGuard()
     summary = summary if summary is not None else CycleSummary()
-    summary.recovered += await recover(store, clock)
     summary.reconciled += await reconcile_all(store, port, clock, guard)
     await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit)
     return summary

@@ -10,18 +10,19 @@ cycles go to the log (stderr), not stdout, which keeps one line per lead cycle.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
 
+from runner import signals
 from runner.clock import Clock, SystemClock
 from runner.pipeline.engine import Registry, WorkerSettings
 from runner.pipeline.hotconfig import HotConfig, RetrieverConfig
 from runner.pipeline.port import PipelineStore
 from runner.pipeline.workers import WORKERS, Drain, Emit, WorkerCycle, run_worker
+from runner.signals import Shutdown
 
 if TYPE_CHECKING:
     from runner.store import Store
@@ -41,27 +42,20 @@ async def run_worker_until_signalled(
     store: PipelineStore, name: str, *, registry: Registry, settings: WorkerSettings,
     clock: Clock, cycles: int | None, config: HotConfig, emit: Emit,
 ) -> int:
-    """Run a worker in the foreground.  SIGINT/SIGTERM stop it: the batch in hand is
-    given back at once (its items are claimable again) and the exit code is 0."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """Run a worker in the foreground.  SIGINT/SIGTERM stop it (``runner.signals``): the
+    batch in hand is given back at once (its items are claimable again) and the exit code
+    is 0; the worker has no send to let finish."""
+    shutdown = Shutdown(grace=0.0)
+    with signals.receiver() as received:
         # from here on a signal stops the worker gracefully; say so, for supervisors
         log.info("%s started", name, extra={"action": "worker.started", "worker": name})
         async with anyio.create_task_group() as tg:
-            async def stop_on_signal() -> None:
-                async for signum in signals:
-                    log.warning("%s: stopping", signal.Signals(signum).name,
-                                extra={"action": "worker.stopping", "worker": name})
-                    tg.cancel_scope.cancel()
-                    return
-
-            async def work() -> None:
+            tg.start_soon(signals.watch, received, shutdown, tg)
+            with shutdown.work():
                 await run_worker(store, name, registry=registry, clock=clock,
                                  settings=settings, cycles=cycles, config=config, emit=emit)
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(stop_on_signal)
-            tg.start_soon(work)
-    return 0
+            tg.cancel_scope.cancel()
+    return shutdown.exit_code
 
 
 #: at most one ``pipeline.progress`` line per worker this often (seconds)
@@ -124,15 +118,12 @@ def pipeline_background_tasks(
 
     def make(name: str) -> Callable[[], Awaitable[None]]:
         async def task() -> None:
-            store = await open_store()
-            try:
+            # the task ends by cancellation: the store's close shields itself
+            async with await open_store() as store:
                 await run_worker(store, name, registry=registry, clock=clock or SystemClock(),
                                  settings=settings, config=retriever_config(config_path,
                                                                             settings),
                                  emit=CycleLog(name), drain=drain)
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await store.aclose()
         return task
 
     return [(f"pipeline {name}", make(name)) for name in names]

@@ -126,13 +126,9 @@ def sweep_background_task(
     next_run(datetime.now(UTC), interval)  # refuse a bad interval when the task is built
 
     async def task() -> None:
-        store = await open_store()
-        try:
+        # the task ends by cancellation: the store's close shields itself
+        async with await open_store() as store:
             await run_sweep_schedule(store, clock or SystemClock(), interval=interval,
                                      sleep=sleep)
-        finally:
-            # the task ends by cancellation: close the connection all the same
-            with anyio.CancelScope(shield=True):
-                await store.aclose()
 
     return SCHEDULE.name, task
