@@ -9,7 +9,9 @@ Names are imported lazily so that ``runner status`` does not pay for what it doe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from runner.lazy import reexport
 
 __version__ = "0.1.0"
 
@@ -64,9 +66,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'runner' has no attribute {name!r}")
+__getattr__ = reexport(__name__, _WHERE)

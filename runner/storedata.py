@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from runner.errors import ConfigMismatch
 from runner.ids import WriteId
-from runner.lazy import reexport
+from runner.lazy import from_module, reexport
 from runner.states import LeadState
 
 if TYPE_CHECKING:
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 #: the data of the write paths lives in ``runner.storework`` and is importable from here
 #: too, loaded on first use: reading the store for ``status`` never builds those classes
-__getattr__ = reexport(__name__, "runner.storework", (
+__getattr__ = reexport(__name__, from_module("runner.storework", (
     "AcceptItem", "AcceptOutcome", "Decision", "LeadWork", "ObservationWrite", "PollTarget",
-    "ResolveSubject"))
+    "ResolveSubject")))
 
 AcceptResultKind = Literal["accepted", "duplicate", "conflict"]
 

@@ -41,7 +41,6 @@ NOT_ON_STATUS_PATH = (
     "runner.pipeline.engine",
     "runner.pipeline.funnel",
     "runner.pipeline.port",
-    "runner.pipeline.work",
     "runner.tasks.sweep",
     "runner.io.filelock",
 )

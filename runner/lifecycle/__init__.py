@@ -9,7 +9,9 @@ store operations it needs.  Pure: no I/O here; adapters live in ``runner.io``.
     port.py     CandidateStore: the domain operations a Store implements
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from runner.lazy import reexport
 
 if TYPE_CHECKING:
     from runner.lifecycle.model import Candidate
@@ -36,14 +38,8 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Names load on first use: importing the package must not build pydantic models."""
-    import importlib
-
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'runner.lifecycle' has no attribute {name!r}")
-
+#: names load on first use: importing the package must not build pydantic models
+__getattr__ = reexport(__name__, _WHERE)
 
 __all__ = [
     "Candidate",

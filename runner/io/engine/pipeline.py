@@ -42,7 +42,7 @@ from runner.pipeline.model import (
 from runner.retention import below_floor
 
 if TYPE_CHECKING:  # built on the worker's path only: status never loads them
-    from runner.pipeline.work import Claim, Completion, NewRecord, OutboxEvent, Output
+    from runner.pipeline.model import Claim, Completion, NewRecord, OutboxEvent, Output
 
 #: the schema version that keeps the outbox's prune floor (``outbox_retention``)
 RETENTION_VERSION = 7
@@ -128,7 +128,7 @@ class PipelineOps(Db):
 
     async def claim(self, ref: ProcessorRef, owner: str, limit: int, lease_ms: int,
                     now_ms: int) -> Claim:
-        from runner.pipeline.work import Claim, Item
+        from runner.pipeline.model import Claim, Item
 
         expires = now_ms + lease_ms
         token, rows = await self._claim_rows({
@@ -211,7 +211,7 @@ class PipelineOps(Db):
 
     async def read_outbox(self, after_seq: int, limit: int, upto_seq: int | None = None
                           ) -> list[OutboxEvent]:
-        from runner.pipeline.work import OutboxEvent
+        from runner.pipeline.model import OutboxEvent
 
         rows = await self.fetch("read_pipeline_outbox", after=after_seq, limit=limit,
                                 upto=MAX_SEQ if upto_seq is None else upto_seq)

@@ -41,7 +41,7 @@ from runner.io.postgres.pipeline_schema import CHANNEL
 from runner.pipeline.model import Stage, canonical
 
 if TYPE_CHECKING:
-    from runner.pipeline.work import NewRecord
+    from runner.pipeline.model import NewRecord
 
 log = logging.getLogger("runner.pipeline")
 

@@ -20,7 +20,7 @@ from runner.io.sqlite.base import SQLiteBase
 from runner.pipeline.model import Stage, canonical
 
 if TYPE_CHECKING:
-    from runner.pipeline.work import NewRecord
+    from runner.pipeline.model import NewRecord
 
 
 class PollWakeups:

@@ -33,8 +33,8 @@ from runner.pipeline.model import Stage
 if TYPE_CHECKING:  # imported where they run: ``status`` needs only the names below
     from runner.clock import Clock
     from runner.pipeline.engine import RoundResult
+    from runner.pipeline.model import NewRecord, OutboxEvent
     from runner.pipeline.port import PipelineStore
-    from runner.pipeline.work import NewRecord, OutboxEvent
 
 STAGE = Stage.RAW_INGESTION
 WORKER = "raw-retriever"
@@ -68,7 +68,7 @@ def _kept(kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
 
 def to_record(event: OutboxEvent) -> NewRecord:
     """The D1 record of an outbox event (privacy: only the fields listed here)."""
-    from runner.pipeline.work import NewRecord
+    from runner.pipeline.model import NewRecord
 
     tenant = event.payload.get("tenant_id")
     return NewRecord(f"outbox:{event.seq}", {
