@@ -20,15 +20,15 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import asyncpg
 
 from runner.io.postgres import connection
+from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.dsn import PgLocation
 from runner.io.postgres.pipeline_schema import CHANNEL
-from runner.io.postgres.retention import RetentionQueries
 from runner.pipeline.model import (
     FUNNEL_KEY_PREFIX,
     LevelCounts,
@@ -164,7 +164,10 @@ class ListenWakeups:
             await connection.close_quietly(conn)
 
 
-class PipelineLevelQueries(RetentionQueries):
+class PipelineLevelQueries(PostgresBase):
+    if TYPE_CHECKING:  # runner.io.engine.retention.RetentionOps, composed in store.py
+        async def check_outbox_floor(self, after_seq: int) -> None: ...
+
     async def read_outbox(self, after_seq: int, limit: int, upto_seq: int | None = None
                           ) -> list[OutboxEvent]:
         async with self._guard():

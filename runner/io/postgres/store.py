@@ -2,37 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.io.engine.figures import FigureOps
+from runner.io.engine.leads import LeadOps
+from runner.io.engine.observe import PollOps
+from runner.io.engine.operators import OperatorOps
+from runner.io.engine.retention import RetentionOps
 from runner.io.postgres import connection
 from runner.io.postgres.candidates import CandidateQueries
 from runner.io.postgres.delivery import DeliveryQueries
 from runner.io.postgres.dsn import parse
-from runner.io.postgres.leads import LeadQueries
-from runner.io.postgres.observe import ObserveQueries
-from runner.io.postgres.operators import OperatorQueries
+from runner.io.postgres.leads import LeadHooks
 from runner.io.postgres.pipeline_levels import PipelineLevelQueries
 from runner.io.postgres.pipeline_work import PipelineWorkQueries
-from runner.storedata import StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(FigureOps, ObserveQueries, LeadQueries, DeliveryQueries,
-                    OperatorQueries, CandidateQueries, PipelineWorkQueries,
+class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
+                    DeliveryQueries, CandidateQueries, PipelineWorkQueries,
                     PipelineLevelQueries):
-    async def summary(self) -> StoreSummary:
-        lead_summary = await LeadQueries.summary(self)
-        retention = await self.retention_state()
-        if retention.floor == 0:
-            return lead_summary
-        return replace(lead_summary, outbox_pruned={
-            "floor": retention.floor, "count": retention.pruned,
-            "by_kind": retention.pruned_by_kind})
-
     async def __aenter__(self) -> PostgresStore:
         return self
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from runner.io.sqlite.retention import RetentionQueries
+from runner.io.sqlite.base import SQLiteBase
 from runner.pipeline.model import (
     FUNNEL_KEY_PREFIX,
     LevelCounts,
@@ -71,7 +71,10 @@ class PollWakeups:
         await anyio.sleep(seconds)
 
 
-class PipelineLevelQueries(RetentionQueries):
+class PipelineLevelQueries(SQLiteBase):
+    if TYPE_CHECKING:  # runner.io.engine.retention.RetentionOps, composed in store.py
+        async def check_outbox_floor(self, after_seq: int) -> None: ...
+
     async def read_outbox(self, after_seq: int, limit: int, upto_seq: int | None = None
                           ) -> list[OutboxEvent]:
         from runner.pipeline.work import OutboxEvent
