@@ -1,8 +1,8 @@
 """Status observations (SPEC L11, L12): the poll page, a record's snapshot, and a poll
 pass's writes, stored in one transaction whatever its size.
 
-Two statements over lists (none per record): the changed snapshots, then every polled
-record's poll time together with the missing ones' move.  The ``status_changed`` event is
+Statements over lists (none per record): the changed snapshots, every polled record's
+poll time, and (when there are any) the missing ones' move.  The ``status_changed`` event is
 written by a trigger that fires only when the stored snapshot really differs, so an
 unchanged poll writes no event, and two pollers racing on one change write it once.
 
@@ -73,10 +73,10 @@ class PollOps(Db):
         """Inside a transaction; returns how many snapshots really changed."""
         changes = [[w.write_id, w.snapshot] for w in writes if w.outcome == "changed"]
         changed = await self.execute("observe_changed", at=at, changes=changes) if changes else 0
-        await self.execute(
-            "observe_polled", at=at, write_ids=[w.write_id for w in writes],
-            missing=[w.write_id for w in writes if w.outcome == "missing"],
-            missing_snapshot=MISSING_SNAPSHOT)
+        await self.execute("observe_polled", at=at, write_ids=[w.write_id for w in writes])
+        if missing := [w.write_id for w in writes if w.outcome == "missing"]:
+            await self.execute("observe_missing", at=at, write_ids=missing,
+                               missing_snapshot=MISSING_SNAPSHOT)
         return max(changed, 0)
 
     async def _poll_health(self, failure: str | None, at: str) -> bool:

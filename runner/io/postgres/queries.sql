@@ -111,16 +111,15 @@ FROM unnest((:changes::text[])[:][1:1], (:changes::text[])[:][2:2]) AS c(write_i
 WHERE l.write_id = c.write_id AND l.state = 'confirmed'
   AND l.snapshot IS DISTINCT FROM c.snapshot
 
--- every polled record's poll time, and the missing ones' move
+-- every polled record's poll time
 -- name: observe_polled
-UPDATE {s}.leads SET last_polled_at = :at,
-    state = CASE WHEN write_id = ANY(:missing::text[]) THEN 'confirmed_then_missing'
-                 ELSE state END,
-    snapshot = CASE WHEN write_id = ANY(:missing::text[]) THEN :missing_snapshot
-                    ELSE snapshot END,
-    snapshot_changed_at = CASE WHEN write_id = ANY(:missing::text[]) THEN :at
-                               ELSE snapshot_changed_at END,
-    updated_at = CASE WHEN write_id = ANY(:missing::text[]) THEN :at ELSE updated_at END
+UPDATE {s}.leads SET last_polled_at = :at
+WHERE state = 'confirmed' AND write_id = ANY(:write_ids::text[])
+
+-- the records the target no longer has
+-- name: observe_missing
+UPDATE {s}.leads SET state = 'confirmed_then_missing', snapshot = :missing_snapshot,
+                     snapshot_changed_at = :at, updated_at = :at
 WHERE state = 'confirmed' AND write_id = ANY(:write_ids::text[])
 
 -- poll-health runs are shared by every process of the store: a pass takes this

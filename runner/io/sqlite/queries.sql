@@ -100,26 +100,26 @@ WHERE state = 'confirmed' ORDER BY last_polled_at, seq LIMIT :limit
 -- name: clamp_poll_times
 UPDATE leads SET last_polled_at = :at WHERE state = 'confirmed' AND last_polled_at > :at
 
--- :changes is a JSON array of [write_id, snapshot]; the count is of snapshots that differ
+-- :changes is a JSON array of [write_id, snapshot]; the count is of snapshots that differ.
+-- +state keeps SQLite (no statistics) from walking every confirmed record by the state
+-- index, each against the whole list: it looks the changed ones up by write_id instead
 -- name: observe_changed
 UPDATE leads SET snapshot = json_extract(c.value, '$[1]'), snapshot_changed_at = :at,
                  updated_at = :at
 FROM json_each(:changes) AS c
-WHERE leads.write_id = json_extract(c.value, '$[0]') AND leads.state = 'confirmed'
+WHERE leads.write_id = json_extract(c.value, '$[0]') AND +leads.state = 'confirmed'
   AND leads.snapshot IS NOT json_extract(c.value, '$[1]')
 
--- every polled record's poll time, and the missing ones' move
+-- every polled record's poll time
 -- name: observe_polled
-UPDATE leads SET last_polled_at = :at,
-    state = CASE WHEN write_id IN (SELECT value FROM json_each(:missing))
-                 THEN 'confirmed_then_missing' ELSE state END,
-    snapshot = CASE WHEN write_id IN (SELECT value FROM json_each(:missing))
-                    THEN :missing_snapshot ELSE snapshot END,
-    snapshot_changed_at = CASE WHEN write_id IN (SELECT value FROM json_each(:missing))
-                               THEN :at ELSE snapshot_changed_at END,
-    updated_at = CASE WHEN write_id IN (SELECT value FROM json_each(:missing))
-                      THEN :at ELSE updated_at END
+UPDATE leads SET last_polled_at = :at
 WHERE state = 'confirmed' AND write_id IN (SELECT value FROM json_each(:write_ids))
+
+-- the records the target no longer has (by write_id, as above)
+-- name: observe_missing
+UPDATE leads SET state = 'confirmed_then_missing', snapshot = :missing_snapshot,
+                 snapshot_changed_at = :at, updated_at = :at
+WHERE +state = 'confirmed' AND write_id IN (SELECT value FROM json_each(:write_ids))
 
 -- name: open_poll_run
 SELECT run, failure FROM poll_health WHERE recovered_at IS NULL ORDER BY run DESC LIMIT 1
