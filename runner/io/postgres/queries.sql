@@ -110,6 +110,7 @@ UPDATE {s}.leads AS l SET snapshot = c.snapshot, snapshot_changed_at = :at, upda
 FROM unnest((:changes::text[])[:][1:1], (:changes::text[])[:][2:2]) AS c(write_id, snapshot)
 WHERE l.write_id = c.write_id AND l.state = 'confirmed'
   AND l.snapshot IS DISTINCT FROM c.snapshot
+RETURNING l.seq
 
 -- every polled record's poll time
 -- name: observe_polled

@@ -100,7 +100,7 @@ WHERE state = 'confirmed' ORDER BY last_polled_at, seq LIMIT :limit
 -- name: clamp_poll_times
 UPDATE leads SET last_polled_at = :at WHERE state = 'confirmed' AND last_polled_at > :at
 
--- :changes is a JSON array of [write_id, snapshot]; the count is of snapshots that differ.
+-- :changes is a JSON array of [write_id, snapshot]; a row for each snapshot that differs.
 -- +state keeps SQLite (no statistics) from walking every confirmed record by the state
 -- index, each against the whole list: it looks the changed ones up by write_id instead
 -- name: observe_changed
@@ -109,6 +109,7 @@ UPDATE leads SET snapshot = json_extract(c.value, '$[1]'), snapshot_changed_at =
 FROM json_each(:changes) AS c
 WHERE leads.write_id = json_extract(c.value, '$[0]') AND +leads.state = 'confirmed'
   AND leads.snapshot IS NOT json_extract(c.value, '$[1]')
+RETURNING seq
 
 -- every polled record's poll time
 -- name: observe_polled
