@@ -60,9 +60,11 @@ class LeadHooks(SQLiteBase):
                 self._owner = owner
 
     async def _insert_new(self, items: Sequence[AcceptItem], at: str) -> set[str]:
+        if len(items) <= RETURNING_ROWS:  # one statement: its own transaction, one call
+            return await self._insert_chunk(items, at)
         chunks = [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
         inserted: set[str] = set()
-        if len(chunks) == 1:  # one statement: its own transaction, one awaited call
+        if len(chunks) == 1:  # its changes() read follows it with no statement between
             async with self._held():
                 return await self._insert_chunk(chunks[0], at)
         async with self.transaction():
