@@ -233,15 +233,13 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
     async def record_poll_pass(
         self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
     ) -> tuple[int, bool]:
-        """``apply_observations`` and ``record_poll_health`` in one transaction (one
-        commit per poll pass); returns (snapshots changed, health event written)."""
-        ...
+        """``apply_observations`` and the pass's poll health in one transaction (one
+        commit per poll pass); returns (snapshots changed, health event written).
 
-    async def record_poll_health(self, failure: str | None, now: datetime) -> bool:
-        """Note a pass's read failure (or ``None`` for a healthy pass).  A failure that
-        differs from the open run starts a new run with one ``poll_health`` event; the same
-        failure only extends the run; a healthy pass closes it.  Returns True if an event
-        was written.  Safe across processes (one transaction)."""
+        ``failure`` is the pass's read failure, or ``None`` for a healthy pass.  A failure
+        that differs from the open run starts a new run with one ``poll_health`` event; the
+        same failure only extends the run; a healthy pass closes it.  Safe across
+        processes."""
         ...
 
     async def summary(self) -> StoreSummary:

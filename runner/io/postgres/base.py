@@ -24,11 +24,11 @@ from asyncpg.transaction import Transaction
 from runner.errors import StoreBusy
 from runner.io.engine.db import Db, Row
 from runner.io.engine.queries import load
+from runner.io.engine.scope import PinnedScope
 from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
 from runner.io.postgres.lock import AdvisoryLock, Fence
 from runner.io.postgres.schema import render
-from runner.io.storeops import PinnedScope
 from runner.storedata import ScopeData
 
 if TYPE_CHECKING:

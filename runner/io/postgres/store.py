@@ -2,39 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.figures import FigureOps
+from runner.io.engine.leads import LeadOps
+from runner.io.engine.observe import PollOps
+from runner.io.engine.operators import OperatorOps
 from runner.io.engine.pipeline import PipelineOps
+from runner.io.engine.retention import RetentionOps
 from runner.io.postgres import connection
 from runner.io.postgres.delivery import FencedMark
 from runner.io.postgres.dsn import parse
-from runner.io.postgres.leads import LeadQueries
-from runner.io.postgres.observe import ObserveQueries
-from runner.io.postgres.operators import OperatorQueries
+from runner.io.postgres.leads import LeadHooks
 from runner.io.postgres.pipeline import PipelineHooks
-from runner.io.postgres.retention import RetentionQueries
-from runner.storedata import StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class PostgresStore(FigureOps, ObserveQueries, LeadQueries, FencedMark, DeliveryOps,
-                    OperatorQueries, CandidateOps, PipelineOps, PipelineHooks,
-                    RetentionQueries):
-    async def summary(self) -> StoreSummary:
-        lead_summary = await LeadQueries.summary(self)
-        retention = await self.retention_state()
-        if retention.floor == 0:
-            return lead_summary
-        return replace(lead_summary, outbox_pruned={
-            "floor": retention.floor, "count": retention.pruned,
-            "by_kind": retention.pruned_by_kind})
-
+class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
+                    FencedMark, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
     async def __aenter__(self) -> PostgresStore:
         return self
 

@@ -19,8 +19,8 @@ import anyio
 
 from runner.io.engine.db import Db, Row
 from runner.io.engine.queries import load
+from runner.io.engine.scope import PinnedScope
 from runner.io.sqlite import connection
-from runner.io.storeops import PinnedScope
 from runner.storedata import ScopeData
 
 if TYPE_CHECKING:

@@ -3,38 +3,27 @@
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.figures import FigureOps
+from runner.io.engine.leads import LeadOps
+from runner.io.engine.observe import PollOps
+from runner.io.engine.operators import OperatorOps
 from runner.io.engine.pipeline import PipelineOps
+from runner.io.engine.retention import RetentionOps
 from runner.io.sqlite import connection
 from runner.io.sqlite.delivery import BlockingDispatch
-from runner.io.sqlite.leads import LeadQueries
-from runner.io.sqlite.observe import ObserveQueries
-from runner.io.sqlite.operators import OperatorQueries
+from runner.io.sqlite.leads import LeadHooks
 from runner.io.sqlite.pipeline import PipelineHooks
-from runner.io.sqlite.retention import RetentionQueries
-from runner.storedata import StoreSummary
 
 if TYPE_CHECKING:
     from runner.models import Scope
 
 
-class SQLiteStore(FigureOps, ObserveQueries, LeadQueries, BlockingDispatch, DeliveryOps,
-                  OperatorQueries, CandidateOps, PipelineOps, PipelineHooks,
-                  RetentionQueries):
-    async def summary(self) -> StoreSummary:
-        lead_summary = await LeadQueries.summary(self)
-        retention = await self.retention_state()
-        pruned = None if retention.floor == 0 else {
-            "floor": retention.floor, "count": retention.pruned,
-            "by_kind": retention.pruned_by_kind}
-        return replace(lead_summary, poll_health=await self.poll_health_runs(),
-                       outbox_pruned=pruned, decisions=await self.recent_decisions())
-
+class SQLiteStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
+                  BlockingDispatch, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
     async def __aenter__(self) -> SQLiteStore:
         return self
 
