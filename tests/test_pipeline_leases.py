@@ -15,13 +15,13 @@ from runner.pipeline.engine import (
     Processor,
     WorkerSettings,
     completions,
-    default_registry,
     now_ms,
     run_round,
 )
 from runner.pipeline.funnel import LeadFacts
 from runner.pipeline.jobs import run_job
 from runner.pipeline.model import Claim, Item, LeaseLost, Outcome
+from runner.pipeline.plugins import default_registry
 from runner.store import Store
 from tests.pipeline_fixtures import NOW, lead_history, level, query
 
