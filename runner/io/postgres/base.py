@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, cast
 
@@ -22,9 +22,9 @@ import asyncpg
 from asyncpg.transaction import Transaction
 
 from runner.errors import StoreBusy
+from runner.io.engine.base import StoreBase
 from runner.io.engine.db import Db, Row
 from runner.io.engine.queries import load
-from runner.io.engine.scope import PinnedScope
 from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
 from runner.io.postgres.lock import AdvisoryLock, Fence
@@ -32,7 +32,7 @@ from runner.io.postgres.schema import render
 from runner.storedata import ScopeData
 
 if TYPE_CHECKING:
-    from runner.models import Scope
+    pass
 
 QUERIES = load("runner.io.postgres")
 #: each query's SQL with ``$n`` placeholders, and its parameter names in that order
@@ -42,7 +42,11 @@ _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError,
               asyncpg.exceptions.SerializationError)
 
 
-class PostgresBase(PinnedScope, Db):
+class PostgresBase(StoreBase, Db):
+    """The connection port on one asyncpg session: named statements become ``$n`` SQL in
+    the store's schema, deadlock victims are run again, ``reading()`` is a read-only
+    repeatable-read snapshot."""
+
     backend = "postgres"
 
     def __init__(
@@ -50,13 +54,7 @@ class PostgresBase(PinnedScope, Db):
     ) -> None:
         self._conn = conn
         self.location = loc
-        self.scope_data = scope
-        self._scope: Scope | None = None
-        self.schema_version = version
-        self._lock = anyio.Lock()
-        #: the task inside reading() or _transaction(): it holds the lock already, and its
-        #: statements belong to the open transaction (other tasks still wait for the lock)
-        self._owner: object | None = None
+        self._setup(scope, version, anyio.Lock())
         #: set while this store's worker lock is held: the in-flight mark checks it
         self._fence: Fence | None = None
 
@@ -71,13 +69,6 @@ class PostgresBase(PinnedScope, Db):
 
     def _sql(self, template: str) -> str:
         return _qualified(template, self.location.schema_ident)
-
-    def _inside(self) -> bool:
-        """True in the task that has a transaction open (anyio.Lock is not reentrant)."""
-        return self._owner is not None and self._owner == anyio.get_current_task().id
-
-    def _guard(self) -> AbstractAsyncContextManager[Any]:
-        return nullcontext() if self._inside() else self._lock
 
     # -- the connection port (runner.io.engine.db.Db) ------------------------------------
 

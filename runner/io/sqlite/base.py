@@ -11,21 +11,20 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 import anyio
 
+from runner.io.engine.base import StoreBase
 from runner.io.engine.db import Db, Row
 from runner.io.engine.queries import load
-from runner.io.engine.scope import PinnedScope
 from runner.io.sqlite import connection
 from runner.storedata import ScopeData
 
 if TYPE_CHECKING:
     from runner.io.filelock import FileLock
-    from runner.models import Scope
 
 
 QUERIES = load("runner.io.sqlite")
@@ -39,7 +38,11 @@ def _bindable(params: Mapping[str, Any]) -> Mapping[str, Any]:
     return params
 
 
-class SQLiteBase(PinnedScope, Db):
+class SQLiteBase(StoreBase, Db):
+    """The connection port on one aiosqlite connection (its own thread): named statements
+    bind ``:param`` natively, ``transaction()`` is ``BEGIN IMMEDIATE``, ``reading()`` a
+    WAL read transaction."""
+
     backend = "sqlite"
 
     def __init__(
@@ -47,16 +50,9 @@ class SQLiteBase(PinnedScope, Db):
     ) -> None:
         self._conn = conn
         self.path = path
-        self.scope_data = scope
-        self._scope: Scope | None = None
-        self.schema_version = version
         # fast: an uncontended acquire does not yield first (every holder awaits its
         # statement at once, which yields anyway); a cancelled caller still stops here
-        self._lock = anyio.Lock(fast_acquire=True)
-        #: the task inside reading() or transaction(): only its statements skip the lock
-        #: (it holds it already); any other task waits, instead of running inside the
-        #: open transaction
-        self._owner: object | None = None
+        self._setup(scope, version, anyio.Lock(fast_acquire=True))
 
     async def aclose(self) -> None:
         await connection.close_quietly(self._conn)
@@ -65,12 +61,6 @@ class SQLiteBase(PinnedScope, Db):
         from runner.io.filelock import FileLock, lock_path_for  # workers only, not status
 
         return FileLock(lock_path_for(self.path))
-
-    def _guard(self) -> AbstractAsyncContextManager[Any]:
-        # inside reading() or transaction() the lock is already ours (anyio.Lock is not
-        # reentrant)
-        inside = self._owner is not None and self._owner == anyio.get_current_task().id
-        return nullcontext() if inside else self._lock
 
     # -- the connection port (runner.io.engine.db.Db) ------------------------------------
 

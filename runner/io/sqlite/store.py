@@ -24,11 +24,8 @@ if TYPE_CHECKING:
 
 class SQLiteStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
                   BlockingDispatch, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
-    async def __aenter__(self) -> SQLiteStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    """The store: the engine's operations (``runner.io.engine``) over this dialect's
+    connection and hooks."""
 
 
 async def open_sqlite_store(
