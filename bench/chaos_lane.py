@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.invariants import DELETED_TABLE, Audit, audit, is_postgres, query
+from harness.invariants import DELETED_TABLE, Audit, audit, is_postgres, query
 from runner.crashpoints import POINTS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -59,8 +59,8 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 async def add_candidates(db: str, spec: str) -> None:
     """Candidates for the sweep to act on at ``T0`` + 10 minutes."""
+    from runner.candidates import rules
     from runner.io.stores import open_store
-    from runner.lifecycle import rules
 
     async with await open_store(db) as store:
         for n, kind in enumerate(spec):

@@ -51,8 +51,8 @@ from bench.chaos_lane import (  # noqa: E402
     drop_postgres_schema,
     postgres_location,
 )
-from bench.invariants import audit, query  # noqa: E402
 from bench.results import record  # noqa: E402
+from harness.invariants import audit, query  # noqa: E402
 from runner.io.http.auth import sign  # noqa: E402
 
 RUN = str(ROOT / "run.py")

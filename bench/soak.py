@@ -58,7 +58,7 @@ from bench.chaos_lane import (  # noqa: E402
     drop_postgres_schema,
     postgres_location,
 )
-from bench.invariants import audit, is_postgres, query  # noqa: E402
+from harness.invariants import audit, is_postgres, query  # noqa: E402
 
 RUN = str(ROOT / "run.py")
 RESULTS = ROOT / "bench" / "results"

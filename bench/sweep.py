@@ -43,9 +43,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.results import record  # noqa: E402
+from runner.candidates.rules import stuck_cutoff  # noqa: E402
 from runner.clock import to_text  # noqa: E402
 from runner.io.stores import open_store  # noqa: E402
-from runner.lifecycle.rules import stuck_cutoff  # noqa: E402
 
 T0 = datetime(2026, 8, 11, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(minutes=60)

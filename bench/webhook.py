@@ -147,7 +147,7 @@ def intake(n: int) -> list[Row]:
 def build_store(db: Path, n: int, uncertain: int) -> None:
     """``n`` leads through the schema's own triggers, ``uncertain`` of them uncertain."""
     from runner.io.stores import open_store
-    from runner.models import validate_scope
+    from runner.leads.models import validate_scope
 
     async def create() -> None:
         async with await open_store(str(db), scope=validate_scope(SCOPE)):

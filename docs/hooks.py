@@ -193,13 +193,13 @@ def _transition_table(transitions: Any) -> str:
 
 
 def render_lead_transitions(_: str) -> str:
-    from runner.states import TRANSITIONS
+    from runner.leads.states import TRANSITIONS
 
     return _transition_table(TRANSITIONS)
 
 
 def render_candidate_transitions(_: str) -> str:
-    from runner.lifecycle.states import TRANSITIONS
+    from runner.candidates.states import TRANSITIONS
 
     return _transition_table(TRANSITIONS)
 

@@ -42,7 +42,7 @@
 #define MAXRESOLVE 1
 #endif
 
-/* record states (runner/states.py LeadState); NONE: not in the store */
+/* record states (runner/leads/states.py LeadState); NONE: not in the store */
 #define NONE        0
 #define PREPARED    1
 #define IN_FLIGHT   2
@@ -120,7 +120,7 @@ inline in_transit(mask, delta) {
   k = 0
 }
 
-/* -- accept (runner/intake.py): commit, then answer ----------------------------------- */
+/* -- accept (runner/leads/intake.py): commit, then answer ----------------------------------- */
 #define COMMIT_ACCEPT  if :: st[i] == NONE -> st[i] = PREPARED :: else fi  /* L3: a duplicate changes nothing */
 #define ANSWER         acked[i] = true
 #ifdef M_ACK_BEFORE_COMMIT

@@ -34,9 +34,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from runner.errors import RunnerError
-    from runner.intake import AcceptResult
-    from runner.models import CRMRecord, LeadEvent, Scope
-    from runner.port import (
+    from runner.leads.intake import AcceptResult
+    from runner.leads.models import CRMRecord, LeadEvent, Scope
+    from runner.leads.port import (
         BeforeWriteError,
         CRMAdapter,
         CRMRecordPort,
@@ -45,24 +45,24 @@ if TYPE_CHECKING:
         Snapshot,
         TargetRow,
     )
-    from runner.states import LeadState
+    from runner.leads.states import LeadState
     from runner.worker import DurableWorker
 
 _WHERE = {
-    "AcceptResult": "runner.intake",
-    "BeforeWriteError": "runner.port",
-    "CRMAdapter": "runner.port",
-    "CRMRecord": "runner.models",
-    "CRMRecordPort": "runner.port",
-    "Missing": "runner.port",
-    "ReadFailure": "runner.port",
-    "Snapshot": "runner.port",
-    "TargetRow": "runner.port",
+    "AcceptResult": "runner.leads.intake",
+    "BeforeWriteError": "runner.leads.port",
+    "CRMAdapter": "runner.leads.port",
+    "CRMRecord": "runner.leads.models",
+    "CRMRecordPort": "runner.leads.port",
+    "Missing": "runner.leads.port",
+    "ReadFailure": "runner.leads.port",
+    "Snapshot": "runner.leads.port",
+    "TargetRow": "runner.leads.port",
     "DurableWorker": "runner.worker",
-    "LeadEvent": "runner.models",
-    "LeadState": "runner.states",
+    "LeadEvent": "runner.leads.models",
+    "LeadState": "runner.leads.states",
     "RunnerError": "runner.errors",
-    "Scope": "runner.models",
+    "Scope": "runner.leads.models",
 }
 
 

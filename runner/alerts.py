@@ -40,8 +40,8 @@ import anyio
 
 from runner.clock import from_text
 from runner.figures import LeadFigures
+from runner.leads.states import LeadState
 from runner.logs import stamp
-from runner.states import LeadState
 from runner.tasks.deliver import CycleSummary
 
 log = logging.getLogger("runner.alerts")

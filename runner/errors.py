@@ -38,7 +38,7 @@ any record is marked in flight, and a failure there stops the run with its exit 
 having changed no record and no file.  A symlinked target path or an unsafe directory is
 ``UnsafeLocation`` (77), as for the store.
 
-Errors of a send are not here: they belong to the port (``runner.port``) and become record
+Errors of a send are not here: they belong to the port (``runner.leads.port``) and become record
 states, never exit codes.  Driver exceptions (sqlite3, asyncpg, OSError) are translated
 into these where they enter, with ``raise ... from exc``, so no raw driver error reaches
 the command line.

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from runner.states import LeadState
+from runner.leads.states import LeadState
 
 if TYPE_CHECKING:
-    from runner.lifecycle.results import CandidateSummary
+    from runner.candidates.results import CandidateSummary
     from runner.pipeline.model import ProcessorRef
 
 

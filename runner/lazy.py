@@ -2,8 +2,8 @@
 
 A package face can then offer names whose modules are heavy (pydantic models) without
 loading them for a command that never uses them, such as ``status``: ``runner`` (the
-library API) and ``runner.lifecycle``.  Only there: ``python -X importtime`` shows the
-eager import of ``runner.worker`` or ``runner.lifecycle.model`` costing tens of ms
+library API) and ``runner.candidates``.  Only there: ``python -X importtime`` shows the
+eager import of ``runner.worker`` or ``runner.candidates.model`` costing tens of ms
 (pydantic), where everything else costs under 5 ms.
 """
 

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from runner.lifecycle.results import SCHEDULE, CandidateSummary
+from runner.candidates.results import SCHEDULE, CandidateSummary
 from runner.storedata import LeadRow, StoreSummary
 
 if TYPE_CHECKING:

@@ -18,11 +18,11 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
+from runner.candidates.port import CandidateStore
 from runner.ids import WriteId
-from runner.lifecycle.port import CandidateStore
+from runner.leads.states import LeadState
 from runner.pipeline.port import PipelineStore
 from runner.retention import RetentionStore
-from runner.states import LeadState
 from runner.storedata import (
     AcceptItem,
     AcceptOutcome,
@@ -43,7 +43,7 @@ from runner.storedata import (
 
 if TYPE_CHECKING:
     from runner.figures import LeadFigures
-    from runner.models import LeadEvent, Scope
+    from runner.leads.models import LeadEvent, Scope
 
 __all__ = [
     "AcceptItem",

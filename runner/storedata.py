@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from runner.errors import ConfigMismatch
 from runner.ids import WriteId
 from runner.lazy import from_module, reexport
-from runner.states import LeadState
+from runner.leads.states import LeadState
 
 if TYPE_CHECKING:
-    from runner.models import Scope
+    from runner.leads.models import Scope
     from runner.storework import AcceptItem as AcceptItem
     from runner.storework import AcceptOutcome as AcceptOutcome
     from runner.storework import Decision as Decision

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from runner.ids import WriteId
-from runner.states import LeadState
+from runner.leads.states import LeadState
 from runner.storedata import AcceptResultKind, ObservationOutcome
 
 if TYPE_CHECKING:
-    from runner.models import LeadEvent
+    from runner.leads.models import LeadEvent
 
 
 @dataclass(frozen=True)

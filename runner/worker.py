@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from runner import intake
 from runner.clock import Clock, SystemClock
 from runner.errors import BadInputError, RuleViolation, UsageError
 from runner.io.stores import open_store
-from runner.models import LeadEvent, Scope, validate_scope
-from runner.port import CRMAdapter, CRMRecordPort, Missing
-from runner.states import LeadState
+from runner.leads import intake
+from runner.leads.models import LeadEvent, Scope, validate_scope
+from runner.leads.port import CRMAdapter, CRMRecordPort, Missing
+from runner.leads.states import LeadState
 from runner.status import status_document
 from runner.store import Store
 from runner.tasks import deliver, poll, target

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runner.io.stores import open_store
-from runner.models import Scope
+from runner.leads.models import Scope
 from runner.store import Store
 from tests import pg
 from tests.helpers import SCOPE, CliStore, write_json

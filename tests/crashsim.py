@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.invariants import DELETED_TABLE
+from harness.invariants import DELETED_TABLE
 from runner.io.engine.delivery import loop_dispatch_steps
 from runner.io.synthetic_target import SyntheticTarget
-from runner.models import CRMRecord
-from runner.port import BeforeWriteError, Observation, TargetReadError, TargetRow
+from runner.leads.models import CRMRecord
+from runner.leads.port import BeforeWriteError, Observation, TargetReadError, TargetRow
 
 
 class Crash(BaseException):

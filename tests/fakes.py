@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from runner.io.synthetic_target import SyntheticTarget
-from runner.models import CRMRecord
-from runner.port import BeforeWriteError, Observation, TargetRow
+from runner.leads.models import CRMRecord
+from runner.leads.port import BeforeWriteError, Observation, TargetRow
 
 BEHAVIOURS = ("ok", "before_write", "write_then_timeout", "timeout_no_write", "other_exception")
 

@@ -33,7 +33,7 @@ class InjectedIOError(StoreError):
 def attach(worker: Any, store: Any) -> None:
     """Make a not-yet-open ``DurableWorker`` use ``store`` (a wrapper) instead of opening
     its own: the library's code paths, over a store the test controls."""
-    from runner.intake import Intake
+    from runner.leads.intake import Intake
 
     worker._store = store
     worker._intake = Intake(store, worker.clock, worker.scope)

@@ -10,8 +10,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from runner.lifecycle import Candidate
-from runner.lifecycle.rules import new_candidate
+from runner.candidates import Candidate
+from runner.candidates.rules import new_candidate
 from runner.store import Store
 from tests.helpers import run_main
 

@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from runner.clock import Clock, FixedClock
-from runner.intake import prepare
-from runner.models import Scope, WriteId
+from runner.leads.intake import prepare
+from runner.leads.models import Scope, WriteId
+from runner.leads.states import LeadState
 from runner.pipeline.engine import Registry, WorkerSettings
 from runner.pipeline.jobs import run_job
 from runner.pipeline.plugins import default_registry
-from runner.states import LeadState
 from runner.store import AcceptItem, ObservationWrite, Store, is_postgres
 from tests.helpers import event
 

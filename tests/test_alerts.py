@@ -18,7 +18,7 @@ import pytest
 from runner import alerts as alerts_module
 from runner.alerts import Alerts, AlertSettings
 from runner.figures import LeadFigures
-from runner.states import LeadState
+from runner.leads.states import LeadState
 from runner.tasks.deliver import CycleSummary
 from tests.helpers import Child, CliStore, event, run_main, wait_path, write_json
 

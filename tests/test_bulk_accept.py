@@ -175,7 +175,7 @@ async def test_concurrent_callers_share_commits(db_location: str) -> None:
 @given(st.text(max_size=30), st.sampled_from(["accepted", "duplicate", "rejected"]),
        st.one_of(st.none(), st.text(max_size=10)))
 def test_answer_line_is_the_json_of_the_answer(key: str, result: str, reason: str | None) -> None:
-    from runner.intake import AcceptResult
+    from runner.leads.intake import AcceptResult
 
     answer = AcceptResult(result, key or None, None if result == "rejected" else "w-1",  # type: ignore[arg-type]
                           reason)
@@ -185,7 +185,7 @@ def test_answer_line_is_the_json_of_the_answer(key: str, result: str, reason: st
 def test_batched_write_ids_are_distinct_version_4_uuids() -> None:
     import uuid
 
-    from runner.intake import new_write_ids
+    from runner.leads.intake import new_write_ids
 
     ids = new_write_ids(5000)
     assert len(set(ids)) == 5000

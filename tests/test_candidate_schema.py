@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from runner.candidates import CandidateStatus, rules
 from runner.clock import to_text
 from runner.errors import RuleViolation
 from runner.io.sqlite import schema
 from runner.io.sqlite.base import QUERIES
 from runner.io.stores import open_store
-from runner.lifecycle import CandidateStatus, rules
 from runner.store import Store
 from tests.helpers import ROOT
 from tests.lifecycle_fixtures import add, at, promoted, promoting, statuses
@@ -146,7 +146,7 @@ async def test_the_sweeps_read_only_the_rows_they_may_change(raw: sqlite3.Connec
 
 def test_the_named_sql_spells_the_active_term_as_the_expiry_index_does() -> None:
     """The named SQL writes the active statuses out; the schema builds them from
-    ``runner.lifecycle.states``: both must stay the same term (SQLite matches a partial
+    ``runner.candidates.states``: both must stay the same term (SQLite matches a partial
     index only by the identical term)."""
     from runner.io.engine.queries import load
     from runner.io.postgres import candidates_schema as pg_schema

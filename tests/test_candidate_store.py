@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 
+from runner.candidates import Candidate, CandidateStatus, rules
 from runner.errors import RuleViolation
 from runner.io.stores import open_store
-from runner.lifecycle import Candidate, CandidateStatus, rules
 from runner.store import Store
 from tests.lifecycle_fixtures import T0, add, at, promoted, promoting, snapshot, statuses
 

@@ -18,12 +18,12 @@ import anyio
 import pytest
 
 from runner import DurableWorker
+from runner.candidates import rules
 from runner.clock import FixedClock
 from runner.errors import RuleViolation
 from runner.io.synthetic_target import SyntheticTarget
-from runner.lifecycle import rules
+from runner.leads.models import Scope
 from runner.loop import LoopSettings, run
-from runner.models import Scope
 from runner.pipeline.funnel import LeadFacts
 from runner.pipeline.jobs import run_job
 from runner.pipeline.model import CLOCK_HORIZON_MS

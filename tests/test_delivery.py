@@ -11,7 +11,7 @@ import pytest
 
 from runner import DurableWorker
 from runner.errors import LockHeld
-from runner.models import CRMRecord, LeadEvent
+from runner.leads.models import CRMRecord, LeadEvent
 from tests.fakes import ScriptedAdapter, sheet_rows
 from tests.helpers import SCOPE, event
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner import DurableWorker
-from runner.states import LeadState
+from runner.leads.states import LeadState
 from tests import pg
 from tests.fakes import BEHAVIOURS, ScriptedAdapter, sheet_rows
 from tests.helpers import SCOPE, event

@@ -3,7 +3,7 @@ each rejected with a typed error (exit 65; usage errors exit 2), never a traceba
 echoing the canary contact alias, and the store never changes.
 
 Three layers: all 10,000 through the functions the CLI calls (``runner.jsonio``,
-``runner.models``, ``runner.intake.prepare``, ``runner.tasks.poll.snapshot_from_json``);
+``runner.leads.models``, ``runner.leads.intake.prepare``, ``runner.tasks.poll.snapshot_from_json``);
 every tenth through the CLI's own ``main()`` in process, with stdout and stderr captured
 (in four tests); and a sample through the real CLI process (10 cases in the default run,
 30 under ``pytest -m slow``).
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from runner.errors import BadInputError
-from runner.intake import prepare
 from runner.jsonio import parse_object
-from runner.models import Scope, validate_scope
+from runner.leads.intake import prepare
+from runner.leads.models import Scope, validate_scope
 from runner.tasks.poll import snapshot_from_json
 from tests.fuzzgen import Case, cases
 from tests.helpers import CANARY, SCOPE, dump_db, event, run_cli, run_main, write_json

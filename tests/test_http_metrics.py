@@ -16,7 +16,7 @@ from runner import DurableWorker
 from runner.io.faults import Fault, FaultyAdapter
 from runner.io.stores import open_store
 from runner.io.synthetic_target import SyntheticTarget
-from runner.states import LeadState
+from runner.leads.states import LeadState
 from tests.helpers import SCOPE, event, run_cli, write_json
 from tests.httpkit import body_of, serving
 

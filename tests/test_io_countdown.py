@@ -11,11 +11,11 @@ from typing import Literal
 
 import pytest
 
-from bench.invariants import audit
+from harness.invariants import audit
 from runner import DurableWorker
 from runner.io.stores import open_store
-from runner.models import CRMRecord
-from runner.port import AmbiguousWriteError, BeforeWriteError
+from runner.leads.models import CRMRecord
+from runner.leads.port import AmbiguousWriteError, BeforeWriteError
 from tests.fakes import ScriptedAdapter
 from tests.faultstore import CountdownStore, InjectedIOError, attach
 from tests.helpers import SCOPE, event

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import anyio
 
-from runner.lifecycle import SweepResult
+from runner.candidates import SweepResult
 from runner.status import status_document
 from runner.store import Store
 from runner.tasks.sweep import run_sweep_schedule

@@ -9,9 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from runner.errors import RuleViolation
-from runner.lifecycle import Candidate, CandidateStatus, rules
-from runner.lifecycle.states import (
+from runner.candidates import Candidate, CandidateStatus, rules
+from runner.candidates.states import (
     ACTIVE,
     TERMINAL,
     TRANSITIONS,
@@ -19,6 +18,7 @@ from runner.lifecycle.states import (
     allowed_pairs,
     check_transition,
 )
+from runner.errors import RuleViolation
 from tests.lifecycle_fixtures import T0, at
 
 S = CandidateStatus

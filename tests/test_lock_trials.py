@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.invariants import read_store
+from harness.invariants import read_store
 from tests import pg
 from tests.fakes import sheet_rows
 from tests.helpers import (

@@ -35,12 +35,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from bench.invariants import audit
+from harness.invariants import audit
 from runner import DurableWorker, crashpoints
+from runner.candidates import rules
 from runner.clock import to_text
 from runner.errors import RuleViolation
 from runner.io.stores import open_store
-from runner.lifecycle import rules
 from tests.crashsim import Crash, KillableStore, ModelTarget, read_store
 from tests.fakes import BEHAVIOURS
 from tests.faultstore import attach

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from runner.errors import BadInputError
-from runner.models import CRMRecord, Scope, validate_event, validate_scope
+from runner.leads.models import CRMRecord, Scope, validate_event, validate_scope
 from tests.helpers import CANARY, SCOPE, event
 
 SCOPE_MODEL = Scope.model_validate(SCOPE)

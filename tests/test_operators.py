@@ -18,7 +18,7 @@ import pytest
 
 from runner import DurableWorker
 from runner.cli import main
-from runner.port import TargetRow
+from runner.leads.port import TargetRow
 from tests import pg
 from tests.fakes import ScriptedAdapter, sheet_rows
 from tests.helpers import SCOPE, Child, dump_store, event, run_cli, write_json
@@ -368,9 +368,9 @@ def test_resolve_is_refused_while_a_worker_holds_the_lock(
 
 
 def test_the_latest_guard_allows_exactly_the_transition_table() -> None:
-    """Migration texts are frozen; the guard v7 installs is the table of runner.states."""
+    """Migration texts are frozen; the guard v7 installs is the table of runner.leads.states."""
     from runner.io.sqlite import schema
-    from runner.states import allowed_pairs
+    from runner.leads.states import allowed_pairs
 
     assert sorted(schema.V9_TRANSITIONS) == sorted(allowed_pairs())
     assert schema.LATEST == 9

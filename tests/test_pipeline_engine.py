@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runner.clock import FixedClock
-from runner.models import Scope
+from runner.leads.models import Scope
 from runner.pipeline.engine import (
     Registry,
     RetryPolicy,

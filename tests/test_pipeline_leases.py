@@ -10,7 +10,7 @@ import pytest
 
 from runner.clock import SystemClock
 from runner.io.stores import open_store
-from runner.models import Scope
+from runner.leads.models import Scope
 from runner.pipeline.engine import (
     Processor,
     WorkerSettings,

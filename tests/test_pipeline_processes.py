@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runner.io.stores import open_store
-from runner.models import Scope
+from runner.leads.models import Scope
 from runner.store import Store
 from tests.helpers import Child, run_main, wait_path
 from tests.pipeline_fixtures import lead_history, level, query

@@ -9,7 +9,7 @@ import pytest
 
 from runner.clock import SystemClock
 from runner.io.stores import open_store
-from runner.models import Scope
+from runner.leads.models import Scope
 from runner.pipeline.engine import WorkerSettings
 from runner.pipeline.model import NewRecord, Stage
 from runner.pipeline.plugins import default_registry

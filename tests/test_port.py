@@ -9,8 +9,8 @@ import pytest
 
 from runner.io.faults import Fault, FaultyAdapter, parse_faults
 from runner.io.synthetic_target import SyntheticTarget
-from runner.models import CRMRecord, LeadEvent
-from runner.port import (
+from runner.leads.models import CRMRecord, LeadEvent
+from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
     CRMRecordPort,

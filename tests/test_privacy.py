@@ -15,8 +15,8 @@ import pytest
 
 from runner import DurableWorker
 from runner.errors import BadInputError, RunnerError
-from runner.intake import prepare
-from runner.models import Scope
+from runner.leads.intake import prepare
+from runner.leads.models import Scope
 from tests.fakes import ScriptedAdapter, sheet_rows
 from tests.helpers import (
     CANARY,

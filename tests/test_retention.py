@@ -15,11 +15,11 @@ import pytest
 from runner.cli import main
 from runner.clock import SystemClock
 from runner.errors import OutboxPruned
-from runner.intake import prepare
 from runner.io.postgres import schema as pg_schema
 from runner.io.sqlite import schema as sqlite_schema
 from runner.io.stores import open_store
-from runner.models import Scope, WriteId
+from runner.leads.intake import prepare
+from runner.leads.models import Scope, WriteId
 from runner.pipeline.engine import RoundResult
 from runner.pipeline.stages import raw_ingestion
 from runner.pipeline.workers import WorkerCycle

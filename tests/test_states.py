@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.states import TRANSITIONS, IllegalTransition, LeadState, check_transition
+from runner.leads.states import TRANSITIONS, IllegalTransition, LeadState, check_transition
 
 S = LeadState
 

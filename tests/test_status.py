@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from runner.states import LeadState
+from runner.leads.states import LeadState
 from tests import pg
 from tests.helpers import (
     SCOPE,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from runner.errors import ConfigMismatch
-from runner.intake import prepare
 from runner.io.stores import open_store
-from runner.models import Scope, WriteId
-from runner.states import LeadState
+from runner.leads.intake import prepare
+from runner.leads.models import Scope, WriteId
+from runner.leads.states import LeadState
 from runner.status import status_document
 from runner.store import Store
 from tests import pg
@@ -226,10 +226,10 @@ async def test_pg_outbox_sequence_has_no_gap_after_a_rollback(
 async def test_pg_every_allowed_transition_and_only_those(
     store: Store, scope: Scope, pg_schema: str
 ) -> None:
-    """The trigger's list is generated from runner.states.TRANSITIONS: walk every edge."""
+    """The trigger's list is generated from runner.leads.states.TRANSITIONS: walk every edge."""
     import asyncpg
 
-    from runner.states import TRANSITIONS
+    from runner.leads.states import TRANSITIONS
 
     await accept(store, scope, 1)
     s = pg_schema

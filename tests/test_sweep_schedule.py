@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from runner.candidates import SweepResult
+from runner.candidates.rules import new_candidate
 from runner.errors import StoreBusy
 from runner.io.stores import open_store
-from runner.lifecycle import SweepResult
-from runner.lifecycle.rules import new_candidate
 from runner.tasks.sweep import SCHEDULE, next_run, run_sweep_schedule, sweep_background_task
 from tests.lifecycle_fixtures import FakeTime
 

@@ -25,8 +25,8 @@ from runner import BeforeWriteError, DurableWorker
 from runner.errors import RunnerError
 from runner.io.filelock import FileLock, lock_path_for
 from runner.io.synthetic_target import SyntheticTarget
-from runner.models import CRMRecord
-from runner.port import Observation, TargetRow
+from runner.leads.models import CRMRecord
+from runner.leads.port import Observation, TargetRow
 from tests.fakes import sheet_rows
 from tests.helpers import SCOPE, cli, digest, dump_store, event, write_json
 

@@ -25,8 +25,8 @@ from runner.io.postgres import schema as pg_schema
 from runner.io.sqlite import schema as sqlite_schema
 from runner.io.stores import open_store
 from runner.io.synthetic_target import SyntheticTarget
-from runner.models import CRMRecord
-from runner.port import Missing, Observation, Snapshot, TargetRow
+from runner.leads.models import CRMRecord
+from runner.leads.port import Missing, Observation, Snapshot, TargetRow
 from tests import pg
 from tests.fakes import sheet_rows
 from tests.helpers import SCOPE, cli, digest, dump_store, event, write_json

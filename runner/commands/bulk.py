@@ -27,7 +27,7 @@ from runner.errors import BadInputError, RunnerError
 from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object
 
 if TYPE_CHECKING:
-    from runner.intake import AcceptResult, Batch, Intake
+    from runner.leads.intake import AcceptResult, Batch, Intake
 
 MAX_GROUP = 1000
 CHUNK = 1 << 16
@@ -98,7 +98,7 @@ async def accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> i
     parsed and validated while the previous one is being committed (SQLite releases the
     GIL while it writes); answers are printed, in order, after each commit.
     """
-    from runner.intake import Batch
+    from runner.leads.intake import Batch
 
     lines_in, lines_out = anyio.create_memory_object_stream[list[Line]](max_buffer_size=4)
     ready_in, ready_out = anyio.create_memory_object_stream[Batch](max_buffer_size=1)

@@ -13,13 +13,13 @@ import sys
 from datetime import datetime, timedelta
 from typing import Any
 
+from runner.candidates import rules
+from runner.candidates.results import DEFAULT_QUORUM
 from runner.clock import parse_now
 from runner.commands.common import clock_from, common_options, emit, number
 from runner.errors import StoreNotFound
 from runner.io.stores import describe_location, open_store, store_exists
 from runner.jsonio import dumps_line
-from runner.lifecycle import rules
-from runner.lifecycle.results import DEFAULT_QUORUM
 
 #: 10 years: a bound that keeps every computed time far from datetime's limits
 MAX_TTL_MINUTES = 10 * 366 * 24 * 60

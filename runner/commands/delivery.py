@@ -177,7 +177,7 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     from runner import crashpoints
     from runner.io.faults import FaultyAdapter, crash_point_option, parse_faults
     from runner.io.synthetic_target import SyntheticTarget
-    from runner.port import CRMAdapter, CRMRecordPort
+    from runner.leads.port import CRMAdapter, CRMRecordPort
     from runner.worker import DurableWorker
 
     check_paths(args)

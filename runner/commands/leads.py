@@ -18,9 +18,9 @@ from runner.errors import BadInputError
 from runner.io.stores import open_store
 
 if TYPE_CHECKING:
-    from runner import intake
     from runner.clock import Clock
-    from runner.models import Scope
+    from runner.leads import intake
+    from runner.leads.models import Scope
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def load_scope(path: str) -> Scope:
     from runner.jsonio import read_json_object
-    from runner.models import validate_scope
+    from runner.leads.models import validate_scope
 
     return validate_scope(read_json_object(path, what="scope file"))
 
@@ -56,7 +56,7 @@ def read_record(path: str) -> dict[str, Any]:
 
 
 async def cmd_accept(args: argparse.Namespace) -> int:
-    from runner import intake
+    from runner.leads import intake
 
     check_paths(args)
     clock = clock_from(args)
@@ -79,7 +79,7 @@ async def cmd_accept(args: argparse.Namespace) -> int:
 
 async def _accept_records(args: argparse.Namespace, clock: Clock) -> int:
     from runner.commands.bulk import accept_records, open_records
-    from runner.intake import Intake
+    from runner.leads.intake import Intake
 
     scope = load_scope(args.scope)  # refused: {"result": "refused"} on stdout, exit 65
     fd = open_records(args.records)

@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 def uncertain_json(row: UncertainRow, now: datetime) -> dict[str, Any]:
     from runner.clock import from_text
-    from runner.port import readback_in_words
+    from runner.leads.port import readback_in_words
 
     age = (max(0, int((now - from_text(row.uncertain_since)).total_seconds()))
            if row.uncertain_since else None)
@@ -119,7 +119,7 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
         port = None
         if args.target is not None:
             from runner.io.synthetic_target import SyntheticTarget
-            from runner.port import CRMRecordPort
+            from runner.leads.port import CRMRecordPort
 
             target = SyntheticTarget(args.target)
             port = CRMRecordPort(target)

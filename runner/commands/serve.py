@@ -185,11 +185,11 @@ def build_service(
     interval: float = 5.0,
 ) -> HttpService:
     """The app, its metrics and the bound server."""
-    from runner.intake import Intake
     from runner.io.http.app import Limits, RunnerApp
     from runner.io.http.health import LoopState
     from runner.io.http.metrics import Metrics
     from runner.io.http.server import HttpServer, ServerLimits, bind
+    from runner.leads.intake import Intake
 
     state = LoopState(mode=mode, started_at=time.monotonic(), interval=interval,
                       intervals=options.health_intervals)

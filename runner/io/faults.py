@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from runner.errors import UsageError
-from runner.models import CRMRecord
-from runner.port import (
+from runner.leads.models import CRMRecord
+from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
     CRMAdapter,

@@ -10,7 +10,7 @@ from runner.errors import StoreError
 from runner.storedata import is_postgres
 
 if TYPE_CHECKING:
-    from runner.models import Scope
+    from runner.leads.models import Scope
     from runner.store import Store
 
 

@@ -49,8 +49,8 @@ from runner.errors import (
     UnsafeLocation,
 )
 from runner.io import fsguard
-from runner.models import CRMRecord
-from runner.port import (
+from runner.leads.models import CRMRecord
+from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
     Missing,

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from runner.errors import BadInputError
 from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object
-from runner.models import describe_validation_error
+from runner.leads.models import describe_validation_error
 from runner.pipeline.model import WorkerConfigView
 from runner.pipeline.stages.raw_ingestion import LEAD_KINDS, WORKER, IngestSettings
 

@@ -29,8 +29,8 @@ import anyio
 
 from runner import crashpoints
 from runner.clock import Clock
-from runner.port import CRMRecordPort, readback_in_words
-from runner.states import IllegalTransition, LeadState
+from runner.leads.port import CRMRecordPort, readback_in_words
+from runner.leads.states import IllegalTransition, LeadState
 from runner.store import DispatchSteps, LeadWork, Store
 from runner.tasks import target
 

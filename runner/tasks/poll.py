@@ -17,9 +17,9 @@ from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError
 from runner.jsonio import canonical, storable
+from runner.leads.models import WriteId
+from runner.leads.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
 from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
-from runner.models import WriteId
-from runner.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
 from runner.store import ObservationWrite, Store
 from runner.tasks.target import ReadCheck, check_for_reads
 

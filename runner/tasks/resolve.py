@@ -35,8 +35,8 @@ from runner.clock import Clock
 from runner.errors import BadInputError, RuleViolation
 from runner.ids import WriteId
 from runner.jsonio import storable_text
-from runner.port import CRMRecordPort, readback_in_words
-from runner.states import IllegalTransition, LeadState
+from runner.leads.port import CRMRecordPort, readback_in_words
+from runner.leads.states import IllegalTransition, LeadState
 from runner.store import Decision, ResolveSubject, Store
 from runner.tasks.target import check_for_reads
 

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, NoReturn
 import anyio
 from anyio.abc import TaskStatus
 
+from runner.candidates.port import CandidateSweeper
+from runner.candidates.results import SCHEDULE, SweepResult
 from runner.clock import Clock, SystemClock
-from runner.lifecycle.port import CandidateSweeper
-from runner.lifecycle.results import SCHEDULE, SweepResult
 
 if TYPE_CHECKING:
     from runner.store import Store

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 
 from runner.clock import Clock
 from runner.errors import RunnerError, TargetAbsent, TargetMismatch, TargetUnavailable
-from runner.port import CRMRecordPort, Snapshot, TargetError
-from runner.states import LeadState
+from runner.leads.port import CRMRecordPort, Snapshot, TargetError
+from runner.leads.states import LeadState
 from runner.store import Store
 
 log = logging.getLogger("runner.target")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 
 if TYPE_CHECKING:
-    from runner.models import Scope
+    from runner.leads.models import Scope
     from runner.storedata import ScopeData
 
 
@@ -49,7 +49,7 @@ class StoreBase:
     @property
     def scope(self) -> Scope | None:
         if self._scope is None and self.scope_data is not None:
-            from runner.models import Scope
+            from runner.leads.models import Scope
 
             self._scope = Scope.model_validate(self.scope_data)
         return self._scope

@@ -5,7 +5,7 @@ starts from, so whatever committed first wins and a later statement matches noth
 instead of overwriting it (on PostgreSQL, READ COMMITTED re-checks that clause against the
 latest version of a row another transaction changed meanwhile).  When a single-candidate
 write matches nothing, the candidate is read in the same transaction and
-``runner.lifecycle.rules`` says why; the transaction is rolled back, so a refusal changes
+``runner.candidates.rules`` says why; the transaction is rolled back, so a refusal changes
 nothing.
 
 The sweeps are one UPDATE per rule over the whole table (never a loop over rows in
@@ -21,10 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from runner.clock import from_text, to_text
-from runner.errors import RuleViolation, StoreError
-from runner.io.engine.db import Db, Row
-from runner.lifecycle.results import (
+from runner.candidates.results import (
     CandidateSummary,
     ExpireResult,
     ReconcileResult,
@@ -32,11 +29,14 @@ from runner.lifecycle.results import (
     SweepResult,
     SweepRun,
 )
-from runner.lifecycle.states import CandidateStatus
+from runner.candidates.states import CandidateStatus
+from runner.clock import from_text, to_text
+from runner.errors import RuleViolation, StoreError
+from runner.io.engine.db import Db, Row
 
 if TYPE_CHECKING:
     # built only by the commands that read candidates: status never builds a model
-    from runner.lifecycle.model import Candidate
+    from runner.candidates.model import Candidate
 
 # not imported here: ``status`` (candidate_summary) loads neither the rules nor the crash
 # points (tests/test_startup_imports.py), so the operations that use them import them
@@ -50,7 +50,7 @@ def row_to_candidate(row: Row) -> Candidate:
     analysis_deadline, quorum, promotion_locked_at, decision_id, analysts (JSON)."""
     from pydantic import ValidationError
 
-    from runner.lifecycle.model import Candidate
+    from runner.candidates.model import Candidate
 
     try:
         return Candidate(
@@ -80,7 +80,7 @@ class CandidateOps(Db):
         """Run a guarded single-candidate write (the rows it returns: what it changed); on
         no match, raise the rules' refusal (read in the same transaction, then rolled
         back)."""
-        from runner.lifecycle import rules
+        from runner.candidates import rules
 
         async with self.transaction():
             changed = await write()
@@ -115,7 +115,7 @@ class CandidateOps(Db):
     async def analyze_candidate(
         self, candidate_id: str, analyst: str, now: datetime
     ) -> Candidate:
-        from runner.lifecycle import rules
+        from runner.candidates import rules
 
         return await self._guarded(
             candidate_id,
@@ -125,7 +125,7 @@ class CandidateOps(Db):
         )
 
     async def begin_promotion(self, candidate_id: str, now: datetime) -> Candidate:
-        from runner.lifecycle import rules
+        from runner.candidates import rules
 
         return await self._guarded(
             candidate_id,
@@ -136,7 +136,7 @@ class CandidateOps(Db):
     async def record_decision(
         self, candidate_id: str, decision_id: str, now: datetime
     ) -> Candidate:
-        from runner.lifecycle import rules
+        from runner.candidates import rules
 
         return await self._guarded(
             candidate_id,
@@ -146,7 +146,7 @@ class CandidateOps(Db):
         )
 
     async def finish_promotion(self, candidate_id: str, now: datetime) -> Candidate:
-        from runner.lifecycle import rules
+        from runner.candidates import rules
 
         return await self._guarded(
             candidate_id,
@@ -173,7 +173,7 @@ class CandidateOps(Db):
         return await self.execute("expire_candidates", now=to_text(now))
 
     async def _reconcile(self, now: datetime) -> int:
-        from runner.lifecycle import rules
+        from runner.candidates import rules
 
         return await self.execute("reconcile_stuck_promoting", now=to_text(now),
                                   cutoff=to_text(rules.stuck_cutoff(now)))

@@ -28,7 +28,7 @@ import anyio.from_thread
 from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.engine.db import Db, Row
-from runner.states import IllegalTransition, LeadState, check_transition
+from runner.leads.states import IllegalTransition, LeadState, check_transition
 
 if TYPE_CHECKING:
     from runner.storework import LeadWork
@@ -84,7 +84,7 @@ async def loop_dispatch_steps(store: _Finishing) -> AsyncIterator[LoopDispatchSt
 def lead_work(row: Row) -> LeadWork:
     """A ``LeadWork`` from a row that starts ``seq, source_lead_id, write_id, state,
     canonical``."""
-    from runner.models import LeadEvent  # the model is built only by commands that deliver
+    from runner.leads.models import LeadEvent  # the model is built only by commands that deliver
     from runner.storework import LeadWork
 
     return LeadWork(seq=int(row[0]), source_lead_id=str(row[1]),

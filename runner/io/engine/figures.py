@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from runner.figures import LeadFigures
 from runner.io.engine.db import Db
-from runner.states import LeadState
+from runner.leads.states import LeadState
 
 
 class FigureOps(Db):

@@ -23,11 +23,11 @@ from runner.clock import to_text
 from runner.errors import RunnerError
 from runner.ids import WriteId
 from runner.io.engine.db import Db, Row
-from runner.states import LeadState
+from runner.leads.states import LeadState
 from runner.storedata import LeadRow, ScopeData, StoreSummary
 
 if TYPE_CHECKING:
-    from runner.models import LeadEvent
+    from runner.leads.models import LeadEvent
     from runner.retention import RetentionState
     from runner.storework import AcceptItem, AcceptOutcome
 

@@ -25,7 +25,7 @@ from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.engine.db import Db
 from runner.io.engine.leads import lead_row
-from runner.states import LeadState
+from runner.leads.states import LeadState
 from runner.storedata import LeadRow
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.engine.db import Db
 from runner.io.engine.delivery import lead_work
-from runner.states import IllegalTransition, LeadState, check_transition
+from runner.leads.states import IllegalTransition, LeadState, check_transition
 from runner.storedata import UncertainRow
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ The body is runner's event JSON: one object (any content type), or NDJSON (conte
 ``application/x-ndjson``) answered with one JSON line per record, in order.  The status
 code of an NDJSON request is the most serious of its lines (400 > 413 > 422 > 409 > 200);
 each line says what happened to its record.  One-object requests arriving together share
-group commits (``runner.intake.Intake``); an NDJSON request is one commit.
+group commits (``runner.leads.intake.Intake``); an NDJSON request is one commit.
 
 Error bodies are ``{"error": reason, "message": text}``: fixed texts, never a header, the
 secret, the token or a contact field.
@@ -38,9 +38,9 @@ from typing import Any, Protocol
 import anyio
 
 from runner.errors import BadInputError, LockHeld, StoreError
-from runner.intake import AcceptResult, rejected
 from runner.io.http import auth, health
 from runner.jsonio import dumps_line, parse_object
+from runner.leads.intake import AcceptResult, rejected
 
 log = logging.getLogger("runner.http")
 
@@ -61,7 +61,7 @@ DRAIN_BYTES = 1 << 20
 
 
 class IntakePort(Protocol):
-    """What intake needs (``runner.intake.Intake``): one record, grouped with concurrent
+    """What intake needs (``runner.leads.intake.Intake``): one record, grouped with concurrent
     callers into shared commits; or a batch in one commit."""
 
     async def accept(self, data: Mapping[str, Any]) -> AcceptResult: ...

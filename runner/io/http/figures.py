@@ -14,7 +14,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from runner.clock import Clock
-from runner.states import LeadState
+from runner.leads.states import LeadState
 
 if TYPE_CHECKING:
     from runner.figures import FiguresStore

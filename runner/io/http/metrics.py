@@ -26,8 +26,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from runner.intake import AcceptResult
     from runner.io.http.health import LoopState
+    from runner.leads.intake import AcceptResult
     from runner.tasks.deliver import CycleSummary
 
 #: request latency buckets (seconds): a commit is milliseconds; a scrape of a big store less

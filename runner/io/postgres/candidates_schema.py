@@ -6,7 +6,7 @@ The same invariants as ``runner.io.sqlite.candidates_schema``, enforced by the d
   id, times and quorum never change; T2 (``analysis_deadline <= expires_at``) is a CHECK;
 * candidates and analyses are never deleted (T5, T6); promoted, rejected and expired rows
   never change at all;
-* a status change outside ``runner.lifecycle.states.TRANSITIONS`` raises;
+* a status change outside ``runner.candidates.states.TRANSITIONS`` raises;
 * ``analyses`` always equals the number of rows in ``candidate_analyses`` (one per
   distinct analyst), and promoting or promoted needs quorum;
 * an expired candidate is never promoted: entering ``promoting`` after ``expires_at``
@@ -21,7 +21,7 @@ function here, in the same order.  Times are fixed-width UTC text compared byte-
 
 from __future__ import annotations
 
-from runner.lifecycle.states import ACTIVE, TERMINAL, CandidateStatus, allowed_pairs
+from runner.candidates.states import ACTIVE, TERMINAL, CandidateStatus, allowed_pairs
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in CandidateStatus)
 _ACTIVE = ", ".join(f"'{s.value}'" for s in sorted(ACTIVE))

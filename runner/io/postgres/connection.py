@@ -40,7 +40,7 @@ from runner.io.postgres.dsn import PgLocation
 from runner.storedata import ScopeData, check_scope
 
 if TYPE_CHECKING:
-    from runner.models import Scope
+    from runner.leads.models import Scope
 
 CONNECT_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from runner.states import LeadState
+from runner.leads.states import LeadState
 
 V8 = """
 CREATE TABLE {s}.lead_counts (

@@ -12,7 +12,7 @@ The database enforces the invariants itself, as the SQLite triggers do:
   recorded prune floor (v7, ``runner.retention``);
 * lead records are never deleted (DELETE and TRUNCATE raise) and their key, content and
   ``write_id`` never change;
-* a state change outside ``runner.states.TRANSITIONS`` raises (the list in the trigger is
+* a state change outside ``runner.leads.states.TRANSITIONS`` raises (the list in the trigger is
   generated from that table);
 * every insert and every state change writes its outbox event from a trigger, in the same
   transaction, so no code path can forget it.
@@ -36,7 +36,7 @@ from runner.io.postgres.candidates_schema import CANDIDATES_V1
 from runner.io.postgres.figures_schema import V8 as FIGURES_V8
 from runner.io.postgres.pipeline_schema import PIPELINE_V1
 from runner.io.sqlite.schema import V1_TRANSITIONS, V9_TRANSITIONS, transition_list
-from runner.states import LeadState
+from runner.leads.states import LeadState
 
 #: ``runner.pipeline.stages.raw_ingestion.CURSOR`` (not imported: opening a store stays
 #: light; tests/test_retention.py keeps the two equal)

@@ -19,7 +19,7 @@ from runner.io.postgres.leads import LeadHooks
 from runner.io.postgres.pipeline import PipelineHooks
 
 if TYPE_CHECKING:
-    from runner.models import Scope
+    from runner.leads.models import Scope
 
 
 class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,

@@ -7,7 +7,7 @@ break them either:
   id, times and quorum never change; T2 (``analysis_deadline <= expires_at``) is a CHECK;
 * candidates and analyses are never deleted (T5, T6); promoted, rejected and expired rows
   never change at all;
-* a status change outside ``runner.lifecycle.states.TRANSITIONS`` raises;
+* a status change outside ``runner.candidates.states.TRANSITIONS`` raises;
 * ``analyses`` always equals the number of rows in ``candidate_analyses`` (one per
   distinct analyst), and promoting or promoted needs quorum;
 * an expired candidate is never promoted: entering ``promoting`` after ``expires_at``
@@ -23,7 +23,7 @@ expiry index is ordered by.
 
 from __future__ import annotations
 
-from runner.lifecycle.states import ACTIVE, TERMINAL, CandidateStatus, allowed_pairs
+from runner.candidates.states import ACTIVE, TERMINAL, CandidateStatus, allowed_pairs
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in CandidateStatus)
 _ACTIVE = ", ".join(f"'{s.value}'" for s in sorted(ACTIVE))

@@ -34,7 +34,7 @@ from runner.io.sqlite import schema
 from runner.storedata import ScopeData, check_scope
 
 if TYPE_CHECKING:
-    from runner.models import Scope
+    from runner.leads.models import Scope
 
 
 BUSY_TIMEOUT_MS = 30_000

@@ -10,7 +10,7 @@ Invariants are enforced by the schema itself, not only by the code that writes i
 * the outbox is append-only (UPDATE raises; DELETE raises above the recorded prune
   floor, v7);
 * lead records are never deleted and their key, content and ``write_id`` never change;
-* a state change outside ``runner.states.TRANSITIONS`` raises;
+* a state change outside ``runner.leads.states.TRANSITIONS`` raises;
 * every insert and every state change writes its outbox event in the same statement's
   transaction, by trigger, so no code path can forget it.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 from runner.io.sqlite.candidates_schema import CANDIDATES_V1
 from runner.io.sqlite.figures_schema import V8 as FIGURES_V8
 from runner.io.sqlite.pipeline_schema import PIPELINE_V1
-from runner.states import LeadState
+from runner.leads.states import LeadState
 
 APPLICATION_ID = 0x52554E52  # "RUNR"
 
@@ -41,7 +41,7 @@ def transition_list(pairs: list[tuple[LeadState, LeadState]]) -> str:
 
 S = LeadState
 #: the lead transitions the v1 guard allows.  Frozen here, not read from
-#: ``runner.states``: a migration's text never changes once released (v9 replaces the
+#: ``runner.leads.states``: a migration's text never changes once released (v9 replaces the
 #: guard with ``V9_TRANSITIONS``)
 V1_TRANSITIONS = [
     (S.PREPARED, S.IN_FLIGHT), (S.IN_FLIGHT, S.CONFIRMED), (S.IN_FLIGHT, S.FAILED_SAFE),
@@ -49,7 +49,7 @@ V1_TRANSITIONS = [
     (S.FAILED_SAFE, S.IN_FLIGHT), (S.UNCERTAIN, S.CONFIRMED),
 ]
 #: from v9 on: ``uncertain -> failed_safe`` by an operator's recorded decision (a test
-#: checks that this is exactly ``runner.states.allowed_pairs()``)
+#: checks that this is exactly ``runner.leads.states.allowed_pairs()``)
 V9_TRANSITIONS = [*V1_TRANSITIONS, (S.UNCERTAIN, S.FAILED_SAFE)]
 
 

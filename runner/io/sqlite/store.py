@@ -19,7 +19,7 @@ from runner.io.sqlite.leads import LeadHooks
 from runner.io.sqlite.pipeline import PipelineHooks
 
 if TYPE_CHECKING:
-    from runner.models import Scope
+    from runner.leads.models import Scope
 
 
 class SQLiteStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,

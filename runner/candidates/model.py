@@ -12,8 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
-from runner.clock import to_text
-from runner.lifecycle.results import (  # re-exported: these are light on purpose
+from runner.candidates.results import (  # re-exported: these are light on purpose
     DEFAULT_QUORUM,
     CandidateSummary,
     ExpireResult,
@@ -22,8 +21,9 @@ from runner.lifecycle.results import (  # re-exported: these are light on purpos
     SweepResult,
     SweepRun,
 )
-from runner.lifecycle.states import CandidateStatus
-from runner.models import Id
+from runner.candidates.states import CandidateStatus
+from runner.clock import to_text
+from runner.leads.models import Id
 
 Quorum = Annotated[int, Field(ge=1, le=1000)]
 

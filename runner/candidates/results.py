@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal, TypedDict
 
+from runner.candidates.states import CandidateStatus
 from runner.clock import to_text
-from runner.lifecycle.states import CandidateStatus
 
 #: analyses needed before a candidate may be promoted, unless given (C1)
 DEFAULT_QUORUM = 2

@@ -20,10 +20,10 @@ from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError, StoreError
 from runner.jsonio import canonical
-from runner.models import LeadEvent, Scope, WriteId, validate_event
+from runner.leads.models import LeadEvent, Scope, WriteId, validate_event
 from runner.store import AcceptItem, AcceptOutcome, Store
 
-log = logging.getLogger("runner.intake")
+log = logging.getLogger("runner.leads.intake")
 
 Result = Literal["accepted", "duplicate", "rejected"]
 

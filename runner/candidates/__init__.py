@@ -14,27 +14,27 @@ from typing import TYPE_CHECKING
 from runner.lazy import reexport
 
 if TYPE_CHECKING:
-    from runner.lifecycle.model import Candidate
-    from runner.lifecycle.port import CandidateStore, CandidateSweeper
-    from runner.lifecycle.results import (
+    from runner.candidates.model import Candidate
+    from runner.candidates.port import CandidateStore, CandidateSweeper
+    from runner.candidates.results import (
         CandidateSummary,
         ExpireResult,
         ReconcileResult,
         SweepResult,
         SweepRun,
     )
-    from runner.lifecycle.states import CandidateStatus
+    from runner.candidates.states import CandidateStatus
 
 _WHERE = {
-    "Candidate": "runner.lifecycle.model",
-    "CandidateStatus": "runner.lifecycle.states",
-    "CandidateStore": "runner.lifecycle.port",
-    "CandidateSummary": "runner.lifecycle.results",
-    "CandidateSweeper": "runner.lifecycle.port",
-    "ExpireResult": "runner.lifecycle.results",
-    "ReconcileResult": "runner.lifecycle.results",
-    "SweepResult": "runner.lifecycle.results",
-    "SweepRun": "runner.lifecycle.results",
+    "Candidate": "runner.candidates.model",
+    "CandidateStatus": "runner.candidates.states",
+    "CandidateStore": "runner.candidates.port",
+    "CandidateSummary": "runner.candidates.results",
+    "CandidateSweeper": "runner.candidates.port",
+    "ExpireResult": "runner.candidates.results",
+    "ReconcileResult": "runner.candidates.results",
+    "SweepResult": "runner.candidates.results",
+    "SweepRun": "runner.candidates.results",
 }
 
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
+from runner.candidates.results import DEFAULT_QUORUM
+from runner.candidates.states import ACTIVE, CandidateStatus
 from runner.clock import to_text
 from runner.errors import RuleViolation
-from runner.lifecycle.results import DEFAULT_QUORUM
-from runner.lifecycle.states import ACTIVE, CandidateStatus
 
 if TYPE_CHECKING:
     # the model is imported where a candidate is built, so that reading a store (status)
     # never builds pydantic models
-    from runner.lifecycle.model import Candidate
+    from runner.candidates.model import Candidate
 
 #: T1: a candidate expires this long after it was created, unless told otherwise
 DEFAULT_TTL = timedelta(minutes=30)
@@ -49,8 +49,8 @@ def new_candidate(
     """A discovered candidate created at ``now`` (T1), refused if it breaks T2."""
     from pydantic import ValidationError
 
-    from runner.lifecycle.model import Candidate
-    from runner.models import describe_validation_error
+    from runner.candidates.model import Candidate
+    from runner.leads.models import describe_validation_error
 
     ttl = DEFAULT_TTL if ttl is None else ttl
     if ttl <= timedelta(0):

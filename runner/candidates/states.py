@@ -1,6 +1,6 @@
 """Candidate statuses and the one table of allowed transitions (SPEC C1, C3, C4).
 
-Like ``runner.states`` for leads: the table is the single source of truth, and the SQLite
+Like ``runner.leads.states`` for leads: the table is the single source of truth, and the SQLite
 adapter turns it into a trigger, so no query can move a candidate along an edge that is
 not listed here.  Promoted, rejected and expired are terminal: nothing leaves them (T5,
 T6), and the schema also refuses any change to a terminal row.

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.lifecycle.states import TRANSITIONS as CANDIDATE_TRANSITIONS
-from runner.lifecycle.states import CandidateStatus
-from runner.states import TRANSITIONS, LeadState
+from runner.candidates.states import TRANSITIONS as CANDIDATE_TRANSITIONS
+from runner.candidates.states import CandidateStatus
+from runner.leads.states import TRANSITIONS, LeadState
 
 ROW_STATES = {LeadState.CONFIRMED, LeadState.UNCERTAIN, LeadState.CONFIRMED_THEN_MISSING}
 DELETED_TABLE = "sheet_deleted"

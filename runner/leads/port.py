@@ -44,7 +44,7 @@ import anyio
 
 from runner import crashpoints
 from runner.errors import RunnerError
-from runner.models import CRMRecord, LeadEvent
+from runner.leads.models import CRMRecord, LeadEvent
 
 
 class TargetError(RunnerError):

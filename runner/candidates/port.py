@@ -2,7 +2,7 @@
 
 Every operation is one transaction of its own, and every change to a candidate commits
 with its ``candidate_changed`` outbox event (K3).  A refused operation raises
-``RuleViolation`` (exit 65) worded by ``runner.lifecycle.rules`` and changes nothing.
+``RuleViolation`` (exit 65) worded by ``runner.candidates.rules`` and changes nothing.
 
 The three promotion steps are three operations on purpose: each commits before the next
 begins, so a process that dies between them leaves evidence (``promoting`` with its lock
@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
-from runner.lifecycle.results import (
+from runner.candidates.results import (
     CandidateSummary,
     ExpireResult,
     ReconcileResult,
@@ -28,7 +28,7 @@ from runner.lifecycle.results import (
 )
 
 if TYPE_CHECKING:
-    from runner.lifecycle.model import Candidate
+    from runner.candidates.model import Candidate
 
 
 class CandidateSweeper(Protocol):
