@@ -93,9 +93,10 @@ def _crash_accept(lane: Lane, point: str, index: int) -> None:
 
 def _crash_sweep(lane: Lane, point: str, rng: random.Random, first_hit: bool) -> None:
     """The sweep dies mid-transaction or after its commit: ``sweep``, or ``start`` (whose
-    scheduled sweep runs at start, beside the lead loop)."""
+    scheduled sweep runs at start, beside the lead loop: a ``--cycles`` run may end first
+    and cancel it, so a run that must reach its point is a ``sweep``)."""
     extra, env = _crash_args(rng, point, first_hit)
-    if rng.random() < 0.75:
+    if first_hit or rng.random() < 0.75:
         argv = [RUN, "sweep", "--db", str(lane.db), "--now", SWEEP_AT]
         crashed = lane.proc(argv, env or {"RUNNER_CRASH_AT": point})
     else:

@@ -60,7 +60,18 @@ class Audit:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    """Read-only, unless the file's WAL was left by a writer killed mid-transaction: its
+    index must then be rebuilt (SQLite's recovery), which needs write access to it and
+    changes no row, so the file is opened read-write for that."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        if "readonly" not in str(exc):
+            raise
+        return sqlite3.connect(str(path), timeout=30)
+    return conn
 
 
 def target_rows(target: Path) -> list[tuple[str, str]]:

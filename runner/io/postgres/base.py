@@ -21,7 +21,7 @@ import anyio
 import asyncpg
 from asyncpg.transaction import Transaction
 
-from runner.errors import StoreBusy
+from runner.errors import StoreBusy, StoreError
 from runner.io.engine.base import StoreBase
 from runner.io.engine.db import Db, Row
 from runner.io.engine.queries import load
@@ -38,6 +38,8 @@ QUERIES = load("runner.io.postgres")
 #: each query's SQL with ``$n`` placeholders, and its parameter names in that order
 NUMBERED = {name: (q.numbered(), q.params) for name, q in QUERIES.items()}
 _RETRIES = 5
+#: seconds a BEGIN may take before the session is given up (it waits for no lock)
+BEGIN_TIMEOUT = 30.0
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError,
               asyncpg.exceptions.SerializationError)
 
@@ -127,7 +129,7 @@ class PostgresBase(StoreBase, Db):
         must never be left open on the shared session)."""
         async with self._guard():
             transaction = self._conn.transaction()
-            await self._call(transaction.start(), "writing the store")
+            await self._begin(transaction, "writing the store")
             self._owner = anyio.get_current_task().id
             try:
                 yield
@@ -138,6 +140,24 @@ class PostgresBase(StoreBase, Db):
                 await self._call(transaction.commit(), "writing the store")
             finally:
                 self._owner = None
+
+    async def _begin(self, transaction: Transaction, doing: str) -> None:
+        """Begin, shielded from cancellation (bounded): a BEGIN cut off half-way leaves
+        the session, and asyncpg's own bookkeeping, inside a transaction nobody ends.  A
+        cancellation that came meanwhile lands at the caller's next await, inside its
+        rollback.  A session whose BEGIN failed or did not answer is closed rather than
+        reused in an unknown state (later calls fail, 74)."""
+        begun = False
+        try:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(BEGIN_TIMEOUT):
+                await self._call(transaction.start(), doing)
+                begun = True
+        finally:
+            if not begun and not self._conn.is_closed():
+                self._conn.terminate()
+        if not begun:
+            raise StoreError(f"{doing}: the server did not begin a transaction within "
+                             f"{BEGIN_TIMEOUT:g} s ({self.location.where})")
 
     async def _rollback(self, transaction: Transaction) -> None:
         """Roll back, shielded and bounded.  A session whose transaction could not be
@@ -162,7 +182,7 @@ class PostgresBase(StoreBase, Db):
         transaction: it takes no locks and never waits for writers)."""
         async with self._lock:
             transaction = self._conn.transaction(isolation="repeatable_read", readonly=True)
-            await self._call(transaction.start(), "reading the store")
+            await self._begin(transaction, "reading the store")
             self._owner = anyio.get_current_task().id
             try:
                 yield

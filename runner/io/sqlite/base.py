@@ -112,7 +112,7 @@ class SQLiteBase(StoreBase, Db):
         error, and on cancellation too (in a shielded scope: a half-done transaction must
         never be left open on a shared connection)."""
         async with self._guard():
-            await self._fetchall("BEGIN IMMEDIATE")
+            await self._begin("BEGIN IMMEDIATE")
             owner, self._owner = self._owner, anyio.get_current_task().id
             try:
                 yield
@@ -124,11 +124,19 @@ class SQLiteBase(StoreBase, Db):
             finally:
                 self._owner = owner
 
+    async def _begin(self, statement: str) -> None:
+        """Begin, shielded from cancellation: the BEGIN runs on the connection's thread
+        whatever becomes of its caller, and one cut off half-way would leave a
+        transaction open for the next caller.  A cancellation that came meanwhile lands
+        at the caller's next await, inside its rollback.  Bounded by the busy timeout."""
+        with anyio.CancelScope(shield=True):
+            await self._fetchall(statement)
+
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[None]:
         """One consistent snapshot for several reads (a WAL read transaction)."""
         async with self._lock:
-            await self._fetchall("BEGIN")
+            await self._begin("BEGIN")
             self._owner = anyio.get_current_task().id
             try:
                 yield
