@@ -14,6 +14,11 @@ from tests.helpers import SCOPE, CliStore, write_json
 BACKENDS = ["sqlite", "postgres"]
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Drop the PostgreSQL schemas this test process made, in batches (``pg.drop_later``)."""
+    pg.drop_left()
+
+
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     """A private (0700) directory, as runner expects for its store."""
@@ -45,7 +50,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def new_location(backend: str, workdir: Path) -> Iterator[Callable[[str], str]]:
     """Makes fresh store locations: a file in ``workdir``, or an isolated PostgreSQL
-    schema that is dropped after the test."""
+    schema that is dropped when the test process ends (``pg.drop_later``)."""
     schemas: list[str] = []
 
     def make(name: str = "queue") -> str:
@@ -55,7 +60,7 @@ def new_location(backend: str, workdir: Path) -> Iterator[Callable[[str], str]]:
         return pg.location(schemas[-1])
 
     yield make
-    pg.drop_schemas(schemas)
+    pg.drop_later(schemas)
 
 
 @pytest.fixture
