@@ -13,6 +13,16 @@ from tests.helpers import SCOPE, CliStore, write_json
 
 BACKENDS = ["sqlite", "postgres"]
 
+#: at most this many test processes for ``-n auto`` (pytest-xdist), whatever the cores:
+#: a PostgreSQL test may hold ten sessions (worker, lock, children, raw checks) and the
+#: server's default ``max_connections`` is 100, shared with whoever else uses it
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one test process per core, at most ``MAX_WORKERS``."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Drop the PostgreSQL schemas this test process made, in batches (``pg.drop_later``)."""
