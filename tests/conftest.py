@@ -14,6 +14,21 @@ from tests.helpers import SCOPE, CliStore, write_json
 
 BACKENDS = ["sqlite", "postgres"]
 
+#: at most this many test processes for ``-n auto`` (pytest-xdist), whatever the cores:
+#: a PostgreSQL test may hold ten sessions (worker, lock, children, raw checks) and the
+#: server's default ``max_connections`` is 100, shared with whoever else uses it
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one test process per core, at most ``MAX_WORKERS``."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Drop the PostgreSQL schemas this test process made, in batches (``pg.drop_later``)."""
+    pg.drop_left()
+
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
@@ -46,7 +61,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def new_location(backend: str, workdir: Path) -> Iterator[Callable[[str], str]]:
     """Makes fresh store locations: a file in ``workdir``, or an isolated PostgreSQL
-    schema that is dropped after the test."""
+    schema that is dropped when the test process ends (``pg.drop_later``)."""
     schemas: list[str] = []
 
     def make(name: str = "queue") -> str:
@@ -56,7 +71,7 @@ def new_location(backend: str, workdir: Path) -> Iterator[Callable[[str], str]]:
         return pg.location(schemas[-1])
 
     yield make
-    pg.drop_schemas(schemas)
+    pg.drop_later(schemas)
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ def _bulk_equals_single(backend: str, plan: list[tuple[int, str]]) -> None:
             got = anyio.run(bulk)
         finally:
             if backend == "postgres":
-                pg.drop_schemas(schemas)
+                pg.drop_later(schemas)
     assert strip_ids(got) == strip_ids(expected)
     first_id: dict[str, str] = {}
     for r in got:  # a duplicate answers with the write_id of the first accept

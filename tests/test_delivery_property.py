@@ -39,7 +39,7 @@ def test_never_two_rows_and_only_legal_states(backend: str) -> None:
             _scenario(backend, schema, n_records, cycles, behaviours, read_failures)
         finally:
             if backend == "postgres":
-                pg.drop_schemas([schema])
+                pg.drop_later([schema])
 
     check()
 

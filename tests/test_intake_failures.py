@@ -10,9 +10,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from runner.cli import main
+from runner.commands import bulk
 from runner.commands.bulk import accept_records
 from runner.errors import StoreError
 from tests import pg
@@ -45,7 +47,23 @@ def _feed(fd: int, lines: int) -> None:
 
 
 @pytest.mark.parametrize("attempt", range(5))
-async def test_a_store_error_in_a_bulk_stream_is_that_error_not_a_group(attempt: int) -> None:
+async def test_a_store_error_in_a_bulk_stream_is_that_error_not_a_group(
+    attempt: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the store error abandons the reader thread (``abandon_on_cancel``); it ends at its
+    # next read or delivery, and only then may the descriptor go: closed earlier, its
+    # number is reused by the next test's files (its scope file, say), which that thread
+    # would then read
+    reader_done = threading.Event()
+    original = bulk.split_lines
+
+    def split_lines(fd: int, deliver: Any) -> None:
+        try:
+            original(fd, deliver)
+        finally:
+            reader_done.set()
+
+    monkeypatch.setattr(bulk, "split_lines", split_lines)
     read_fd, write_fd = os.pipe()
     writer = threading.Thread(target=_feed, args=(write_fd, 20_000), daemon=True)
     writer.start()
@@ -54,6 +72,8 @@ async def test_a_store_error_in_a_bulk_stream_is_that_error_not_a_group(attempt:
         with pytest.raises(StoreError):
             await accept_records(args, FailingIntake(), read_fd)  # type: ignore[arg-type]
     finally:
+        # (waited for in a thread: its last delivery needs this loop)
+        assert await anyio.to_thread.run_sync(reader_done.wait, 30), "the reader did not end"
         os.close(read_fd)
         writer.join(timeout=30)
 

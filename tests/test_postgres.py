@@ -35,11 +35,11 @@ from tests.helpers import (
 
 @pytest.fixture
 def db() -> Iterator[str]:
-    """A fresh PostgreSQL store location (an isolated schema, dropped afterwards)."""
+    """A fresh PostgreSQL store location (an isolated schema, dropped at the end)."""
     pg.require()
     schema = pg.new_schema()
     yield pg.location(schema)
-    pg.drop_schemas([schema])
+    pg.drop_later([schema])
 
 
 class Worker(Child):
