@@ -38,7 +38,8 @@ QUERIES = load("runner.io.postgres")
 #: each query's SQL with ``$n`` placeholders, and its parameter names in that order
 NUMBERED = {name: (q.numbered(), q.params) for name, q in QUERIES.items()}
 _RETRIES = 5
-#: seconds a BEGIN may take before the session is given up (it waits for no lock)
+#: seconds a BEGIN or a COMMIT may take before the session is given up (neither waits
+#: for a lock)
 BEGIN_TIMEOUT = 30.0
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError,
               asyncpg.exceptions.SerializationError)
@@ -137,7 +138,7 @@ class PostgresBase(StoreBase, Db):
                 await self._rollback(transaction)
                 raise
             else:
-                await self._call(transaction.commit(), "writing the store")
+                await self._commit(transaction)
             finally:
                 self._owner = None
 
@@ -158,6 +159,27 @@ class PostgresBase(StoreBase, Db):
         if not begun:
             raise StoreError(f"{doing}: the server did not begin a transaction within "
                              f"{BEGIN_TIMEOUT:g} s ({self.location.where})")
+
+    async def _commit(self, transaction: Transaction) -> None:
+        """Commit, shielded from cancellation (bounded), for the same reason as
+        ``_begin``: asyncpg forgets the transaction before its COMMIT is answered, so a
+        COMMIT cut off half-way would leave the session inside a transaction that no one
+        ends.  A session whose COMMIT did not answer is closed."""
+        answered, error = False, None
+        with anyio.CancelScope(shield=True), anyio.move_on_after(BEGIN_TIMEOUT):
+            try:
+                await self._call(transaction.commit(), "writing the store")
+            except Exception as exc:  # noqa: BLE001 - an error is an answer; raised below
+                error = exc
+            answered = True
+        if not answered:
+            if not self._conn.is_closed():
+                self._conn.terminate()
+            raise StoreError(f"writing the store: the server did not answer COMMIT within "
+                             f"{BEGIN_TIMEOUT:g} s ({self.location.where}); whether it "
+                             "committed is unknown")
+        if error is not None:
+            raise error
 
     async def _rollback(self, transaction: Transaction) -> None:
         """Roll back, shielded and bounded.  A session whose transaction could not be
