@@ -50,16 +50,22 @@ __all__ = [
     "AcceptOutcome",
     "AcceptResultKind",
     "Decision",
+    "DeliveryStore",
     "DispatchSteps",
+    "IntakeStore",
     "LeadRow",
     "LeadWork",
     "ObservationOutcome",
     "ObservationWrite",
+    "OperatorStore",
+    "PollStore",
     "PollTarget",
     "ResolveSubject",
     "ScopeData",
+    "StatusReader",
     "Store",
     "StoreSummary",
+    "TargetPins",
     "UncertainRow",
     "check_scope",
     "is_postgres",
@@ -78,28 +84,12 @@ class DispatchSteps(Protocol):
     def finish_and_mark(
         self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
     ) -> int | None:
-        """As :meth:`Store.finish_and_mark` (with ``done`` None: as ``mark_in_flight``)."""
+        """As :meth:`Store.finish_and_mark` (``done`` None: only the mark)."""
         ...
 
 
-class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
-    """A durable store.  Use as ``async with await open_store(...) as store``.
-
-    The candidate lifecycle operations (SPEC C) come from ``CandidateStore``, the staged
-    processing operations (SPEC P) from ``PipelineStore``."""
-
-    backend: str
-
-    @property
-    def scope(self) -> Scope | None:
-        """The scope pinned into the store, if any command has pinned one."""
-        ...
-
-    async def aclose(self) -> None: ...
-
-    async def __aenter__(self) -> Store: ...
-
-    async def __aexit__(self, *exc_info: object) -> None: ...
+class IntakeStore(Protocol):
+    """What durable intake needs (``runner.leads.intake``, L3)."""
 
     async def accept(
         self, event: LeadEvent, canonical: str, write_id: WriteId, now: datetime
@@ -117,10 +107,29 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
         appears twice: the first is accepted, the second is a duplicate or a conflict)."""
         ...
 
-    def reading(self) -> AbstractAsyncContextManager[None]:
-        """A consistent read view: ``summary()`` and ``iter_records()`` inside it see one
-        snapshot of the store (a read transaction)."""
+
+class TargetPins(Protocol):
+    """The target pinned into the store (L9): what the checks before work need
+    (``runner.tasks.target``)."""
+
+    async def pinned_target(self) -> str | None:
+        """The identity of the target pinned into the store (L9), None before the first
+        delivery run pins one."""
         ...
+
+    async def pin_target(self, target_id: str, now: datetime) -> str:
+        """Pin ``target_id`` if the store has no target pinned yet; returns the pinned
+        identity (the caller refuses a different one).  A pin is never changed."""
+        ...
+
+    async def poll_page(self, limit: int) -> list[PollTarget]: ...
+
+    async def summary(self) -> StoreSummary: ...
+
+
+class DeliveryStore(TargetPins, Protocol):
+    """What a delivery cycle needs (``runner.tasks.deliver``, L4-L8): the worker lock,
+    recovery, reconcile and the send transitions."""
 
     def worker_lock(self) -> AbstractAsyncContextManager[object]:
         """The lock that keeps a second worker out (L7): a ``flock`` file beside a SQLite
@@ -144,13 +153,6 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
         """Prepared and failed_safe records after ``after_seq``, in accept order."""
         ...
 
-    async def mark_in_flight(self, write_id: WriteId, now: datetime) -> int | None:
-        """prepared/failed_safe -> in_flight with ``attempts + 1``, committed before the
-        target is called.  Returns the new attempts, or None if the record is no longer
-        dispatchable.  While this store holds a PostgreSQL worker lock, the same statement
-        checks that the lock's session still holds it (else ``LockLost``, nothing marked)."""
-        ...
-
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
         """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain)."""
         ...
@@ -162,7 +164,8 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
         now: datetime,
     ) -> int | None:
         """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``),
-        and ``next_write_id`` -> in_flight with ``attempts + 1`` (as ``mark_in_flight``).
+        and ``next_write_id`` -> in_flight with ``attempts + 1`` (``done`` None: only
+        the mark).
         Returns the next record's attempts, or None if it is no longer dispatchable (the
         outcome is committed either way).  On PostgreSQL with the worker lock held, a lock
         whose session has ended raises ``LockLost`` and changes nothing."""
@@ -171,16 +174,6 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
     def dispatch_steps(self) -> AbstractAsyncContextManager[DispatchSteps]:
         """Blocking :class:`DispatchSteps` for one dispatch run's worker thread, open for
         the run.  The steps are called from that thread only, never from the event loop."""
-        ...
-
-    async def pinned_target(self) -> str | None:
-        """The identity of the target pinned into the store (L9), None before the first
-        delivery run pins one."""
-        ...
-
-    async def pin_target(self, target_id: str, now: datetime) -> str:
-        """Pin ``target_id`` if the store has no target pinned yet; returns the pinned
-        identity (the caller refuses a different one).  A pin is never changed."""
         ...
 
     async def record_reconcile(
@@ -194,7 +187,9 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
         reconcile verdict (``runner uncertain`` says it in words)."""
         ...
 
-    # -- operators (E5): list and resolve uncertain records ------------------------------
+
+class OperatorStore(Protocol):
+    """What an operator's commands need (E5): list and resolve uncertain records."""
 
     async def uncertain_records(self, after_seq: int, limit: int) -> list[UncertainRow]:
         """Uncertain records after ``after_seq``, in accept order, with when they became
@@ -212,7 +207,10 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
         if the record is no longer uncertain at those attempts."""
         ...
 
-    # -- status observations (L11, L12) --------------------------------------------------
+
+class PollStore(TargetPins, Protocol):
+    """What the poll pass and ``observe`` need (L11, L12): a pass reads only the pinned
+    target (``runner.tasks.target.check_for_reads``)."""
 
     async def poll_page(self, limit: int) -> list[PollTarget]:
         """Up to ``limit`` confirmed records, oldest poll first (never polled first, then
@@ -242,6 +240,15 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
         processes."""
         ...
 
+
+class StatusReader(Protocol):
+    """What ``status`` and ``/metrics`` read."""
+
+    def reading(self) -> AbstractAsyncContextManager[None]:
+        """A consistent read view: ``summary()`` and ``iter_records()`` inside it see one
+        snapshot of the store (a read transaction)."""
+        ...
+
     async def summary(self) -> StoreSummary:
         """Counts, outbox figures and poll health, from one consistent read."""
         ...
@@ -254,3 +261,24 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
     def iter_records(self, *, page: int = 1000) -> AsyncIterator[LeadRow]:
         """Every lead record in accept order, streamed (never all in memory at once)."""
         ...
+
+
+class Store(IntakeStore, DeliveryStore, OperatorStore, PollStore, StatusReader,
+            CandidateStore, PipelineStore, RetentionStore, Protocol):
+    """A durable store: every role port at once.  Use as ``async with await
+    open_store(...) as store`` (``runner.io.stores``).  A task asks for the narrowest port
+    it needs; the candidate lifecycle operations (SPEC C) come from ``CandidateStore``, the
+    staged processing operations (SPEC P) from ``PipelineStore``."""
+
+    backend: str
+
+    @property
+    def scope(self) -> Scope | None:
+        """The scope pinned into the store, if any command has pinned one."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Store: ...
+
+    async def __aexit__(self, *exc_info: object) -> None: ...

@@ -33,7 +33,7 @@ async def lead_history(store: Store, scope: Scope, n: int, *, confirm: Sequence[
         items.append(AcceptItem(ev, text, WriteId(f"w-{i}")))
     await store.accept_many(items, NOW)
     for i in confirm:
-        await store.mark_in_flight(WriteId(f"w-{i}"), NOW)
+        await store.finish_and_mark(None, WriteId(f"w-{i}"), NOW)
         await store.finish_send(WriteId(f"w-{i}"), LeadState.CONFIRMED, NOW)
     writes = [ObservationWrite(WriteId(f"w-{i}"), "changed", f'{{"status":"{status}"}}')
               for i, status in (statuses or {}).items()]

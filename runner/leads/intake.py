@@ -21,7 +21,7 @@ from runner.clock import Clock
 from runner.errors import BadInputError, StoreError
 from runner.jsonio import canonical
 from runner.leads.models import LeadEvent, Scope, WriteId, validate_event
-from runner.store import AcceptItem, AcceptOutcome, Store
+from runner.store import AcceptItem, AcceptOutcome, IntakeStore
 
 log = logging.getLogger("runner.leads.intake")
 
@@ -123,7 +123,9 @@ class Intake:
     callers see no difference (a group of one is one statement).
     """
 
-    def __init__(self, store: Store, clock: Clock, scope: Scope, max_batch: int = 1000) -> None:
+    def __init__(
+        self, store: IntakeStore, clock: Clock, scope: Scope, max_batch: int = 1000
+    ) -> None:
         self.store, self.clock, self.scope = store, clock, scope
         self.max_batch = max_batch
         self._queue: list[_Pending] = []
@@ -234,7 +236,7 @@ _VARIANT = {d: "89ab"[int(d, 16) & 3] for d in "0123456789abcdef"}
 
 
 async def accept(
-    store: Store, clock: Clock, scope: Scope, data: Mapping[str, Any] | LeadEvent
+    store: IntakeStore, clock: Clock, scope: Scope, data: Mapping[str, Any] | LeadEvent
 ) -> AcceptResult:
     """Accept one event (no grouping with other callers)."""
     return await Intake(store, clock, scope).accept(data)

@@ -31,7 +31,7 @@ from runner import crashpoints
 from runner.clock import Clock
 from runner.leads.port import CRMRecordPort, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
-from runner.store import DispatchSteps, LeadWork, Store
+from runner.store import DeliveryStore, DispatchSteps, LeadWork
 from runner.tasks import target
 
 log = logging.getLogger("runner.deliver")
@@ -91,7 +91,7 @@ class NoGuard:
             yield scope
 
 
-async def recover(store: Store, clock: Clock) -> int:
+async def recover(store: DeliveryStore, clock: Clock) -> int:
     crashpoints.hit("recover.before-commit")
     keys = await store.recover_in_flight(clock.now())
     crashpoints.hit("recover.after-commit")
@@ -102,7 +102,7 @@ async def recover(store: Store, clock: Clock) -> int:
 
 
 async def reconcile_all(
-    store: Store, port: CRMRecordPort, clock: Clock, guard: SendGuard | None = None
+    store: DeliveryStore, port: CRMRecordPort, clock: Clock, guard: SendGuard | None = None
 ) -> int:
     """Read back every uncertain record once; returns how many were confirmed."""
     confirmed, after = 0, 0
@@ -115,7 +115,9 @@ async def reconcile_all(
     return confirmed
 
 
-async def reconcile_one(store: Store, port: CRMRecordPort, clock: Clock, work: LeadWork) -> int:
+async def reconcile_one(
+    store: DeliveryStore, port: CRMRecordPort, clock: Clock, work: LeadWork
+) -> int:
     try:
         verdict: str = await port.confirm(work.event, work.write_id)
     except Exception as exc:  # noqa: BLE001 - a failed read proves nothing either way (L6)
@@ -140,7 +142,7 @@ async def reconcile_one(store: Store, port: CRMRecordPort, clock: Clock, work: L
 
 
 async def dispatch_all(
-    store: Store,
+    store: DeliveryStore,
     port: CRMRecordPort,
     clock: Clock,
     summary: CycleSummary,
@@ -307,7 +309,7 @@ def _log_outcome(work: LeadWork, outcome: LeadState) -> None:
 
 @asynccontextmanager
 async def holding_lock(
-    store: Store, port: CRMRecordPort | None, clock: Clock
+    store: DeliveryStore, port: CRMRecordPort | None, clock: Clock
 ) -> AsyncIterator[int]:
     """Hold the worker lock (L7) for a run of cycles.  On acquiring it the target is
     checked (with a ``port``; ``runner.tasks.target``: a bad target stops the run before
@@ -322,7 +324,7 @@ async def holding_lock(
 
 
 async def run_cycle(
-    store: Store,
+    store: DeliveryStore,
     port: CRMRecordPort,
     clock: Clock,
     *,

@@ -20,7 +20,7 @@ from runner.jsonio import canonical, storable
 from runner.leads.models import WriteId
 from runner.leads.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
 from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
-from runner.store import ObservationWrite, Store
+from runner.store import ObservationWrite, PollStore
 from runner.tasks.target import ReadCheck, check_for_reads
 
 log = logging.getLogger("runner.poll")
@@ -90,7 +90,7 @@ def _untrusted(seen: Observation) -> Observation:
     return ReadFailure("target_not_pinned") if isinstance(seen, Missing) else seen
 
 
-async def poll_pass(store: Store, port: CRMRecordPort, clock: Clock, limit: int,
+async def poll_pass(store: PollStore, port: CRMRecordPort, clock: Clock, limit: int,
                     check: ReadCheck | None = None) -> PollSummary:
     """Read the status of at most ``limit`` confirmed records, oldest poll first.
 

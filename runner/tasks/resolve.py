@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from runner.clock import Clock
 from runner.errors import BadInputError, RuleViolation
@@ -37,10 +37,14 @@ from runner.ids import WriteId
 from runner.jsonio import storable_text
 from runner.leads.port import CRMRecordPort, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
-from runner.store import Decision, ResolveSubject, Store
+from runner.store import Decision, OperatorStore, ResolveSubject, TargetPins
 from runner.tasks.target import check_for_reads
 
 log = logging.getLogger("runner.resolve")
+
+
+class ResolveStore(OperatorStore, TargetPins, Protocol):
+    """What resolving needs: the operator's operations and the pinned target."""
 
 ResolveAs = Literal["confirmed", "not-sent"]
 RESOLVE_AS: tuple[ResolveAs, ...] = ("confirmed", "not-sent")
@@ -83,7 +87,7 @@ def _refused(message: str, reason: str, write_id: str, **detail: Any) -> RuleVio
                          detail={"write_id": write_id, **detail})
 
 
-async def fresh_readback(store: Store, port: CRMRecordPort, subject: ResolveSubject) -> str:
+async def fresh_readback(store: ResolveStore, port: CRMRecordPort, subject: ResolveSubject) -> str:
     """One more exact readback from the store's own target; returns ``none`` or refuses."""
     write_id = subject.work.write_id
     check = await check_for_reads(store, port)
@@ -110,7 +114,7 @@ async def fresh_readback(store: Store, port: CRMRecordPort, subject: ResolveSubj
 
 
 async def resolve(
-    store: Store,
+    store: ResolveStore,
     port: CRMRecordPort | None,
     clock: Clock,
     write_id: str,

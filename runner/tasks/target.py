@@ -43,7 +43,7 @@ from runner.clock import Clock
 from runner.errors import RunnerError, TargetAbsent, TargetMismatch, TargetUnavailable
 from runner.leads.port import CRMRecordPort, Snapshot, TargetError
 from runner.leads.states import LeadState
-from runner.store import Store
+from runner.store import TargetPins
 
 log = logging.getLogger("runner.target")
 
@@ -95,12 +95,12 @@ async def _prepare(port: CRMRecordPort, *, create: bool) -> None:
         raise _as_runner_error(exc, "checking it can be written") from None
 
 
-async def _has_sent(store: Store) -> bool:
+async def _has_sent(store: TargetPins) -> bool:
     counts = (await store.summary()).counts
     return any(counts.get(state, 0) for state in SENT_STATES)
 
 
-async def _holds_store_records(store: Store, port: CRMRecordPort) -> None:
+async def _holds_store_records(store: TargetPins, port: CRMRecordPort) -> None:
     """Before a pre-pinning store adopts a target: if it has confirmed records, the target
     must hold at least one of a sample of them (read only; nothing is written)."""
     sample = await store.poll_page(ADOPTION_SAMPLE)
@@ -118,7 +118,7 @@ async def _holds_store_records(store: Store, port: CRMRecordPort) -> None:
             "changed")
 
 
-async def check_for_writes(store: Store, port: CRMRecordPort, clock: Clock) -> None:
+async def check_for_writes(store: TargetPins, port: CRMRecordPort, clock: Clock) -> None:
     """Before any record is marked in flight: the target opens, can be written and is the
     store's own (pinning it if the store has none yet).  Raises with an exit code and
     changes nothing otherwise."""
@@ -154,7 +154,7 @@ async def check_for_writes(store: Store, port: CRMRecordPort, clock: Clock) -> N
              extra={"action": "target.pinned", "target_id": found})
 
 
-async def check_for_reads(store: Store, port: CRMRecordPort) -> ReadCheck:
+async def check_for_reads(store: TargetPins, port: CRMRecordPort) -> ReadCheck:
     """Before a poll pass: whether reads may go to the target, and whether an explicit
     missing from it is believed.  Never creates a target; never raises for the target."""
     pinned = await store.pinned_target()

@@ -9,7 +9,7 @@ moving a record along the wrong edge, and the engine refuses what it did not cha
 The send transitions are one statement, ``finish_and_mark``: the outcome of the send that
 finished (``done``: in_flight -> outcome) and the in-flight mark of the next one
 (prepared/failed_safe -> in_flight, ``attempts + 1``), either of them absent
-(``mark_in_flight`` has no ``done``, ``finish_send`` no next record).  A dialect may
+(a first mark has no ``done``, ``finish_send`` no next record).  A dialect may
 override two hooks: ``_marking`` runs the statement when it marks a record (PostgreSQL
 checks its worker lock's fence there) and ``dispatch_steps`` gives a dispatch run's
 thread its blocking steps (SQLite commits on a connection of its own; by default each step
@@ -113,9 +113,6 @@ class DeliveryOps(Db):
     async def dispatchable_page(self, after_seq: int, limit: int) -> list[LeadWork]:
         rows = await self.fetch("dispatchable_page", after_seq=after_seq, limit=limit)
         return [lead_work(r) for r in rows]
-
-    async def mark_in_flight(self, write_id: WriteId, now: datetime) -> int | None:
-        return await self.finish_and_mark(None, write_id, now)
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
         # marks nothing, so it is not fenced: an outcome is recorded also after the worker
