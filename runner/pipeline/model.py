@@ -17,7 +17,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from runner.errors import RunnerError
 
@@ -144,7 +144,9 @@ FUNNEL_KEY_PREFIX = "funnel:"
 
 
 # -- what one processor round handles (SPEC P2-P5): outcomes and their outputs, claimed
-# items, claims, completions, and the records raw ingestion reads and writes
+# items, claims, completions, and the records raw ingestion reads and writes.  The plain
+# records are named tuples: ``status`` imports this module, and a frozen dataclass costs
+# it ~0.6 ms to build, a named tuple ~0.1 ms
 
 
 @dataclass(frozen=True)
@@ -200,8 +202,7 @@ def failed(error: str, *, retryable: bool) -> Outcome:
     return Outcome("failed", error=error[:500], retryable=retryable)
 
 
-@dataclass(frozen=True)
-class Item:
+class Item(NamedTuple):
     """One claimed input: a record of the stage's input level, at revision ``rev``."""
 
     work_id: int
@@ -212,8 +213,7 @@ class Item:
     attempts: int
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     """A batch claimed under one lease: ``token`` is its fencing token."""
 
     ref: ProcessorRef
@@ -223,8 +223,7 @@ class Claim:
     expires_ms: int
 
 
-@dataclass(frozen=True)
-class Completion:
+class Completion(NamedTuple):
     """What a completion writes for one item: its outcome, and the work row's next state
     (``done``, or ``pending`` again at ``available_ms`` for a retryable failure)."""
 
@@ -235,16 +234,14 @@ class Completion:
     available_ms: int
 
 
-@dataclass(frozen=True)
-class NewRecord:
+class NewRecord(NamedTuple):
     """A D1 record from raw ingestion (written once under its natural key)."""
 
     key: str
     payload: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class OutboxEvent:
+class OutboxEvent(NamedTuple):
     """A lead outbox event as raw ingestion reads it (never contact fields)."""
 
     seq: int

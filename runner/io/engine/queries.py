@@ -9,22 +9,32 @@ defined by both dialects with the same parameters (``tests/test_queries.py``).
 
 from __future__ import annotations
 
+import importlib
 import re
-from dataclasses import dataclass
-from functools import cache
-from importlib.resources import files
+from functools import cache, cached_property
+from pathlib import Path
 
 _NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 # a quoted string, a quoted identifier or a comment is skipped whole; ``::type`` is a cast
 _PARAM = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)")
 
 
-@dataclass(frozen=True, slots=True)
 class Query:
-    name: str
-    sql: str
-    #: the parameter names, in the order of first use
-    params: tuple[str, ...]
+    """One named statement (a plain class: ``status`` imports this module, and a
+    dataclass costs more to build than the whole file costs to read)."""
+
+    def __init__(self, name: str, sql: str) -> None:
+        self.name, self.sql = name, sql
+
+    def __repr__(self) -> str:
+        return f"Query({self.name!r})"
+
+    @cached_property
+    def params(self) -> tuple[str, ...]:
+        """The parameter names, in the order of first use (found on first use: SQLite
+        binds by name and never needs them)."""
+        return tuple(dict.fromkeys(m.group(1) for m in _PARAM.finditer(self.sql)
+                                   if m.group(1)))
 
     def numbered(self) -> str:
         """The SQL with ``$n`` placeholders (``n`` is the name's place in ``params``)."""
@@ -54,12 +64,15 @@ def parse(text: str) -> dict[str, Query]:
             raise QueryFileError(f"query {name!r} is empty")
         if name in queries:
             raise QueryFileError(f"query {name!r} is defined twice")
-        names = [m.group(1) for m in _PARAM.finditer(sql) if m.group(1)]
-        queries[name] = Query(name, sql, tuple(dict.fromkeys(names)))
+        queries[name] = Query(name, sql)
     return queries
 
 
 @cache
 def load(package: str) -> dict[str, Query]:
-    """The named queries of ``package``'s ``queries.sql`` (read once)."""
-    return parse(files(package).joinpath("queries.sql").read_text(encoding="utf-8"))
+    """The named queries of ``package``'s ``queries.sql`` (read once; beside the
+    package's ``__init__``, a plain file: ``importlib.resources`` would cost ``status``
+    more to import than the file costs to read)."""
+    init = importlib.import_module(package).__file__
+    assert init is not None
+    return parse((Path(init).parent / "queries.sql").read_text(encoding="utf-8"))
