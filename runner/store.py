@@ -81,6 +81,13 @@ class DispatchSteps(Protocol):
         """As :meth:`Store.finish_and_mark` (with ``done`` None: as ``mark_in_flight``)."""
         ...
 
+    def finish_and_mark_batch(
+        self, done: Sequence[tuple[WriteId, LeadState]], next_ids: Sequence[WriteId],
+        now: datetime,
+    ) -> dict[WriteId, int]:
+        """As :meth:`Store.finish_and_mark_batch`."""
+        ...
+
 
 class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
     """A durable store.  Use as ``async with await open_store(...) as store``.
@@ -166,6 +173,23 @@ class Store(CandidateStore, PipelineStore, RetentionStore, Protocol):
         Returns the next record's attempts, or None if it is no longer dispatchable (the
         outcome is committed either way).  On PostgreSQL with the worker lock held, a lock
         whose session has ended raises ``LockLost`` and changes nothing."""
+        ...
+
+    async def finish_and_mark_batch(
+        self,
+        done: Sequence[tuple[WriteId, LeadState]],
+        next_ids: Sequence[WriteId],
+        now: datetime,
+    ) -> dict[WriteId, int]:
+        """A batch's step (issue 16), in one transaction: every ``done`` record's in_flight
+        -> its outcome, and every ``next_ids`` record -> in_flight with ``attempts + 1``.
+        Returns the new attempts of the next records that were marked (one missing is no
+        longer dispatchable); raises IllegalTransition if a ``done`` record was not in
+        flight.  With ``next_ids``, fenced on PostgreSQL as ``finish_and_mark``."""
+        ...
+
+    async def uncertain_count(self) -> int:
+        """How many records are uncertain now."""
         ...
 
     def dispatch_steps(self) -> AbstractAsyncContextManager[DispatchSteps]:

@@ -7,18 +7,26 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 
 import anyio
 
 from runner.ids import WriteId
-from runner.io.engine.delivery import Done, step_params, step_result
+from runner.io.engine.delivery import (
+    Done,
+    Outcomes,
+    batch_params,
+    batch_result,
+    step_params,
+    step_result,
+)
 from runner.io.sqlite import connection
-from runner.io.sqlite.base import QUERIES, SQLiteBase
+from runner.io.sqlite.base import QUERIES, SQLiteBase, bindable
 
 _STEP = QUERIES["finish_and_mark"].sql
+_BATCH_STEP = QUERIES["finish_and_mark_batch"].sql
 
 
 class BlockingDispatchSteps:
@@ -38,6 +46,17 @@ class BlockingDispatchSteps:
             except sqlite3.Error as exc:
                 raise connection.translate(exc, "writing the store", self._path) from None
         return step_result(rows, done, next_write_id)
+
+    def finish_and_mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime
+    ) -> dict[WriteId, int]:
+        params = bindable(batch_params(done, next_ids, now))
+        with self._busy:
+            try:
+                rows = self._conn.execute(_BATCH_STEP, params).fetchall()
+            except sqlite3.Error as exc:
+                raise connection.translate(exc, "writing the store", self._path) from None
+        return batch_result(rows, done, next_ids)
 
     def close(self) -> None:
         """Close unless a step is running (a thread abandoned in its commit still holds
