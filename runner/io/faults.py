@@ -110,6 +110,33 @@ class FaultyAdapter:
         if Fault.TIMEOUT in self.faults:
             raise AmbiguousWriteError("simulated timeout after the request was sent")
 
+    @property
+    def batches(self) -> bool:
+        """A batch is sent only to an inner adapter that can take one."""
+        return callable(getattr(self.inner, "write_batch", None))
+
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
+        """The same faults as ``write``, for one request of many rows."""
+        if Fault.CRASH_BEFORE_WRITE in self.faults:
+            crash("before the target write")
+        if Fault.OUTAGE in self.faults:
+            raise BeforeWriteError("simulated outage: the request was not sent")
+        self.inner.write_batch(items)  # type: ignore[attr-defined]
+        if Fault.HANG in self.faults:
+            hang("write")
+        if Fault.CRASH_AFTER_WRITE in self.faults:
+            crash("after the target write")
+        if Fault.TIMEOUT in self.faults:
+            raise AmbiguousWriteError("simulated timeout after the request was sent")
+
+    def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
+        if Fault.HANG_READBACK in self.faults:
+            hang("read_back")
+        many = getattr(self.inner, "read_back_many", None)
+        if callable(many):
+            return list(many(write_ids))
+        return [row for write_id in write_ids for row in self.inner.read_back(write_id)]
+
     def target_id(self) -> str | None:
         """The inner adapter's identity (faults are of calls, not of which target)."""
         inner = getattr(self.inner, "target_id", None)
