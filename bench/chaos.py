@@ -106,19 +106,13 @@ def _crash_sweep(lane: Lane, point: str, rng: random.Random, first_hit: bool) ->
     lane.ep.fired = crashed.returncode == 73
 
 
-#: the points only a one-record send passes (a batch has its own)
-SINGLE_SEND_POINTS = ("dispatch.after-in-flight", "dispatch.after-write")
-
-
 def _batch_args(rng: random.Random, point: str) -> list[str]:
-    """A batch size for a worker run: always several records at a batch point, never at a
-    one-record point (so each is reached), else one in two runs batched (issue 16:
-    batches of several sizes)."""
+    """A batch size for a worker run: always several records at a batch point (so it is
+    reached), else one record per request in one run of two and a batch of several in
+    the other (issue 16)."""
     if point.startswith("dispatch.batch-"):
         return ["--batch-size", str(rng.choice([2, 3, 5]))]
-    if point in SINGLE_SEND_POINTS:  # only a send of one record passes there
-        return []
-    return ["--batch-size", str(rng.choice([2, 4, 7]))] if rng.random() < 0.5 else []
+    return ["--batch-size", str(rng.choice([2, 4, 7]) if rng.random() < 0.5 else 1)]
 
 
 def _crash_worker(lane: Lane, point: str, rng: random.Random, first_hit: bool) -> None:

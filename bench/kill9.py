@@ -9,8 +9,9 @@ random moments, restarted to completion, then counted the way Jepsen counts.
 
 Each run: a client accepts the leads (one commit per answer; only answered keys count as
 accepted); then 1-3 times a ``start`` worker (each with a random batch size: 1, 3, 10
-or 50 records per request) is started and SIGKILLed after a random delay (before it took the lock, mid-send, between commits, after it was done: wherever
-the moment falls); then ``start --cycles 1`` finishes the work.  Counted per run:
+or 50 records per request) is started and SIGKILLed after a random delay (before it took
+the lock, mid-send, between commits, after it was done: wherever the moment falls); then
+``start --cycles 1`` finishes the work.  Counted per run:
 
 * lost: accepted, but at the end neither confirmed nor uncertain (nor
   confirmed_then_missing), or not in the store at all;

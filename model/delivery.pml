@@ -240,7 +240,7 @@ inline dispatch_pass() {
      }
      /* one request; the target applies it atomically, or not at all */
      atomic {
-       CRASH(dispatch_after_in_flight / dispatch_batch_after_in_flight);
+       CRASH(dispatch_after_in_flight);
        if
        :: faults < MAXFAULT -> faults++; res = NOT_SENT
        :: apply(batch, false); res = ANSWERED
@@ -257,8 +257,7 @@ inline dispatch_pass() {
         answer given or not, nothing recorded (dispatch.batch-applied and
         dispatch.batch-mid-readback are in the synthetic target) */
      atomic {
-       CRASH(dispatch_after_write / dispatch_batch_applied / dispatch_batch_after_write /
-             dispatch_batch_mid_readback);
+       CRASH(dispatch_after_write / dispatch_batch_applied / dispatch_batch_mid_readback);
        pend = batch;
        if
        :: res == NOT_SENT -> pfs = batch

@@ -281,7 +281,7 @@ class CRMRecordPort:
             return [SendResult("not_sent")] * n
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return [SendResult("failed", type(exc).__name__)] * n
-        crashpoints.hit("dispatch.batch-after-write")
+        crashpoints.hit("dispatch.after-write")
         try:
             rows = self._read_back_many([write_id for _, write_id in records])
         except Exception as exc:  # noqa: BLE001 - written, but not proven

@@ -5,6 +5,7 @@ it: stops, crashes inside a batch, and honest cycle summaries (real processes)."
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 from collections.abc import Sequence
@@ -320,8 +321,8 @@ def test_no_batch_is_dispatched_while_a_reconcile_hangs(
 
 
 @pytest.mark.parametrize("point", [
-    "dispatch.batch-after-in-flight", "dispatch.batch-applied",
-    "dispatch.batch-after-write", "dispatch.batch-mid-readback", "dispatch.before-confirm",
+    "dispatch.after-in-flight", "dispatch.batch-applied", "dispatch.after-write",
+    "dispatch.batch-mid-readback", "dispatch.before-confirm",
 ])
 def test_a_crash_inside_a_batch_loses_nothing_and_duplicates_nothing(
     cli_store: CliStore, point: str
@@ -333,7 +334,7 @@ def test_a_crash_inside_a_batch_loses_nothing_and_duplicates_nothing(
     in_flight = [k for k, r in s.records().items() if r["state"] == "in_flight"]
     assert len(in_flight) == 3  # the whole first batch: marked, outcome not recorded
     landed = len(sheet_rows(s.target))
-    assert landed == (0 if point == "dispatch.batch-after-in-flight" else 3)
+    assert landed == (0 if point == "dispatch.after-in-flight" else 3)
     healed = s.cli("once", "--batch-size", "3")
     assert (healed["recovered"], healed["dispatched"]) == (3, 2)
     assert healed["reconciled"] == landed
@@ -346,3 +347,16 @@ def test_a_crash_inside_a_batch_loses_nothing_and_duplicates_nothing(
     assert len(recs) == 5  # 0 lost: every record is confirmed or uncertain (reconcile only)
     assert sum(r["state"] == "confirmed" for r in recs.values()) == landed + 2
 
+
+
+def test_a_batch_logs_one_line_per_state_change_of_the_batch(cli_store: CliStore) -> None:
+    s = cli_store
+    s.accept(1, 2, 3)
+    proc = s.once("--batch-size", "3", "--log-format", "json")
+    assert proc.returncode == 0, proc.stderr
+    docs = [json.loads(line) for line in proc.stderr.strip().splitlines()]
+    batch = [(d["action"], d.get("keys"), d.get("count")) for d in docs
+             if d["action"].startswith("batch.") or d["action"] in ("lead.in_flight",
+                                                                    "lead.confirmed")]
+    keys = ["lead-1", "lead-2", "lead-3"]
+    assert batch == [("batch.in_flight", keys, 3), ("batch.confirmed", keys, 3)]

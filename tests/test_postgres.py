@@ -81,7 +81,7 @@ def one_clean_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 def test_sigkill_of_the_holder_frees_the_lock_and_its_send_becomes_uncertain(env: Env) -> None:
     env.accept(1, 2)
-    worker = env.hanging_worker()
+    worker = env.hanging_worker("--batch-size", "1")  # lead-2 is not in lead-1's request
     assert env.once().returncode == 75  # held while the holder lives
     os.kill(worker.proc.pid, signal.SIGKILL)
     worker.kill()
@@ -162,7 +162,7 @@ def test_dropped_connection_during_a_send_is_never_resent(env: Env) -> None:
 
 def test_a_worker_whose_lock_session_ends_starts_no_new_send(env: Env) -> None:
     env.accept(1, 2)
-    worker = env.hanging_worker()
+    worker = env.hanging_worker("--batch-size", "1")
     lock_session = pg.fetch(
         "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
         "AND l.pid = ANY($1::int[])", pg.backend_pids(worker.proc.pid))

@@ -353,14 +353,19 @@ class _BatchRun(_PageRun):
             self._committed(pending)
             if not sent:
                 continue  # none dispatchable any more: someone else's state
-            crashpoints.hit("dispatch.batch-after-in-flight")
+            crashpoints.hit("dispatch.after-in-flight")
             summary.dispatched += len(sent)
             with self._lock:  # the last moment a hard stop keeps this send from starting
                 if self._abandoned:
                     return
-            log.info("sending a batch of %d", len(sent), extra={
-                "action": "batch.in_flight", "count": len(sent),
-                "keys": [work.source_lead_id for work in sent]})
+            if len(sent) == 1:  # the line of a single send
+                log.info("sending", extra={"action": "lead.in_flight",
+                                           "key": sent[0].source_lead_id,
+                                           "attempts": marked[sent[0].write_id]})
+            else:  # one line for the batch: a line per record costs more than its commit
+                log.info("sending a batch of %d", len(sent), extra={
+                    "action": "batch.in_flight", "count": len(sent),
+                    "keys": [work.source_lead_id for work in sent]})
             outcomes = _attempt_batch(self.port, sent)
             if not self._go_on(list(zip(sent, outcomes, strict=True))):
                 return  # abandoned while out: the loop has recorded them uncertain
