@@ -223,75 +223,56 @@ def test_batch_size_out_of_range_exits_2(cli_store: CliStore) -> None:
         assert proc.returncode == 2, proc.stderr
 
 
-def _start(s: CliStore, hang: Path, *extra: str) -> Child:
-    return Child("start", "--db", s.db, "--scope", s.scope, "--target", s.target,
-                 "--interval", "3600", "--fault", "hang", "--batch-size", "3", *extra,
-                 env={"RUNNER_HANG_DIR": str(hang)})
-
-
-def test_a_hard_stop_during_a_batch_leaves_it_uncertain_and_the_summary_says_so(
-    cli_store: CliStore, workdir: Path
-) -> None:
-    s, hang = cli_store, workdir / "hang"
+def _stopped_mid_request(s: CliStore, hang: Path, command: str, *extra: str,
+                         hard: bool) -> tuple[int, dict[str, int]]:
+    """Run ``command --fault hang`` until its request hangs, then SIGTERM it: a second
+    SIGTERM (hard) or the request released (graceful).  Its exit code and last summary."""
     hang.mkdir()
-    s.accept(1, 2, 3, 4)
-    child = _start(s, hang)
+    child = Child(command, "--db", s.db, "--scope", s.scope, "--target", s.target,
+                  "--fault", "hang", *extra, env={"RUNNER_HANG_DIR": str(hang)})
     try:
         wait_path(hang / "entered-write", child)
         child.signal(signal.SIGTERM)
         child.wait_err("letting the send in flight finish")
-        child.signal(signal.SIGTERM)
-        assert child.finish(timeout=15) == 143, child.err
+        if hard:
+            child.signal(signal.SIGTERM)
+        else:
+            (hang / "release").touch()
+        code = child.finish(timeout=15)
     finally:
         child.kill()
-    summary = last_json("\n".join(child.out))
-    assert (summary["dispatched"], summary["uncertain"], summary["still_uncertain"]) == (3, 3, 3)
+    return code, last_json("\n".join(child.out))
+
+
+@pytest.mark.parametrize("hard", [True, False], ids=["hard", "graceful"])
+def test_a_stop_during_a_batch_request(cli_store: CliStore, workdir: Path, hard: bool) -> None:
+    """A hard stop leaves the batch uncertain, and the summary says so; a graceful stop
+    lets the request in flight finish.  Either way nothing is ever resent."""
+    s = cli_store
+    s.accept(1, 2, 3, 4)
+    code, summary = _stopped_mid_request(s, workdir / "hang", "start", "--interval", "3600",
+                                         "--batch-size", "3", hard=hard)
+    after = "uncertain" if hard else "confirmed"
+    assert code == (143 if hard else 0)
+    assert (summary["dispatched"], summary[after], summary["still_uncertain"]) == (
+        3, 3, 3 if hard else 0)
     recs = s.records()
-    assert sorted(r["state"] for r in recs.values()) == ["prepared"] + ["uncertain"] * 3
+    assert sorted(r["state"] for r in recs.values()) == sorted(["prepared"] + [after] * 3)
     healed = s.cli("once", "--batch-size", "3")
-    assert (healed["reconciled"], healed["dispatched"], healed["still_uncertain"]) == (3, 1, 0)
+    assert (healed["reconciled"], healed["dispatched"], healed["still_uncertain"]) == (
+        3 if hard else 0, 1, 0)
     assert {(r["state"], r["attempts"]) for r in s.records().values()} == {("confirmed", 1)}
     assert len(sheet_rows(s.target)) == 4  # the batch was never resent
-
-
-def test_a_graceful_stop_lets_the_batch_in_flight_finish(
-    cli_store: CliStore, workdir: Path
-) -> None:
-    s, hang = cli_store, workdir / "hang"
-    hang.mkdir()
-    s.accept(1, 2, 3, 4)
-    child = _start(s, hang)
-    try:
-        wait_path(hang / "entered-write", child)
-        child.signal(signal.SIGTERM)
-        child.wait_err("letting the send in flight finish")
-        (hang / "release").touch()
-        assert child.finish() == 0, child.err
-    finally:
-        child.kill()
-    summary = last_json("\n".join(child.out))
-    assert (summary["dispatched"], summary["confirmed"], summary["still_uncertain"]) == (3, 3, 0)
-    assert sorted(r["state"] for r in s.records().values()) == ["confirmed"] * 3 + ["prepared"]
 
 
 def test_a_hard_stop_of_a_single_send_counts_it_uncertain(
     cli_store: CliStore, workdir: Path
 ) -> None:
     """Issue 16 point 5: the summary used to say ``uncertain: 0`` here."""
-    s, hang = cli_store, workdir / "hang"
-    hang.mkdir()
-    s.accept(1)
-    child = Child("once", "--db", s.db, "--scope", s.scope, "--target", s.target,
-                  "--fault", "hang", env={"RUNNER_HANG_DIR": str(hang)})
-    try:
-        wait_path(hang / "entered-write", child)
-        child.signal(signal.SIGTERM)
-        child.wait_err("letting the send in flight finish")
-        child.signal(signal.SIGTERM)
-        assert child.finish(timeout=15) == 143, child.err
-    finally:
-        child.kill()
-    summary = last_json("\n".join(child.out))
+    cli_store.accept(1)
+    code, summary = _stopped_mid_request(cli_store, workdir / "hang", "once",
+                                         "--batch-size", "1", hard=True)
+    assert code == 143
     assert (summary["uncertain"], summary["still_uncertain"]) == (1, 1)
 
 

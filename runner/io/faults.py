@@ -98,11 +98,17 @@ class FaultyAdapter:
         self.faults = faults
 
     def write(self, record: CRMRecord, write_id: str) -> None:
+        self._before_request()
+        self.inner.write(record, write_id)
+        self._after_request()
+
+    def _before_request(self) -> None:
         if Fault.CRASH_BEFORE_WRITE in self.faults:
             crash("before the target write")
         if Fault.OUTAGE in self.faults:
             raise BeforeWriteError("simulated outage: the request was not sent")
-        self.inner.write(record, write_id)
+
+    def _after_request(self) -> None:
         if Fault.HANG in self.faults:
             hang("write")
         if Fault.CRASH_AFTER_WRITE in self.faults:
@@ -117,17 +123,9 @@ class FaultyAdapter:
 
     def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
         """The same faults as ``write``, for one request of many rows."""
-        if Fault.CRASH_BEFORE_WRITE in self.faults:
-            crash("before the target write")
-        if Fault.OUTAGE in self.faults:
-            raise BeforeWriteError("simulated outage: the request was not sent")
+        self._before_request()
         self.inner.write_batch(items)  # type: ignore[attr-defined]
-        if Fault.HANG in self.faults:
-            hang("write")
-        if Fault.CRASH_AFTER_WRITE in self.faults:
-            crash("after the target write")
-        if Fault.TIMEOUT in self.faults:
-            raise AmbiguousWriteError("simulated timeout after the request was sent")
+        self._after_request()
 
     def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
         if Fault.HANG_READBACK in self.faults:

@@ -36,7 +36,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
@@ -174,6 +174,17 @@ def _row(row: Sequence[Any]) -> TargetRow:
         fields={**dict(zip(FIELDS, row[1:6], strict=True)), "is_test": _as_bool(row[4])},
         status=row[6],
     )
+
+
+def _among(
+    conn: sqlite3.Connection, select: str, write_ids: Sequence[str]
+) -> Iterator[Sequence[Any]]:
+    """The rows of ``select`` whose write_id is one of ``write_ids``, in sheet order
+    within chunks of 500 (SQLite's bound on parameters)."""
+    for start in range(0, len(write_ids), 500):
+        chunk = list(write_ids[start : start + 500])
+        marks = ",".join("?" * len(chunk))
+        yield from conn.execute(f"{select} WHERE write_id IN ({marks}) ORDER BY row_id", chunk)
 
 
 def _message(exc: BaseException) -> str:
@@ -361,15 +372,10 @@ class SyntheticTarget:
         found: list[TargetRow] = []
         with self._mutex:
             try:
-                conn = self._open(create=False)
-                for start in range(0, len(write_ids), 500):
-                    chunk = list(write_ids[start : start + 500])
-                    marks = ",".join("?" * len(chunk))
-                    for row in conn.execute(
-                            f"{_READ} WHERE write_id IN ({marks}) ORDER BY row_id", chunk):
-                        found.append(_row(row))
-                        if len(found) == 1 and len(write_ids) > 1:
-                            crashpoints.hit("dispatch.batch-mid-readback")
+                for row in _among(self._open(create=False), _READ, write_ids):
+                    found.append(_row(row))
+                    if len(found) == 1 and len(write_ids) > 1:
+                        crashpoints.hit("dispatch.batch-mid-readback")
             except (RunnerError, sqlite3.Error, OSError) as exc:
                 raise TargetReadError(f"target readback failed: {_message(exc)}") from None
         return found
@@ -378,15 +384,9 @@ class SyntheticTarget:
         found: dict[str, list[str]] = {w: [] for w in write_ids}
         with self._mutex:
             try:
-                conn = self._open(create=False)
-                for start in range(0, len(write_ids), 500):
-                    chunk = list(write_ids[start : start + 500])
-                    marks = ",".join("?" * len(chunk))
-                    for write_id, status in conn.execute(
-                        f"SELECT write_id, status FROM sheet WHERE write_id IN ({marks})",
-                        chunk,
-                    ):
-                        found[write_id].append(status)
+                for write_id, status in _among(self._open(create=False),
+                                               "SELECT write_id, status FROM sheet", write_ids):
+                    found[write_id].append(status)
             except (RunnerError, sqlite3.Error, OSError) as exc:
                 raise TargetReadError(f"target status read failed: {_message(exc)}") from None
         out: dict[str, Observation] = {}

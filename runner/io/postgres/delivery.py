@@ -18,20 +18,17 @@ class FencedMark(PostgresBase):
     """Overrides ``DeliveryOps._marking`` and ``DeliveryOps._marking_batch``."""
 
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
-        fence = self._fence
-        if fence is None:
-            return await self.fetch("finish_and_mark", **params)
-        rows = await self.fetch("_finish_and_mark_fenced", **params, **fence.params())
-        if not rows[0][0]:
-            raise LockLost(f"the worker lock's session at {self.location.where} has ended "
-                           "(terminated or timed out); not sending, a new run recovers")
-        return [row[1:] for row in rows if row[1] is not None]
+        return await self._fenced("finish_and_mark", params)
 
     async def _marking_batch(self, params: dict[str, Any]) -> Sequence[Row]:
+        return await self._fenced("finish_and_mark_batch", params)
+
+    async def _fenced(self, name: str, params: dict[str, Any]) -> Sequence[Row]:
+        """Run ``name``, or while the worker lock is held its ``_NAME_fenced`` form."""
         fence = self._fence
         if fence is None:
-            return await self.fetch("finish_and_mark_batch", **params)
-        rows = await self.fetch("_finish_and_mark_batch_fenced", **params, **fence.params())
+            return await self.fetch(name, **params)
+        rows = await self.fetch(f"_{name}_fenced", **params, **fence.params())
         if not rows[0][0]:
             raise LockLost(f"the worker lock's session at {self.location.where} has ended "
                            "(terminated or timed out); not sending, a new run recovers")
