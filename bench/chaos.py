@@ -18,7 +18,8 @@ can be replayed alone with ``--only RUN``:
    would still be counted);
 4. the crash run: ``accept`` (for ``accept.*`` points, then the client retries), ``once``
    or ``start --cycles 2`` with a random crash point armed by ``$RUNNER_CRASH_AT`` or
-   ``--fault crash-at:``, at a random hit count, sometimes under a target fault;
+   ``--fault crash-at:``, at a random hit count, sometimes under a target fault, one run
+   in two with batches of several records (always at a ``dispatch.batch-*`` point);
 5. a restart that may itself be crashed at another random point, then a clean ``once``.
 
 After every process the store and the target are audited (``bench/invariants.py``); after
@@ -106,11 +107,22 @@ def _crash_sweep(lane: Lane, point: str, rng: random.Random, first_hit: bool) ->
     lane.ep.fired = crashed.returncode == 73
 
 
+def _batch_args(rng: random.Random, point: str) -> list[str]:
+    """A batch size for a worker run: always several records at a batch point (so it is
+    reached), else one record per request in one run of two and a batch of several in
+    the other (issue 16)."""
+    if point.startswith("dispatch.batch-"):
+        return ["--batch-size", str(rng.choice([2, 3, 5]))]
+    return ["--batch-size", str(rng.choice([2, 4, 7]) if rng.random() < 0.5 else 1)]
+
+
 def _crash_worker(lane: Lane, point: str, rng: random.Random, first_hit: bool) -> None:
     command = ["once"] if rng.random() < 0.5 else ["start", "--cycles", "2", "--interval", "0"]
     extra, env = _crash_args(rng, point, first_hit)
-    if rng.random() < 0.15:
+    batched = point.startswith("dispatch.batch-")
+    if rng.random() < 0.15 and not (batched and first_hit):
         extra += ["--fault", rng.choice(["outage", "timeout"])]
+    extra += _batch_args(rng, point)
     crashed = lane.cli(*command, *extra, env=env)
     lane.expect(f"crash run ({command[0]})", crashed, 0, 73)
     lane.ep.fired = crashed.returncode == 73
@@ -137,8 +149,9 @@ def run_episode(seed: int, index: int, point: str, root: Path, pg_dsn: str | Non
         _crash_worker(lane, point, rng, first_hit)
     lane.check("after the crash", in_flight_ok=True)
     if rng.random() < 0.25:
-        extra, env = _crash_args(rng, rng.choice(WORKER_POINTS))
-        again = lane.cli("once", *extra, env=env)
+        again_at = rng.choice(WORKER_POINTS)
+        extra, env = _crash_args(rng, again_at)
+        again = lane.cli("once", *extra, *_batch_args(rng, again_at), env=env)
         lane.expect("crashed restart", again, 0, 73)
         ep.restart_crashed = again.returncode == 73
         lane.check("after the crashed restart", in_flight_ok=True)

@@ -8,9 +8,10 @@ random moments, restarted to completion, then counted the way Jepsen counts.
 (``bench/results.py``): the documentation renders the latest of them.
 
 Each run: a client accepts the leads (one commit per answer; only answered keys count as
-accepted); then 1-3 times a ``start`` worker is started and SIGKILLed after a random
-delay (before it took the lock, mid-send, between commits, after it was done: wherever
-the moment falls); then ``start --cycles 1`` finishes the work.  Counted per run:
+accepted); then 1-3 times a ``start`` worker (each with a random batch size: 1, 3, 10
+or 50 records per request) is started and SIGKILLed after a random delay (before it took
+the lock, mid-send, between commits, after it was done: wherever the moment falls); then
+``start --cycles 1`` finishes the work.  Counted per run:
 
 * lost: accepted, but at the end neither confirmed nor uncertain (nor
   confirmed_then_missing), or not in the store at all;
@@ -81,6 +82,10 @@ def _start(db: str, scope: Path, target: Path, log: Path, *extra: str) -> subpro
             env={k: v for k, v in os.environ.items() if not k.startswith("RUNNER_CRASH")})
 
 
+#: each worker of a run sends one record per request or batches of several (issue 16)
+BATCH_SIZES = (1, 3, 10, 50)
+
+
 def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
             pg_dsn: str | None = None) -> Result:
     rng = random.Random(f"{seed}:{index}")
@@ -100,7 +105,8 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
         result.violations.append(f"accept failed: {ingress.stderr.strip()[-300:]}")
     accepted = {json.loads(line)["key"] for line in ingress.stdout.splitlines()}
     for _ in range(rng.randint(1, 3)):
-        worker = _start(db, scope, target, log, "--interval", "0.05")
+        worker = _start(db, scope, target, log, "--interval", "0.05",
+                        "--batch-size", str(rng.choice(BATCH_SIZES)))
         delay = rng.uniform(0.0, max_delay)
         try:
             worker.wait(timeout=delay)
@@ -111,7 +117,8 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
             result.kills += 1
         mid = audit(db, target, accepted=accepted, in_flight_ok=True)
         result.violations += [f"after kill {result.kills}: {v}" for v in mid.violations]
-    final = _start(db, scope, target, log, "--cycles", "1", "--interval", "0")
+    final = _start(db, scope, target, log, "--cycles", "1", "--interval", "0",
+                   "--batch-size", str(rng.choice(BATCH_SIZES)))
     if final.wait(timeout=600) != 0:
         result.violations.append(f"the completing run exited {final.returncode}")
     end = audit(db, target, accepted=accepted, in_flight_ok=False)

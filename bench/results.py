@@ -3,6 +3,7 @@ JSON file here, and the documentation renders the latest file of each kind
 (``docs/hooks.py``), so no figure on a page is ever typed by hand.
 
     bench/results/bench-<UTC>.json     python -m bench            (not with --quick)
+    bench/results/batch-<UTC>.json     python -m bench batch      (not with --quick)
     bench/results/sweep-explain-<UTC>.json  python bench/sweep.py --explain   (not --quick)
     bench/results/pipeline-<UTC>.json  python bench/pipeline.py   (not with --quick)
     bench/results/chaos-<UTC>.json     python bench/chaos.py ... --record

@@ -4,6 +4,7 @@
     python -m bench            # full sizes (a few minutes); writes bench/results/bench-*.json
     python -m bench --quick    # small sizes, for CI (which runs it but does not judge it)
     python -m bench soak --minutes 30 [--backend postgres]   # the endurance run
+    python -m bench batch      # the batch-size sweep (bench/batch.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -61,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import soak
 
         return soak.main(argv[1:])
+    if argv[:1] == ["batch"]:  # python -m bench batch: the batch-size sweep (bench/batch.py)
+        from bench import batch
+
+        return batch.main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--seed", type=int, default=20261130)

@@ -10,7 +10,8 @@ from the measurement.  A page holds a placeholder, ``<!-- gen:NAME -->`` or
 * ``crash-points``: from ``runner/crashpoints.py``;
 * ``lead-transitions``, ``candidate-transitions``: from the transition tables;
 * ``outbox-kinds``: from the SQLite schema's outbox triggers;
-* ``results KIND``: the latest machine-written results file ``bench/results/KIND-*.json``;
+* ``results KIND``: the latest machine-written results file ``bench/results/KIND-*.json``
+  (``bench``, ``batch``, ``chaos`` …);
 * ``api DOTTED.NAME``: a class's signature, docstring and public methods;
 * ``include FILE``: a file of the repository (the changelog);
 * ``model-properties``, ``model-steps``: the SPIN model's named properties (from
@@ -282,6 +283,16 @@ def _render_bench(doc: dict[str, Any]) -> str:
                       "What each baseline is, as the run printed it:", "", *notes])
 
 
+def _render_batch(doc: dict[str, Any]) -> str:
+    rows = ["| --batch-size | dispatch | with process start-up | disk, single-row commits | "
+            "ratio |", "|---|---|---|---|---|"]
+    rows += [f"| {r['batch_size']} | {_num(r['dispatch_per_s'], 0)} /s | "
+             f"{_num(r['with_startup_per_s'], 0)} /s | {_num(r['disk_commits_per_s'], 0)} /s | "
+             f"{r['ratio']:.2f} |" for r in doc["rows"]]
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} records per run, median of "
+                      f"{doc['rounds']} interleaved rounds.", "", *rows])
+
+
 def _render_sweep_explain(doc: dict[str, Any]) -> str:
     rows = ["| step | time | ratio |", "|---|---|---|"]
     rows += [f"| {_cell(s['step'])} | {s['ms']:,.1f} ms | {s['ratio']:.1f} |"
@@ -461,6 +472,7 @@ def _render_spin_deep(doc: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
+    "batch": _render_batch,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,

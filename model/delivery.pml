@@ -253,8 +253,11 @@ inline dispatch_pass() {
      atomic { CRASH(dispatch_after_write); mark_in_flight() }
 #endif
      /* an exact readback of every row of the batch (send_blocking, classify_readback) */
+     /* the crash points after the request are one state here: applied (or not), the
+        answer given or not, nothing recorded (dispatch.batch-applied and
+        dispatch.batch-mid-readback are in the synthetic target) */
      atomic {
-       CRASH(dispatch_after_write);
+       CRASH(dispatch_after_write / dispatch_batch_applied / dispatch_batch_mid_readback);
        pend = batch;
        if
        :: res == NOT_SENT -> pfs = batch

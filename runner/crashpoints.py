@@ -40,8 +40,13 @@ POINTS: Mapping[str, str] = {
     "recover.after-commit": "in-flight records were made uncertain",
     "reconcile.before-commit": "a readback returned; its verdict is not recorded",
     "reconcile.after-commit": "a reconcile verdict (and maybe confirmed) committed",
-    "dispatch.after-in-flight": "the in-flight mark committed; the target is not called",
-    "dispatch.after-write": "the target write returned; nothing read back or recorded",
+    "dispatch.after-in-flight": "the in-flight mark (of a record or a whole batch) committed; "
+                                "the target is not called",
+    "dispatch.after-write": "the target write (of a record or a batch) returned; nothing read "
+                            "back or recorded",
+    "dispatch.batch-applied": "the synthetic target committed a batch; its answer is not "
+                              "returned yet",
+    "dispatch.batch-mid-readback": "the synthetic target has read back part of a batch's rows",
     "dispatch.before-confirm": "the send's outcome is known; it is not committed (it commits "
                                "with the next record's in-flight mark, or alone at the end)",
     "dispatch.after-confirm": "the send's outcome (confirmed or other) committed",

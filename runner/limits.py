@@ -10,3 +10,8 @@ DEFAULT_POLL_LIMIT = 100
 #: Bounded so: 32 MiB (lead cycle) + 5 x 4 MiB (background) + 2 MiB (dispatch thread).
 BACKGROUND_CACHE_KIB = 4 * 1024
 POLL_LIMIT_RANGE = (1, 1000)
+
+#: records per target request in a dispatch (issue 16); 1 sends one record per request
+#: (the behaviour before batching).  The default is chosen from ``python -m bench``.
+DEFAULT_BATCH_SIZE = 100
+BATCH_SIZE_RANGE = (1, 1000)

@@ -71,6 +71,8 @@ class LoopSettings:
     poll_limit: int = 100
     grace: float = 30.0
     dispatch_limit: int | None = None
+    #: records per target request (None: the worker's ``batch_size``)
+    batch_size: int | None = None
     #: emit only the cycles where something happened (and the first); idle cycles are
     #: logged at debug level.  ``start`` without ``--cycles`` runs this way.
     quiet_idle: bool = False
@@ -146,7 +148,8 @@ async def _lead_loop(
         poll_changes = 0
         with shutdown.work():
             await deliver.run_cycle(worker.store, worker.port, worker.clock, guard=shutdown,
-                                    dispatch_limit=settings.dispatch_limit, summary=summary)
+                                    dispatch_limit=settings.dispatch_limit, summary=summary,
+                                    batch_size=settings.batch_size or worker.batch_size)
             if not shutdown.stopping:
                 polled = await poll.poll_pass(worker.store, worker.port, worker.clock,
                                               settings.poll_limit, target.TRUSTED)

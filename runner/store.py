@@ -87,6 +87,13 @@ class DispatchSteps(Protocol):
         """As :meth:`Store.finish_and_mark` (``done`` None: only the mark)."""
         ...
 
+    def finish_and_mark_batch(
+        self, done: Sequence[tuple[WriteId, LeadState]], next_ids: Sequence[WriteId],
+        now: datetime,
+    ) -> dict[WriteId, int]:
+        """As :meth:`Store.finish_and_mark_batch`."""
+        ...
+
 
 class IntakeStore(Protocol):
     """What durable intake needs (``runner.leads.intake``, L3)."""
@@ -169,6 +176,23 @@ class DeliveryStore(TargetPins, Protocol):
         Returns the next record's attempts, or None if it is no longer dispatchable (the
         outcome is committed either way).  On PostgreSQL with the worker lock held, a lock
         whose session has ended raises ``LockLost`` and changes nothing."""
+        ...
+
+    async def finish_and_mark_batch(
+        self,
+        done: Sequence[tuple[WriteId, LeadState]],
+        next_ids: Sequence[WriteId],
+        now: datetime,
+    ) -> dict[WriteId, int]:
+        """A batch's step (issue 16), in one transaction: every ``done`` record's in_flight
+        -> its outcome, and every ``next_ids`` record -> in_flight with ``attempts + 1``.
+        Returns the new attempts of the next records that were marked (one missing is no
+        longer dispatchable); raises IllegalTransition if a ``done`` record was not in
+        flight.  With ``next_ids``, fenced on PostgreSQL as ``finish_and_mark``."""
+        ...
+
+    async def uncertain_count(self) -> int:
+        """How many records are uncertain now."""
         ...
 
     def dispatch_steps(self) -> AbstractAsyncContextManager[DispatchSteps]:

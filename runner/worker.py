@@ -24,9 +24,16 @@ from runner.leads import intake
 from runner.leads.models import LeadEvent, Scope, validate_scope
 from runner.leads.port import CRMAdapter, CRMRecordPort, Missing
 from runner.leads.states import LeadState
+from runner.limits import BATCH_SIZE_RANGE, DEFAULT_BATCH_SIZE
 from runner.status import status_document
 from runner.store import Store
 from runner.tasks import deliver, poll, target
+
+
+def check_batch_size(batch_size: int) -> None:
+    low, high = BATCH_SIZE_RANGE
+    if not low <= batch_size <= high:
+        raise UsageError(f"batch size must be between {low} and {high}")
 
 
 class DurableWorker:
@@ -39,8 +46,12 @@ class DurableWorker:
         port: CRMRecordPort | CRMAdapter | None = None,
         *,
         clock: Clock | None = None,
+        batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> None:
+        check_batch_size(batch_size)
         self.db = db
+        #: records per target request in a dispatch (``run_cycle``, the loop)
+        self.batch_size = batch_size
         self.scope = scope if isinstance(scope, Scope) else validate_scope(dict(scope))
         if port is not None and not isinstance(port, CRMRecordPort):
             port = CRMRecordPort(port)
@@ -133,14 +144,20 @@ class DurableWorker:
         dispatch_limit: int | None = None,
         guard: deliver.SendGuard | None = None,
         summary: deliver.CycleSummary | None = None,
+        batch_size: int | None = None,
     ) -> deliver.CycleSummary:
         """One cycle: reconcile -> dispatch (L8), under the worker lock (taken for the
-        cycle unless ``hold_lock`` holds it: taking it recovers in-flight records)."""
+        cycle unless ``hold_lock`` holds it: taking it recovers in-flight records).
+        ``batch_size``: records per target request (default: the worker's; 1 sends one
+        record per request; a target that cannot batch is sent one at a time)."""
+        if batch_size is not None:
+            check_batch_size(batch_size)
         summary = summary if summary is not None else deliver.CycleSummary()
         async with self.hold_lock() as recovered:
             summary.recovered += recovered
             await deliver.run_cycle(self.store, self.port, self.clock, guard=guard,
-                                    dispatch_limit=dispatch_limit, summary=summary)
+                                    dispatch_limit=dispatch_limit, summary=summary,
+                                    batch_size=batch_size or self.batch_size)
         return summary
 
     async def poll(self, limit: int = poll.DEFAULT_POLL_LIMIT) -> poll.PollSummary:

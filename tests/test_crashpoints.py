@@ -64,7 +64,7 @@ def test_accept_crash_after_commit_gives_no_answer_and_the_retry_is_a_duplicate(
 def test_a_crash_after_the_target_write_is_confirmed_by_readback_never_resent(env: CliStore):
     env.accept(1)
     env.accept(2)
-    crashed = env.once("--fault", "crash-at:dispatch.after-write@2")
+    crashed = env.once("--batch-size", "1", "--fault", "crash-at:dispatch.after-write@2")
     assert crashed.returncode == 73 and crashed.stdout == ""
     assert env.records()["lead-2"]["state"] == "in_flight"
     healed = env.once()

@@ -63,7 +63,8 @@ def test_100_second_workers_refused_then_the_next_one_recovers(
         assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec
                        ).returncode == 0
     holder = Child("start", "--db", db, "--scope", scope_file, "--target", target,
-                   "--fault", "hang", "--interval", "3600", env={"RUNNER_HANG_DIR": str(hang)})
+                   "--fault", "hang", "--interval", "3600", "--batch-size", "1",
+                   env={"RUNNER_HANG_DIR": str(hang)})
     try:
         wait_path(hang / "entered-write", holder)  # lead-1 is in flight, its row written
         holder.wait_err("sweepCandidates: expired=")  # its start-up sweep is recorded

@@ -45,11 +45,11 @@ def db() -> Iterator[str]:
 class Worker(Child):
     """A real ``once --fault hang`` process, stuck in its first target write."""
 
-    def __init__(self, db: str, workdir: Path, scope: Path, target: Path) -> None:
+    def __init__(self, db: str, workdir: Path, scope: Path, target: Path, *extra: str) -> None:
         self.hang = workdir / f"hang-{time.monotonic_ns()}"
         self.hang.mkdir()
         super().__init__("once", "--db", db, "--scope", scope, "--target", target,
-                         "--fault", "hang", env={"RUNNER_HANG_DIR": str(self.hang)})
+                         "--fault", "hang", *extra, env={"RUNNER_HANG_DIR": str(self.hang)})
         wait_path(self.hang / "entered-write", self)
 
     def release(self) -> tuple[int, str, str]:
@@ -59,8 +59,8 @@ class Worker(Child):
 
 
 class Env(CliStore):
-    def hanging_worker(self) -> Worker:
-        return Worker(self.db, self.dir, self.scope, self.target)
+    def hanging_worker(self, *extra: str) -> Worker:
+        return Worker(self.db, self.dir, self.scope, self.target, *extra)
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def one_clean_line(proc: subprocess.CompletedProcess[str]) -> str:
 
 def test_sigkill_of_the_holder_frees_the_lock_and_its_send_becomes_uncertain(env: Env) -> None:
     env.accept(1, 2)
-    worker = env.hanging_worker()
+    worker = env.hanging_worker("--batch-size", "1")  # lead-2 is not in lead-1's request
     assert env.once().returncode == 75  # held while the holder lives
     os.kill(worker.proc.pid, signal.SIGKILL)
     worker.kill()
@@ -162,7 +162,7 @@ def test_dropped_connection_during_a_send_is_never_resent(env: Env) -> None:
 
 def test_a_worker_whose_lock_session_ends_starts_no_new_send(env: Env) -> None:
     env.accept(1, 2)
-    worker = env.hanging_worker()
+    worker = env.hanging_worker("--batch-size", "1")
     lock_session = pg.fetch(
         "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
         "AND l.pid = ANY($1::int[])", pg.backend_pids(worker.proc.pid))
@@ -177,6 +177,25 @@ def test_a_worker_whose_lock_session_ends_starts_no_new_send(env: Env) -> None:
     fresh = env.once()
     assert last_json(fresh.stdout)["confirmed"] == 1
     assert [r[4] for r in sheet_rows(env.target)] == ["lead-1", "lead-2"]
+
+
+def test_a_worker_whose_lock_session_ends_marks_no_new_batch(env: Env) -> None:
+    """The batch's in-flight mark is fenced like the single one (issue 16)."""
+    env.accept(1, 2, 3, 4)
+    worker = env.hanging_worker("--batch-size", "2")
+    lock_session = pg.fetch(
+        "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.pid = ANY($1::int[])", pg.backend_pids(worker.proc.pid))
+    pg.execute("SELECT pg_terminate_backend($1)", lock_session[0][0])
+    code, _out, err = worker.release()  # the first batch finishes; the second must not
+    assert code == 74, err
+    assert "lock" in err.strip().splitlines()[-1] and "Traceback" not in err
+    recs = env.records()
+    assert [recs[f"lead-{i}"]["state"] for i in (1, 2)] == ["confirmed"] * 2
+    assert [(recs[f"lead-{i}"]["state"], recs[f"lead-{i}"]["attempts"])
+            for i in (3, 4)] == [("prepared", 0)] * 2
+    assert last_json(env.once("--batch-size", "2").stdout)["confirmed"] == 2
+    assert [r[4] for r in sheet_rows(env.target)] == [f"lead-{i}" for i in (1, 2, 3, 4)]
 
 
 # -- errors at the edge (point 5) ------------------------------------------------------

@@ -284,3 +284,42 @@ async def test_tasks_sharing_one_store_never_interleave_transactions(
     assert seen[0] == seen[1]  # one snapshot
     doc = await status_document(store)
     assert doc["counts"]["prepared"] == 10 and doc["outbox"]["count"] == 10
+
+
+# -- the batch step of dispatch (issue 16) --------------------------------------------
+
+
+async def test_a_batch_step_records_outcomes_and_marks_the_next_batch_in_one_commit(
+    store: Store, scope: Scope
+) -> None:
+    for i in range(5):
+        await accept(store, scope, i)
+    ids = [WriteId(f"w-{i}") for i in range(5)]
+    assert await store.finish_and_mark_batch([], ids[:3], NOW) == {w: 1 for w in ids[:3]}
+    marked = await store.finish_and_mark_batch(
+        [(ids[0], LeadState.CONFIRMED), (ids[1], LeadState.UNCERTAIN),
+         (ids[2], LeadState.FAILED_SAFE)], ids[3:], NOW)
+    assert marked == {ids[3]: 1, ids[4]: 1}
+    again = await store.finish_and_mark_batch(
+        [(ids[3], LeadState.CONFIRMED), (ids[4], LeadState.CONFIRMED)], [ids[2], ids[0]], NOW)
+    assert again == {ids[2]: 2}  # failed_safe is sent again (attempts + 1); w-0 is not
+    states = {r.write_id: r.state async for r in store.iter_records()}
+    assert states == {ids[0]: LeadState.CONFIRMED, ids[1]: LeadState.UNCERTAIN,
+                      ids[2]: LeadState.IN_FLIGHT, ids[3]: LeadState.CONFIRMED,
+                      ids[4]: LeadState.CONFIRMED}
+    assert await store.uncertain_count() == 1
+    summary = await store.summary()
+    assert summary.outbox_by_kind == {"accepted": 5, "state_changed": 11}
+
+
+async def test_a_batch_step_refuses_an_outcome_of_a_record_not_in_flight(
+    store: Store, scope: Scope
+) -> None:
+    from runner.leads.states import IllegalTransition
+
+    await accept(store, scope, 1)
+    with pytest.raises(IllegalTransition):
+        await store.finish_and_mark_batch([(WriteId("w-1"), LeadState.CONFIRMED)], [], NOW)
+    with pytest.raises(IllegalTransition):  # not an outcome of a send
+        await store.finish_and_mark_batch([(WriteId("w-1"), LeadState.PREPARED)], [], NOW)
+    assert await store.uncertain_count() == 0

@@ -97,7 +97,7 @@ def test_ready_comes_after_recovery_then_status_and_pings_then_stopping(
     s = cli_store
     s.accept(1, 2)
     # a crash after the in-flight mark leaves one record in flight: recovery's work
-    crashed = s.once(env={"RUNNER_CRASH_AT": "dispatch.after-in-flight"})
+    crashed = s.once("--batch-size", "1", env={"RUNNER_CRASH_AT": "dispatch.after-in-flight"})
     assert crashed.returncode == 73, crashed.stderr
     child = _start(s, notify, "--interval", "0.05")
     try:

@@ -21,7 +21,12 @@ from runner.commands.common import (
 from runner.commands.leads import load_scope, read_record
 from runner.errors import UsageError
 from runner.jsonio import read_json_object
-from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
+from runner.limits import (
+    BATCH_SIZE_RANGE,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_POLL_LIMIT,
+    POLL_LIMIT_RANGE,
+)
 
 if TYPE_CHECKING:
     from runner import loop
@@ -42,6 +47,17 @@ def _poll_option(parser: argparse.ArgumentParser) -> None:
                         default=DEFAULT_POLL_LIMIT,
                         metavar="N", help=f"records per poll pass ({low}-{high}, default "
                                           f"{DEFAULT_POLL_LIMIT})")
+
+
+def _batch_option(parser: argparse.ArgumentParser) -> None:
+    low, high = BATCH_SIZE_RANGE
+    parser.add_argument("--batch-size", type=number(int, low, high),
+                        default=DEFAULT_BATCH_SIZE, metavar="N",
+                        help=f"records per target request ({low}-{high}, default "
+                             f"{DEFAULT_BATCH_SIZE}): one commit marks the batch in flight, "
+                             "one request sends it, one readback proves each row, one "
+                             "commit records every outcome; a target that cannot batch is "
+                             "sent one record per request")
 
 
 def _alert_options(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +125,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _poll_option(once)
     once.add_argument("--dispatch-limit", type=number(int, 1, MAX_COUNT), metavar="N",
                       help="send at most N records per cycle (default: all)")
+    _batch_option(once)
     _alert_options(once)
     once.set_defaults(handler=cmd_once)
 
@@ -119,6 +136,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _poll_option(start)
     start.add_argument("--dispatch-limit", type=number(int, 1, MAX_COUNT), metavar="N",
                        help="send at most N records per cycle (default: all)")
+    _batch_option(start)
     start.add_argument("--interval", type=number(float, 0, MAX_SECONDS), default=5.0,
                        metavar="S",
                        help="seconds to wait between cycles (default 5)")
@@ -288,7 +306,8 @@ async def cmd_once(args: argparse.Namespace) -> int:
     from runner import loop
 
     return await _run(args, loop.LoopSettings(
-        cycles=1, interval=0, poll_limit=args.poll_limit, dispatch_limit=args.dispatch_limit))
+        cycles=1, interval=0, poll_limit=args.poll_limit, dispatch_limit=args.dispatch_limit,
+        batch_size=args.batch_size))
 
 
 async def cmd_start(args: argparse.Namespace) -> int:
@@ -301,7 +320,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
     drain = _drain(args) if args.cycles is not None else None
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
-        grace=args.grace, dispatch_limit=args.dispatch_limit,
+        grace=args.grace, dispatch_limit=args.dispatch_limit, batch_size=args.batch_size,
         quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None),
         [sweep, *_pipeline_tasks(args, drain)], started=lambda: log_banner(args),
         drain=drain)

@@ -98,17 +98,42 @@ class FaultyAdapter:
         self.faults = faults
 
     def write(self, record: CRMRecord, write_id: str) -> None:
+        self._before_request()
+        self.inner.write(record, write_id)
+        self._after_request()
+
+    def _before_request(self) -> None:
         if Fault.CRASH_BEFORE_WRITE in self.faults:
             crash("before the target write")
         if Fault.OUTAGE in self.faults:
             raise BeforeWriteError("simulated outage: the request was not sent")
-        self.inner.write(record, write_id)
+
+    def _after_request(self) -> None:
         if Fault.HANG in self.faults:
             hang("write")
         if Fault.CRASH_AFTER_WRITE in self.faults:
             crash("after the target write")
         if Fault.TIMEOUT in self.faults:
             raise AmbiguousWriteError("simulated timeout after the request was sent")
+
+    @property
+    def batches(self) -> bool:
+        """A batch is sent only to an inner adapter that can take one."""
+        return callable(getattr(self.inner, "write_batch", None))
+
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
+        """The same faults as ``write``, for one request of many rows."""
+        self._before_request()
+        self.inner.write_batch(items)  # type: ignore[attr-defined]
+        self._after_request()
+
+    def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
+        if Fault.HANG_READBACK in self.faults:
+            hang("read_back")
+        many = getattr(self.inner, "read_back_many", None)
+        if callable(many):
+            return list(many(write_ids))
+        return [row for write_id in write_ids for row in self.inner.read_back(write_id)]
 
     def target_id(self) -> str | None:
         """The inner adapter's identity (faults are of calls, not of which target)."""

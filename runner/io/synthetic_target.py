@@ -36,11 +36,12 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote
 
+from runner import crashpoints
 from runner.errors import (
     RunnerError,
     StoreError,
@@ -161,6 +162,29 @@ def _as_bool(value: Any) -> Any:
     # SQLite has no boolean: 0/1 are the sheet's false/true; anything else stays as is,
     # so it can never compare equal to a mapped record by accident
     return bool(value) if value in (0, 1) and not isinstance(value, str) else value
+
+
+_READ = ("SELECT write_id, tenant, source, source_lead_id, is_test, contact_alias, status "
+         "FROM sheet")
+
+
+def _row(row: Sequence[Any]) -> TargetRow:
+    return TargetRow(
+        write_id=row[0],
+        fields={**dict(zip(FIELDS, row[1:6], strict=True)), "is_test": _as_bool(row[4])},
+        status=row[6],
+    )
+
+
+def _among(
+    conn: sqlite3.Connection, select: str, write_ids: Sequence[str]
+) -> Iterator[Sequence[Any]]:
+    """The rows of ``select`` whose write_id is one of ``write_ids``, in sheet order
+    within chunks of 500 (SQLite's bound on parameters)."""
+    for start in range(0, len(write_ids), 500):
+        chunk = list(write_ids[start : start + 500])
+        marks = ",".join("?" * len(chunk))
+        yield from conn.execute(f"{select} WHERE write_id IN ({marks}) ORDER BY row_id", chunk)
 
 
 def _message(exc: BaseException) -> str:
@@ -303,60 +327,66 @@ class SyntheticTarget:
 
     def write(self, record: CRMRecord, write_id: str) -> None:
         with self._mutex:
-            try:
-                conn = self._connect()
-            except (RunnerError, sqlite3.Error, OSError) as exc:
-                raise BeforeWriteError(f"target unavailable: {_message(exc)}") from None
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                # the write lock was not taken: nothing of this row reached the sheet
-                _rollback_quietly(conn)
-                raise BeforeWriteError(f"target not written (its lock: {exc})") from None
-            try:
-                conn.execute(
-                    "INSERT INTO sheet (write_id, tenant, source, source_lead_id, is_test,"
-                    " contact_alias) VALUES (?, ?, ?, ?, ?, ?)",
-                    (write_id, record.tenant, record.source, record.source_lead_id,
-                     int(record.is_test), record.contact_alias),
-                )
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                _rollback_quietly(conn)
-                raise AmbiguousWriteError(f"target write failed: {exc}") from None
+            self._append([(record, write_id)])
+
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
+        """Append every row in one transaction: all of them or none (issue 16)."""
+        with self._mutex:
+            self._append(items)
+            crashpoints.hit("dispatch.batch-applied")
+
+    def _append(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
+        try:
+            conn = self._connect()
+        except (RunnerError, sqlite3.Error, OSError) as exc:
+            raise BeforeWriteError(f"target unavailable: {_message(exc)}") from None
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            # the write lock was not taken: nothing of these rows reached the sheet
+            _rollback_quietly(conn)
+            raise BeforeWriteError(f"target not written (its lock: {exc})") from None
+        try:
+            conn.executemany(
+                "INSERT INTO sheet (write_id, tenant, source, source_lead_id, is_test,"
+                " contact_alias) VALUES (?, ?, ?, ?, ?, ?)",
+                [(write_id, record.tenant, record.source, record.source_lead_id,
+                  int(record.is_test), record.contact_alias) for record, write_id in items],
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback_quietly(conn)
+            raise AmbiguousWriteError(f"target write failed: {exc}") from None
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
         with self._mutex:
             try:
                 rows = self._open(create=False).execute(
-                    "SELECT write_id, tenant, source, source_lead_id, is_test, contact_alias,"
-                    " status FROM sheet WHERE write_id = ? ORDER BY row_id",
-                    (write_id,),
-                ).fetchall()
+                    f"{_READ} WHERE write_id = ? ORDER BY row_id", (write_id,)).fetchall()
             except (RunnerError, sqlite3.Error, OSError) as exc:
                 raise TargetReadError(f"target readback failed: {_message(exc)}") from None
-        return [
-            TargetRow(
-                write_id=row[0],
-                fields={**dict(zip(FIELDS, row[1:6], strict=True)), "is_test": _as_bool(row[4])},
-                status=row[6],
-            )
-            for row in rows
-        ]
+        return [_row(row) for row in rows]
+
+    def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
+        """The rows of all these write_ids, in one call (a batch's exact readback)."""
+        found: list[TargetRow] = []
+        with self._mutex:
+            try:
+                for row in _among(self._open(create=False), _READ, write_ids):
+                    found.append(_row(row))
+                    if len(found) == 1 and len(write_ids) > 1:
+                        crashpoints.hit("dispatch.batch-mid-readback")
+            except (RunnerError, sqlite3.Error, OSError) as exc:
+                raise TargetReadError(f"target readback failed: {_message(exc)}") from None
+        return found
 
     def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]:
         found: dict[str, list[str]] = {w: [] for w in write_ids}
         with self._mutex:
             try:
-                conn = self._open(create=False)
-                for start in range(0, len(write_ids), 500):
-                    chunk = list(write_ids[start : start + 500])
-                    marks = ",".join("?" * len(chunk))
-                    for write_id, status in conn.execute(
-                        f"SELECT write_id, status FROM sheet WHERE write_id IN ({marks})",
-                        chunk,
-                    ):
-                        found[write_id].append(status)
+                for write_id, status in _among(self._open(create=False),
+                                               "SELECT write_id, status FROM sheet", write_ids):
+                    found[write_id].append(status)
             except (RunnerError, sqlite3.Error, OSError) as exc:
                 raise TargetReadError(f"target status read failed: {_message(exc)}") from None
         out: dict[str, Observation] = {}

@@ -9,7 +9,16 @@ three methods::
     read_back(write_id) -> list[TargetRow]     the rows carrying that write_id
     observe_status(write_ids) -> {write_id: Observation}
 
-and, optionally, two more that let runner check the target before work (SPEC L9, E6)::
+optionally, two that let a target take many records in one request (issue 16)::
+
+    write_batch(items) -> None                 items: (record, write_id) pairs, applied
+                                               atomically (all rows or none); the same
+                                               errors as ``write``
+    read_back_many(write_ids) -> list[TargetRow]   the rows carrying any of those write_ids
+
+(a target without ``write_batch`` is sent one record per request, as before; without
+``read_back_many``, a batch is read back one ``read_back`` per record), and two more that
+let runner check the target before work (SPEC L9, E6)::
 
     target_id() -> str | None                  the target's stable identity, read without
                                                creating or changing anything; None: this
@@ -115,6 +124,14 @@ class CRMAdapter(Protocol):
     def read_back(self, write_id: str) -> Sequence[TargetRow]: ...
 
     def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]: ...
+
+
+class BatchAdapter(Protocol):
+    """The optional batch calls of an adapter (see the module docstring)."""
+
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None: ...
+
+    def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]: ...
 
 
 class IdentifiedAdapter(Protocol):
@@ -238,6 +255,48 @@ class CRMRecordPort:
         except Exception as exc:  # noqa: BLE001 - written, but not proven
             return SendResult("unproven", type(exc).__name__)
         return SendResult(classify_readback(rows, record, write_id))
+
+    @property
+    def batches(self) -> bool:
+        """Whether the adapter takes many records in one request (``write_batch``); a
+        wrapper may say it cannot (an attribute ``batches`` that is False)."""
+        return (callable(getattr(self.adapter, "write_batch", None))
+                and bool(getattr(self.adapter, "batches", True)))
+
+    def send_batch_blocking(self, items: Sequence[tuple[LeadEvent, str]]) -> list[SendResult]:
+        """:meth:`send_blocking` for a batch in one request (``write_batch``), then one
+        exact readback of every row of the batch; a result per item, in order.
+
+        The request's outcome is the batch's: ``not_sent`` for all on ``BeforeWriteError``,
+        ``failed`` for all on any other error, ``unproven`` for all when the readback
+        failed.  Otherwise each record has its own readback verdict (a partial answer:
+        some ``match``, some ``none``), and only ``match`` confirms.  Blocking, in the
+        dispatch run's thread."""
+        records = [(self.map(event), write_id) for event, write_id in items]
+        n = len(records)
+        write_batch = self.adapter.write_batch  # type: ignore[attr-defined]
+        try:
+            write_batch(records)
+        except BeforeWriteError:
+            return [SendResult("not_sent")] * n
+        except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
+            return [SendResult("failed", type(exc).__name__)] * n
+        crashpoints.hit("dispatch.after-write")
+        try:
+            rows = self._read_back_many([write_id for _, write_id in records])
+        except Exception as exc:  # noqa: BLE001 - written, but not proven
+            return [SendResult("unproven", type(exc).__name__)] * n
+        by_id: dict[str, list[TargetRow]] = {}
+        for row in rows:
+            by_id.setdefault(row.write_id, []).append(row)
+        return [SendResult(classify_readback(by_id.get(write_id, []), record, write_id))
+                for record, write_id in records]
+
+    def _read_back_many(self, write_ids: Sequence[str]) -> list[TargetRow]:
+        many = getattr(self.adapter, "read_back_many", None)
+        if callable(many):
+            return list(many(write_ids))
+        return [row for write_id in write_ids for row in self.adapter.read_back(write_id)]
 
     async def confirm(self, event: LeadEvent, write_id: str) -> Readback:
         """Read back and classify (raises what the adapter raises)."""

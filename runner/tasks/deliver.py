@@ -18,6 +18,7 @@ shielded window and re-raises.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -29,6 +30,7 @@ import anyio
 
 from runner import crashpoints
 from runner.clock import Clock
+from runner.errors import StoreError
 from runner.leads.port import CRMRecordPort, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
 from runner.store import DeliveryStore, DispatchSteps, LeadWork
@@ -46,7 +48,9 @@ RECORD_WINDOW = 2.0
 class CycleSummary:
     """What one cycle did (L13): counts of transitions made by this cycle, and of its poll
     pass: ``polled`` records read, ``poll_failed`` of them whose read failed (all of them:
-    the pass read nothing)."""
+    the pass read nothing).  A send's outcome is counted when it is committed, so a send
+    that a hard stop records uncertain counts as ``uncertain``.  ``still_uncertain``: how
+    many records were uncertain when the cycle ended (None: it could not be read)."""
 
     recovered: int = 0
     reconciled: int = 0
@@ -56,6 +60,7 @@ class CycleSummary:
     uncertain: int = 0
     polled: int = 0
     poll_failed: int = 0
+    still_uncertain: int | None = None
 
     @property
     def moved(self) -> int:
@@ -63,7 +68,7 @@ class CycleSummary:
         return (self.recovered + self.reconciled + self.dispatched + self.confirmed
                 + self.failed_safe + self.uncertain)
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, int | None]:
         return asdict(self)
 
 
@@ -149,6 +154,7 @@ async def dispatch_all(
     *,
     guard: SendGuard,
     limit: int | None = None,
+    batch_size: int = 1,
 ) -> None:
     """Send prepared and failed-safe records in accept order, each at most once here.
 
@@ -158,22 +164,32 @@ async def dispatch_all(
     dies leaves its record in flight, which the next start makes uncertain and reconciles
     (a confirmed one is read back and confirmed again, never resent).
 
+    With ``batch_size`` above 1 and a port that batches (``CRMRecordPort.batches``), the
+    same holds for a batch of records at a time (:class:`_BatchRun`): one commit marks the
+    whole batch in flight, one request sends it, one readback reads every row of it, and
+    one commit records every outcome together with the next batch's mark.
+
     Each page of records runs in one worker thread (:class:`_PageRun`): commit, send,
     commit, send, with no hop to the event loop in between, which would cost more than
-    the commit.  The page runs in the guard's shield: a graceful stop lets the record in
+    the commit.  The page runs in the guard's shield: a graceful stop lets the send in
     flight finish and starts no other; a hard stop abandons the thread (which then sends
-    nothing more) and the record in flight is recorded uncertain.  The last outcome is
+    nothing more) and the records in flight are recorded uncertain.  The last outcomes are
     committed on the way out, also after a stop (then within a short shielded window).
     """
+    batch = batch_size if port.batches else 1
+    size = max(PAGE, batch)
     after = 0
-    page = await store.dispatchable_page(after, PAGE) if not guard.stopping else []
+    page = await store.dispatchable_page(after, size) if not guard.stopping else []
     if not page:
         return
-    pending: Pending | None = None  # an outcome not yet committed
+    pending: list[Pending] = []  # outcomes not yet committed
     try:
         async with store.dispatch_steps() as steps:
             while page:
-                run = _PageRun(steps, port, clock, summary, guard, limit, page, pending)
+                run: _PageRun | _BatchRun = (
+                    _PageRun(steps, port, clock, summary, guard, limit, page, pending)
+                    if batch == 1 else
+                    _BatchRun(steps, port, clock, summary, guard, limit, page, pending, batch))
                 try:
                     with guard.shield():
                         await anyio.to_thread.run_sync(run.run, abandon_on_cancel=True)
@@ -182,22 +198,32 @@ async def dispatch_all(
                 if run.ended or guard.stopping:
                     return
                 after = page[-1].seq
-                page = await store.dispatchable_page(after, PAGE)
+                page = await store.dispatchable_page(after, size)
     finally:
-        if pending is not None:
+        if pending:
             # recorded whatever happened; after a cancellation only within a short window
             with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
-                crashpoints.hit("dispatch.before-confirm")
-                try:
-                    await store.finish_send(pending[0].write_id, pending[1], clock.now())
-                except IllegalTransition:
-                    # no longer in flight: the combined statement that marks the next
-                    # record committed this outcome, then failed or was cancelled before
-                    # it answered; the error on its way out is the one to report
-                    pending = None
-                else:
-                    crashpoints.hit("dispatch.after-confirm")
-                    _log_outcome(*pending)
+                await _record_last(store, clock, summary, pending)
+
+
+async def _record_last(
+    store: DeliveryStore, clock: Clock, summary: CycleSummary, pending: list[Pending]
+) -> None:
+    """Commit the outcomes of the last send of a dispatch run."""
+    crashpoints.hit("dispatch.before-confirm")
+    try:
+        if len(pending) == 1:
+            await store.finish_send(pending[0][0].write_id, pending[0][1], clock.now())
+        else:
+            await store.finish_and_mark_batch(
+                [(work.write_id, outcome) for work, outcome in pending], [], clock.now())
+    except IllegalTransition:
+        # no longer in flight: the combined statement that marks the next record committed
+        # these outcomes, then failed or was cancelled before it answered; the error on its
+        # way out is the one to report
+        return
+    crashpoints.hit("dispatch.after-confirm")
+    _counted(summary, pending)
 
 
 #: a sent record and its outcome, not committed yet (uncertain until the send says more)
@@ -219,47 +245,58 @@ class _PageRun:
 
     def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
                  summary: CycleSummary, guard: SendGuard, limit: int | None,
-                 page: list[LeadWork], pending: Pending | None) -> None:
+                 page: list[LeadWork], pending: list[Pending]) -> None:
         self.steps, self.port, self.clock, self.summary = steps, port, clock, summary
         self.guard, self.limit, self.page = guard, limit, page
         self.ended = False  # stopped or at the limit: no next page
-        self._pending = pending
+        self._pending: list[Pending] = pending
         self._abandoned = False
         self._lock = threading.Lock()  # held only to read or set the two fields above
 
-    def take_over(self) -> Pending | None:
+    def take_over(self) -> list[Pending]:
         with self._lock:
             self._abandoned = True
             return self._pending
 
-    def _go_on(self, pending: Pending | None) -> bool:
+    def _go_on(self, pending: list[Pending]) -> bool:
         """Set what the loop must record if the run ends here; False once abandoned (the
         loop has then taken over what was pending before)."""
         with self._lock:
             self._pending = pending
             return not self._abandoned
 
+    def _room(self) -> int:
+        """How many more records may be sent (0: stop here)."""
+        if self.guard.stopping:
+            return 0
+        if self.limit is None:
+            return len(self.page)
+        return max(self.limit - self.summary.dispatched, 0)
+
+    def _committed(self, pending: list[Pending]) -> None:
+        """The outcomes of ``pending`` are committed: count and log them."""
+        if pending:
+            crashpoints.hit("dispatch.after-confirm")
+        _counted(self.summary, pending)
+
     def run(self) -> None:
         summary = self.summary
         for work in self.page:
-            if self.guard.stopping or (self.limit is not None
-                                       and summary.dispatched >= self.limit):
+            if not self._room():
                 self.ended = True
                 return
             with self._lock:
                 if self._abandoned:
                     return
                 pending = self._pending
-            done = (pending[0].write_id, pending[1]) if pending else None
+            done = (pending[0][0].write_id, pending[0][1]) if pending else None
             if done is not None:
                 crashpoints.hit("dispatch.before-confirm")
             attempts = self.steps.finish_and_mark(done, work.write_id, self.clock.now())
             # the previous outcome is in; this record is in flight (uncertain until its
             # send says more)
-            self._go_on((work, LeadState.UNCERTAIN) if attempts is not None else None)
-            if pending is not None:
-                crashpoints.hit("dispatch.after-confirm")
-                _log_outcome(*pending)
+            self._go_on([(work, LeadState.UNCERTAIN)] if attempts is not None else [])
+            self._committed(pending)
             if attempts is None:
                 continue  # no longer dispatchable: someone else's state
             crashpoints.hit("dispatch.after-in-flight")
@@ -270,9 +307,70 @@ class _PageRun:
             log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
                                        "attempts": attempts})
             outcome = _attempt(self.port, work)
-            if not self._go_on((work, outcome)):
+            if not self._go_on([(work, outcome)]):
                 return  # abandoned while out: the loop has recorded it uncertain
-            _count(summary, outcome)
+
+
+class _BatchRun(_PageRun):
+    """One page of batched dispatch in one worker thread (issue 16): as :class:`_PageRun`,
+    a batch of up to ``batch`` records at a time.
+
+    For each batch: commit the previous batch's outcomes together with this batch's
+    in-flight mark (``DispatchSteps.finish_and_mark_batch``: on PostgreSQL fenced by the
+    worker lock), then one request (``CRMRecordPort.send_batch_blocking``: the batch write
+    and the exact readback of every row of it).  Each record's outcome is its own: a
+    ``BeforeWriteError`` makes the whole batch failed-safe, any other failure or an
+    incomplete answer leaves every record not proven by its readback uncertain.
+    """
+
+    def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
+                 summary: CycleSummary, guard: SendGuard, limit: int | None,
+                 page: list[LeadWork], pending: list[Pending], batch: int) -> None:
+        super().__init__(steps, port, clock, summary, guard, limit, page, pending)
+        self.batch = batch
+
+    def run(self) -> None:
+        summary = self.summary
+        start = 0
+        while start < len(self.page):
+            room = self._room()
+            if not room:
+                self.ended = True
+                return
+            chunk = self.page[start : start + min(self.batch, room)]
+            start += len(chunk)
+            with self._lock:
+                if self._abandoned:
+                    return
+                pending = self._pending
+            if pending:
+                crashpoints.hit("dispatch.before-confirm")
+            marked = self.steps.finish_and_mark_batch(
+                [(work.write_id, outcome) for work, outcome in pending],
+                [work.write_id for work in chunk], self.clock.now())
+            sent = [work for work in chunk if work.write_id in marked]
+            # the previous outcomes are in; this batch is in flight (uncertain until the
+            # request says more)
+            self._go_on([(work, LeadState.UNCERTAIN) for work in sent])
+            self._committed(pending)
+            if not sent:
+                continue  # none dispatchable any more: someone else's state
+            crashpoints.hit("dispatch.after-in-flight")
+            summary.dispatched += len(sent)
+            with self._lock:  # the last moment a hard stop keeps this send from starting
+                if self._abandoned:
+                    return
+            if len(sent) == 1:  # the line of a single send
+                log.info("sending", extra={"action": "lead.in_flight",
+                                           "key": sent[0].source_lead_id,
+                                           "attempts": marked[sent[0].write_id]})
+            else:  # one line for the batch: a line per record costs more than its commit
+                log.info("sending a batch of %d", len(sent), extra={
+                    "action": "batch.in_flight", "count": len(sent),
+                    "keys": [work.source_lead_id for work in sent]})
+            outcomes = _attempt_batch(self.port, sent)
+            if not self._go_on(list(zip(sent, outcomes, strict=True))):
+                return  # abandoned while out: the loop has recorded them uncertain
 
 
 def _count(summary: CycleSummary, outcome: LeadState) -> None:
@@ -298,6 +396,44 @@ def _attempt(port: CRMRecordPort, work: LeadWork) -> LeadState:
         log.warning("send %s: %s", result.verdict, result.error, extra={
             "action": "lead.send_failed", "key": work.source_lead_id, "error": result.error})
     return LeadState.UNCERTAIN
+
+
+def _attempt_batch(port: CRMRecordPort, batch: list[LeadWork]) -> list[LeadState]:
+    """One batch request: each record's outcome by the rules of :func:`_attempt`."""
+    results = port.send_batch_blocking([(work.event, work.write_id) for work in batch])
+    outcomes = []
+    for work, result in zip(batch, results, strict=True):
+        if result.verdict == "not_sent":
+            outcomes.append(LeadState.FAILED_SAFE)
+        elif result.verdict == "match":
+            outcomes.append(LeadState.CONFIRMED)
+        else:
+            if result.error is not None:
+                log.warning("send %s: %s", result.verdict, result.error, extra={
+                    "action": "lead.send_failed", "key": work.source_lead_id,
+                    "error": result.error})
+            outcomes.append(LeadState.UNCERTAIN)
+    return outcomes
+
+
+def _counted(summary: CycleSummary, pending: list[Pending]) -> None:
+    """Count and log outcomes just committed.  A batch's confirmations are one line (the
+    keys listed): a line per record costs more than its commit does; every other outcome
+    is a line of its own, as it needs a look."""
+    for _, outcome in pending:
+        _count(summary, outcome)
+    if len(pending) == 1:
+        _log_outcome(*pending[0])
+        return
+    confirmed = [work.source_lead_id for work, outcome in pending
+                 if outcome is LeadState.CONFIRMED]
+    if confirmed:
+        log.info("%d confirmed", len(confirmed), extra={
+            "action": "batch.confirmed", "count": len(confirmed), "keys": confirmed,
+            "from_state": "in_flight", "to_state": "confirmed"})
+    for work, outcome in pending:
+        if outcome is not LeadState.CONFIRMED:
+            _log_outcome(work, outcome)
 
 
 def _log_outcome(work: LeadWork, outcome: LeadState) -> None:
@@ -331,13 +467,28 @@ async def run_cycle(
     guard: SendGuard | None = None,
     dispatch_limit: int | None = None,
     summary: CycleSummary | None = None,
+    batch_size: int = 1,
 ) -> CycleSummary:
-    """reconcile every uncertain record -> dispatch (L8).  The caller holds the worker lock
-    (``holding_lock``, which recovered in-flight records when it took it).  ``summary`` is
-    filled as the cycle goes, so a cycle interrupted by a stop still reports what it
-    did."""
+    """reconcile every uncertain record -> dispatch (L8), ``batch_size`` records per target
+    request.  The caller holds the worker lock (``holding_lock``, which recovered
+    in-flight records when it took it).  ``summary`` is filled as the cycle goes, so a
+    cycle interrupted by a stop still reports what it did, and how many records were
+    left uncertain."""
     guard = guard or NoGuard()
     summary = summary if summary is not None else CycleSummary()
-    summary.reconciled += await reconcile_all(store, port, clock, guard)
-    await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit)
+    try:
+        summary.reconciled += await reconcile_all(store, port, clock, guard)
+        await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit,
+                           batch_size=batch_size)
+    except anyio.get_cancelled_exc_class():
+        # stopped: still counted, within a short shielded window; a store that cannot
+        # answer then leaves it unknown (the stop is what is reported)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW), \
+                contextlib.suppress(StoreError):
+            summary.still_uncertain = await store.uncertain_count()
+        raise
+    # shielded: a stop that arrives now (a hard stop that ended the dispatch) still lets
+    # the summary say how many are uncertain
+    with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
+        summary.still_uncertain = await store.uncertain_count()
     return summary

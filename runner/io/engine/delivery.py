@@ -14,6 +14,10 @@ override two hooks: ``_marking`` runs the statement when it marks a record (Post
 checks its worker lock's fence there) and ``dispatch_steps`` gives a dispatch run's
 thread its blocking steps (SQLite commits on a connection of its own; by default each step
 hops back to the event loop, :class:`LoopDispatchSteps`).
+
+Batched dispatch (issue 16) has the same step for many records: ``finish_and_mark_batch``
+records the outcomes of the batch that finished and marks the next batch in flight, in one
+statement; PostgreSQL fences it like the single mark (``_marking_batch``).
 """
 
 from __future__ import annotations
@@ -56,10 +60,40 @@ def step_result(rows: Sequence[Row], done: Done, next_write_id: WriteId | None) 
     return None if next_write_id is None else changed.get(next_write_id)
 
 
+#: a batch step's finished records and their outcomes (possibly none)
+Outcomes = Sequence[tuple[WriteId, LeadState]]
+
+
+def batch_params(done: Outcomes, next_ids: Sequence[WriteId], now: datetime) -> dict[str, Any]:
+    """The ``finish_and_mark_batch`` parameters; refuses an outcome that is not a
+    transition out of in_flight."""
+    for _, outcome in done:
+        check_transition(LeadState.IN_FLIGHT, outcome)
+    return {"now": to_text(now), "done": [str(w) for w, _ in done],
+            "outcomes": [o.value for _, o in done], "next": [str(w) for w in next_ids]}
+
+
+def batch_result(
+    rows: Sequence[Row], done: Outcomes, next_ids: Sequence[WriteId]
+) -> dict[WriteId, int]:
+    """The new attempts of the next batch's records that were marked (a record missing
+    is no longer dispatchable); refuses a ``done`` record that was not in flight."""
+    changed = {str(r[0]): int(r[1]) for r in rows}
+    missing = [w for w, _ in done if w not in changed]
+    if missing:
+        raise IllegalTransition(f"{len(missing)} record(s) were not in flight "
+                                f"(first: {missing[0]})")
+    return {w: changed[w] for w in next_ids if w in changed}
+
+
 class _Finishing(Protocol):
     async def finish_and_mark(
         self, done: Done, next_write_id: WriteId, now: datetime
     ) -> int | None: ...
+
+    async def finish_and_mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime
+    ) -> dict[WriteId, int]: ...
 
 
 class LoopDispatchSteps:
@@ -73,6 +107,11 @@ class LoopDispatchSteps:
 
     def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime) -> int | None:
         return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now)
+
+    def finish_and_mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime
+    ) -> dict[WriteId, int]:
+        return anyio.from_thread.run(self._store.finish_and_mark_batch, done, next_ids, now)
 
 
 @asynccontextmanager
@@ -130,6 +169,24 @@ class DeliveryOps(Db):
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
         """Hook: run ``finish_and_mark`` for a step that marks a record in flight."""
         return await self.fetch("finish_and_mark", **params)
+
+    async def finish_and_mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime
+    ) -> dict[WriteId, int]:
+        params = batch_params(done, next_ids, now)
+        if next_ids:
+            rows = await self._marking_batch(params)
+        else:  # marks nothing, so not fenced (as finish_send)
+            rows = await self.fetch("finish_and_mark_batch", **params)
+        return batch_result(rows, done, next_ids)
+
+    async def _marking_batch(self, params: dict[str, Any]) -> Sequence[Row]:
+        """Hook: run ``finish_and_mark_batch`` for a step that marks records in flight."""
+        return await self.fetch("finish_and_mark_batch", **params)
+
+    async def uncertain_count(self) -> int:
+        """How many records are uncertain now (the cycle summary's ``still_uncertain``)."""
+        return int((await self.fetch("uncertain_count"))[0][0])
 
     def dispatch_steps(self) -> AbstractAsyncContextManager[Any]:
         """Hook: a dispatch run's blocking steps (here: each one hops to the loop; a

@@ -15,13 +15,23 @@ from runner.io.postgres.base import PostgresBase
 
 
 class FencedMark(PostgresBase):
-    """Overrides ``DeliveryOps._marking``."""
+    """Overrides ``DeliveryOps._marking`` and ``DeliveryOps._marking_batch``."""
 
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
-        fence = self._fence
-        if fence is None:
+        if (fence := self._fence) is None:
             return await self.fetch("finish_and_mark", **params)
-        rows = await self.fetch("_finish_and_mark_fenced", **params, **fence.params())
+        return self._held(await self.fetch("_finish_and_mark_fenced", **params,
+                                           **fence.params()))
+
+    async def _marking_batch(self, params: dict[str, Any]) -> Sequence[Row]:
+        if (fence := self._fence) is None:
+            return await self.fetch("finish_and_mark_batch", **params)
+        return self._held(await self.fetch("_finish_and_mark_batch_fenced", **params,
+                                           **fence.params()))
+
+    def _held(self, rows: Sequence[Row]) -> Sequence[Row]:
+        """The rows a fenced statement changed; LockLost if the lock was no longer held
+        (then it changed nothing)."""
         if not rows[0][0]:
             raise LockLost(f"the worker lock's session at {self.location.where} has ended "
                            "(terminated or timed out); not sending, a new run recovers")

@@ -8,6 +8,9 @@
 -- name: lead_counts
 SELECT state, n FROM {s}.lead_counts
 
+-- name: uncertain_count
+SELECT coalesce((SELECT n FROM {s}.lead_counts WHERE state = 'uncertain'), 0)
+
 -- name: oldest_uncertain_accepted_at
 SELECT accepted_at FROM {s}.leads WHERE state = 'uncertain' ORDER BY seq LIMIT 1
 
@@ -273,6 +276,53 @@ changed AS (
       AND ((write_id = :done AND state = 'in_flight')
            OR (write_id = :next AND state IN ('prepared', 'failed_safe')))
     RETURNING write_id, attempts
+)
+SELECT fence.held, changed.write_id, changed.attempts FROM fence LEFT JOIN changed ON true
+
+-- name: finish_and_mark_batch
+-- finish_and_mark for a batch (issue 16), one statement, so one commit: the outcomes of
+-- the batch that finished (:done[i] in_flight -> :outcomes[i]) and the in-flight mark of
+-- the next batch (:next, attempts + 1); either list may be empty; each row is guarded by
+-- the state it must be in (under the row lock the UPDATE takes)
+UPDATE {s}.leads AS l SET
+    state = coalesce(s.outcome, 'in_flight'),
+    attempts = l.attempts + CASE WHEN s.outcome IS NULL THEN 1 ELSE 0 END,
+    updated_at = :now
+FROM (SELECT d.write_id, d.outcome
+      FROM unnest(:done::text[], :outcomes::text[]) AS d(write_id, outcome)
+      UNION ALL
+      SELECT n.write_id, NULL FROM unnest(:next::text[]) AS n(write_id)) AS s
+WHERE l.write_id = s.write_id
+  AND ((s.outcome IS NOT NULL AND l.state = 'in_flight')
+       OR (s.outcome IS NULL AND l.state IN ('prepared', 'failed_safe')))
+RETURNING l.write_id, l.attempts
+
+-- name: _finish_and_mark_batch_fenced
+-- finish_and_mark_batch while this store holds the worker lock: nothing at all changes
+-- once the lock's session (:pid) no longer holds the advisory lock (as
+-- _finish_and_mark_fenced); the first column says whether it did (one row at least)
+WITH fence AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks k
+        WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
+          AND k.pid = :pid AND k.classid = :classid AND k.objid = :objid
+          AND k.database = (SELECT oid FROM pg_catalog.pg_database
+                            WHERE datname = current_database())) AS held
+),
+changed AS (
+    UPDATE {s}.leads AS l SET
+        state = coalesce(s.outcome, 'in_flight'),
+        attempts = l.attempts + CASE WHEN s.outcome IS NULL THEN 1 ELSE 0 END,
+        updated_at = :now
+    FROM (SELECT d.write_id, d.outcome
+          FROM unnest(:done::text[], :outcomes::text[]) AS d(write_id, outcome)
+          UNION ALL
+          SELECT n.write_id, NULL FROM unnest(:next::text[]) AS n(write_id)) AS s
+    WHERE (SELECT held FROM fence)
+      AND l.write_id = s.write_id
+      AND ((s.outcome IS NOT NULL AND l.state = 'in_flight')
+           OR (s.outcome IS NULL AND l.state IN ('prepared', 'failed_safe')))
+    RETURNING l.write_id, l.attempts
 )
 SELECT fence.held, changed.write_id, changed.attempts FROM fence LEFT JOIN changed ON true
 

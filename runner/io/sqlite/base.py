@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 QUERIES = load("runner.io.sqlite")
 
 
-def _bindable(params: Mapping[str, Any]) -> Mapping[str, Any]:
+def bindable(params: Mapping[str, Any]) -> Mapping[str, Any]:
     """SQLite binds no lists: a list goes as JSON text (the SQL reads it with json_each)."""
     if any(isinstance(v, list | tuple) for v in params.values()):
         return {k: json.dumps(v) if isinstance(v, list | tuple) else v
@@ -66,12 +66,12 @@ class SQLiteBase(StoreBase, Db):
 
     async def fetch(self, name: str, /, **params: Any) -> Sequence[Row]:
         async with self._guard():
-            return await self._fetchall(QUERIES[name].sql, _bindable(params))
+            return await self._fetchall(QUERIES[name].sql, bindable(params))
 
     async def execute(self, name: str, /, **params: Any) -> int:
         async with self._guard():
             try:
-                cursor = await self._conn.execute(QUERIES[name].sql, _bindable(params))
+                cursor = await self._conn.execute(QUERIES[name].sql, bindable(params))
                 count = cursor.rowcount
                 await cursor.close()
             except sqlite3.Error as exc:
@@ -80,7 +80,7 @@ class SQLiteBase(StoreBase, Db):
 
     async def execute_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         async with self._guard():
-            await self._executemany(QUERIES[name].sql, [_bindable(r) for r in rows])
+            await self._executemany(QUERIES[name].sql, [bindable(r) for r in rows])
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
         return self._transaction()

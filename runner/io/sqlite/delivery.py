@@ -7,18 +7,27 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from typing import Any
 
 import anyio
 
 from runner.ids import WriteId
-from runner.io.engine.delivery import Done, step_params, step_result
+from runner.io.engine.delivery import (
+    Done,
+    Outcomes,
+    batch_params,
+    batch_result,
+    step_params,
+    step_result,
+)
 from runner.io.sqlite import connection
-from runner.io.sqlite.base import QUERIES, SQLiteBase
+from runner.io.sqlite.base import QUERIES, SQLiteBase, bindable
 
 _STEP = QUERIES["finish_and_mark"].sql
+_BATCH_STEP = QUERIES["finish_and_mark_batch"].sql
 
 
 class BlockingDispatchSteps:
@@ -31,13 +40,21 @@ class BlockingDispatchSteps:
         self._busy = threading.Lock()
 
     def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime) -> int | None:
-        params = step_params(done, next_write_id, now)
+        rows = self._run(_STEP, step_params(done, next_write_id, now))
+        return step_result(rows, done, next_write_id)
+
+    def finish_and_mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime
+    ) -> dict[WriteId, int]:
+        rows = self._run(_BATCH_STEP, bindable(batch_params(done, next_ids, now)))
+        return batch_result(rows, done, next_ids)
+
+    def _run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         with self._busy:
             try:
-                rows = self._conn.execute(_STEP, params).fetchall()
+                return self._conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
                 raise connection.translate(exc, "writing the store", self._path) from None
-        return step_result(rows, done, next_write_id)
 
     def close(self) -> None:
         """Close unless a step is running (a thread abandoned in its commit still holds

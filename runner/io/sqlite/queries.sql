@@ -7,6 +7,9 @@
 -- name: lead_counts
 SELECT state, n FROM lead_counts
 
+-- name: uncertain_count
+SELECT coalesce((SELECT n FROM lead_counts WHERE state = 'uncertain'), 0)
+
 -- name: oldest_uncertain_accepted_at
 SELECT accepted_at FROM leads WHERE state = 'uncertain' ORDER BY seq LIMIT 1
 
@@ -239,6 +242,23 @@ UPDATE leads SET
     attempts = attempts + (write_id IS :next), updated_at = :now
 WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
+RETURNING write_id, attempts
+
+-- name: finish_and_mark_batch
+-- finish_and_mark for a batch (issue 16), one statement, so one commit: the outcomes of
+-- the batch that finished (:done[i] in_flight -> :outcomes[i]) and the in-flight mark of
+-- the next batch (:next, attempts + 1); lists are JSON text, either may be empty; each row
+-- is guarded by the state it must be in.  Also run by the blocking dispatch steps
+UPDATE leads SET
+    state = coalesce(s.outcome, 'in_flight'),
+    attempts = attempts + (s.outcome IS NULL), updated_at = :now
+FROM (SELECT d.value AS write_id, o.value AS outcome
+      FROM json_each(:done) AS d JOIN json_each(:outcomes) AS o ON o.key = d.key
+      UNION ALL
+      SELECT value, NULL FROM json_each(:next)) AS s
+WHERE leads.write_id = s.write_id
+  AND ((s.outcome IS NOT NULL AND leads.state = 'in_flight')
+       OR (s.outcome IS NULL AND leads.state IN ('prepared', 'failed_safe')))
 RETURNING write_id, attempts
 
 -- name: record_reconcile
