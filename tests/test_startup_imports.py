@@ -27,7 +27,6 @@ NOT_ON_STATUS_PATH = (
     "pydantic",
     "runner.leads.models",
     "runner.store",
-    "runner.storework",
     "runner.worker",
     "runner.leads.intake",
     "runner.jsonio",

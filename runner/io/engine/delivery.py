@@ -35,7 +35,7 @@ from runner.io.engine.db import Db, Row
 from runner.leads.states import IllegalTransition, LeadState, check_transition
 
 if TYPE_CHECKING:
-    from runner.storework import LeadWork
+    from runner.storedata import LeadWork
 
 #: one send step: the record that finished and its outcome, if any
 Done = tuple[WriteId, LeadState] | None
@@ -124,7 +124,7 @@ def lead_work(row: Row) -> LeadWork:
     """A ``LeadWork`` from a row that starts ``seq, source_lead_id, write_id, state,
     canonical``."""
     from runner.leads.models import LeadEvent  # the model is built only by commands that deliver
-    from runner.storework import LeadWork
+    from runner.storedata import LeadWork
 
     return LeadWork(seq=int(row[0]), source_lead_id=str(row[1]),
                     write_id=WriteId(str(row[2])), state=LeadState(row[3]),

@@ -29,7 +29,7 @@ from runner.storedata import LeadRow, ScopeData, StoreSummary
 if TYPE_CHECKING:
     from runner.leads.models import LeadEvent
     from runner.retention import RetentionState
-    from runner.storework import AcceptItem, AcceptOutcome
+    from runner.storedata import AcceptItem, AcceptOutcome
 
 #: how many poll-health runs and operator decisions ``status`` shows, newest first
 SHOWN = 20
@@ -54,7 +54,7 @@ def lead_row(row: Row) -> LeadRow:
 
 def _outcome(stored_write_id: str, stored_canonical: str, canonical: str) -> AcceptOutcome:
     """An existing record's answer: the same event again, or another under its key."""
-    from runner.storework import AcceptOutcome  # the write path's data (not status's)
+    from runner.storedata import AcceptOutcome  # the write path's data (not status's)
 
     same = stored_canonical == canonical
     return AcceptOutcome("duplicate" if same else "conflict", WriteId(stored_write_id))
@@ -79,7 +79,7 @@ class LeadOps(Db):
     async def accept(
         self, event: LeadEvent, canonical: str, write_id: WriteId, now: datetime
     ) -> AcceptOutcome:
-        from runner.storework import AcceptOutcome
+        from runner.storedata import AcceptOutcome
 
         key = {"tenant_id": event.tenant_id, "source_lead_id": event.source_lead_id}
         rows = await self.fetch("accept_lead", **key, canonical=canonical,
@@ -97,7 +97,7 @@ class LeadOps(Db):
     async def accept_many(
         self, items: Sequence[AcceptItem], now: datetime
     ) -> list[AcceptOutcome]:
-        from runner.storework import AcceptOutcome
+        from runner.storedata import AcceptOutcome
 
         if not items:
             return []

@@ -29,7 +29,7 @@ from runner.leads.states import LeadState
 from runner.storedata import LeadRow
 
 if TYPE_CHECKING:
-    from runner.storework import ObservationWrite, PollTarget
+    from runner.storedata import ObservationWrite, PollTarget
 
 MISSING_SNAPSHOT = '{"missing":true}'
 
@@ -42,7 +42,7 @@ class PollOps(Db):
             ...
 
     async def poll_page(self, limit: int) -> list[PollTarget]:
-        from runner.storework import PollTarget  # the poller's data (not status's)
+        from runner.storedata import PollTarget  # the poller's data (not status's)
 
         rows = await self.fetch("poll_page", limit=limit)
         return [PollTarget(int(r[0]), str(r[1]), WriteId(str(r[2])), r[3]) for r in rows]

@@ -20,7 +20,7 @@ from runner.leads.states import IllegalTransition, LeadState, check_transition
 from runner.storedata import UncertainRow
 
 if TYPE_CHECKING:
-    from runner.storework import Decision, ResolveSubject
+    from runner.storedata import Decision, ResolveSubject
 
 
 class OperatorOps(Db):
@@ -32,7 +32,7 @@ class OperatorOps(Db):
             last_reconcile=r[6], last_reconcile_at=r[7]) for r in rows]
 
     async def resolve_subject(self, write_id: WriteId) -> ResolveSubject | None:
-        from runner.storework import ResolveSubject
+        from runner.storedata import ResolveSubject
 
         rows = await self.fetch("resolve_subject", write_id=write_id)
         if not rows:

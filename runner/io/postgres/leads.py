@@ -12,7 +12,7 @@ from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.connection import stable_key
 
 if TYPE_CHECKING:
-    from runner.storework import AcceptItem
+    from runner.storedata import AcceptItem
 
 
 class LeadHooks(PostgresBase):

@@ -22,7 +22,7 @@ from runner.io.engine.db import Row
 from runner.io.sqlite.base import QUERIES, SQLiteBase
 
 if TYPE_CHECKING:
-    from runner.storework import AcceptItem
+    from runner.storedata import AcceptItem
 
 #: groups up to this size learn their new keys from RETURNING; larger ones from changes()
 RETURNING_ROWS = 32
