@@ -172,10 +172,15 @@ def run_episode(seed: int, index: int, point: str, root: Path, pg_dsn: str | Non
 
 
 def deck(seed: int, runs: int, every_point: bool = False) -> list[str]:
-    """The crash point of each run: a shuffled deck; with ``every_point``, every point once
-    in registry order first, then ``runs`` more from the shuffled deck."""
-    points = list(POINTS) * (runs // len(POINTS) + 1)
-    random.Random(seed).shuffle(points)
+    """The crash point of each run: rounds of every point, each round shuffled, so that
+    every point is dealt ``runs // len(POINTS)`` times or once more; with ``every_point``,
+    every point once in registry order first, then ``runs`` more from the deck."""
+    rng = random.Random(seed)
+    points: list[str] = []
+    while len(points) < runs:
+        round_ = list(POINTS)
+        rng.shuffle(round_)
+        points += round_
     return [*(POINTS if every_point else ()), *points[:runs]]
 
 

@@ -26,7 +26,7 @@ SEED = 8
 #: random runs after the one-per-point runs of ``--every-point``, in the default run
 SAMPLE = {"sqlite": 2, "postgres": 2}
 #: the seeded random runs under ``-m slow``
-RUNS = {"sqlite": 50, "postgres": 28}
+RUNS = {"sqlite": 64, "postgres": 28}
 #: the default run's episodes, one test each: on SQLite every crash point once (crashing
 #: at its first hit) then the random sample; on PostgreSQL the random sample
 EPISODES = [
