@@ -1,12 +1,14 @@
-"""What every store is, whatever its dialect: one connection used by one task at a time
+"""The connection port (``Db``: all that the engine's operations ask of a dialect) and
+what every store is, whatever its dialect: one connection used by one task at a time
 (a lock, and the task whose transaction is open), the scope pinned into it (a model built
 on first use: ``status`` never needs it, and never loads pydantic), its schema version,
 and ``async with`` closing it (``aclose`` shields itself from cancellation)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import anyio
 
@@ -14,6 +16,43 @@ if TYPE_CHECKING:
     from runner.leads.models import Scope
     from runner.storedata import ScopeData
 
+
+# -- the connection port --------------------------------------------------------------
+
+Row = Sequence[Any]
+
+
+class Db(Protocol):
+    """Statements are named (``runner.io.engine.queries``); ``params`` are the ``:param``
+    values.  A statement outside ``transaction()`` is its own transaction.  Rows are
+    positional (both drivers' rows index by column number), in the column order the
+    query's SELECT or RETURNING names them."""
+
+    backend: str
+
+    async def fetch(self, name: str, /, **params: Any) -> Sequence[Row]:
+        """The rows the named statement returns (``RETURNING`` rows for a write)."""
+        ...
+
+    async def execute(self, name: str, /, **params: Any) -> int:
+        """Run a named write; the number of rows it changed (triggers' rows excluded)."""
+        ...
+
+    async def execute_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Run a named write once per parameter set, as one statement batch."""
+        ...
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        """Several statements as one transaction; rolled back on any error or
+        cancellation."""
+        ...
+
+    def reading(self) -> AbstractAsyncContextManager[None]:
+        """One consistent snapshot for several reads."""
+        ...
+
+
+# -- what every store is --------------------------------------------------------------
 
 class StoreBase:
     scope_data: ScopeData | None

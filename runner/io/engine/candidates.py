@@ -32,7 +32,7 @@ from runner.candidates.results import (
 from runner.candidates.states import CandidateStatus
 from runner.clock import from_text, to_text
 from runner.errors import RuleViolation, StoreError
-from runner.io.engine.db import Db, Row
+from runner.io.engine.base import Db, Row
 
 if TYPE_CHECKING:
     # built only by the commands that read candidates: status never builds a model

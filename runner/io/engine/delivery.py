@@ -31,7 +31,7 @@ import anyio.from_thread
 
 from runner.clock import to_text
 from runner.ids import WriteId
-from runner.io.engine.db import Db, Row
+from runner.io.engine.base import Db, Row
 from runner.leads.states import IllegalTransition, LeadState, check_transition
 
 if TYPE_CHECKING:

@@ -10,26 +10,39 @@ A bulk accept inserts a group and learns which keys were new through the dialect
 PostgreSQL: ``unnest``), then reads the stored records of the others in one statement.
 The outcomes are those of accepting the items one by one in order: a key that appears
 twice is inserted once, first.
-"""
+
+Also here: the poll pass's writes (``PollOps``), operators' decisions
+(``OperatorOps``), the outbox's retention (``RetentionOps``) and the ``/metrics`` figures
+(``FigureOps``): one module, since ``status`` pays for every module it imports."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from runner.clock import to_text
-from runner.errors import RunnerError
+from runner.errors import OutboxPruned, RunnerError
+from runner.figures import LeadFigures
 from runner.ids import WriteId
-from runner.io.engine.db import Db, Row
-from runner.leads.states import LeadState
-from runner.storedata import LeadRow, ScopeData, StoreSummary
+from runner.io.engine.base import Db, Row
+from runner.io.engine.delivery import lead_work
+from runner.leads.states import IllegalTransition, LeadState, check_transition
+from runner.retention import PruneFacts, PruneResult, RetentionState, below_floor, plan_prune
+from runner.storedata import LeadRow, ScopeData, StoreSummary, UncertainRow
 
 if TYPE_CHECKING:
     from runner.leads.models import LeadEvent
-    from runner.retention import RetentionState
-    from runner.storedata import AcceptItem, AcceptOutcome
+    from runner.storedata import (
+        AcceptItem,
+        AcceptOutcome,
+        Decision,
+        ObservationWrite,
+        PollTarget,
+        ResolveSubject,
+    )
+
 
 #: how many poll-health runs and operator decisions ``status`` shows, newest first
 SHOWN = 20
@@ -149,3 +162,202 @@ class LeadOps(Db):
             outbox_pruned=pruned,
             decisions=json.loads(row[4]),
         )
+
+
+# -- the poll pass's writes (L11, L12) -----------------------------------------------
+
+MISSING_SNAPSHOT = '{"missing":true}'
+
+
+class PollOps(Db):
+    if TYPE_CHECKING:
+        async def _lock_poll_health(self) -> None:
+            """Hook, inside the pass's transaction: keep other processes' passes out of
+            the poll-health runs until it commits."""
+            ...
+
+    async def poll_page(self, limit: int) -> list[PollTarget]:
+        from runner.storedata import PollTarget  # the poller's data (not status's)
+
+        rows = await self.fetch("poll_page", limit=limit)
+        return [PollTarget(int(r[0]), str(r[1]), WriteId(str(r[2])), r[3]) for r in rows]
+
+    async def find_lead(self, tenant_id: str, source_lead_id: str) -> LeadRow | None:
+        rows = await self.fetch("find_lead", tenant_id=tenant_id, source_lead_id=source_lead_id)
+        return lead_row(rows[0]) if rows else None
+
+    async def lead_snapshot(self, write_id: WriteId) -> tuple[LeadState, str | None] | None:
+        rows = await self.fetch("lead_snapshot", write_id=write_id)
+        return (LeadState(rows[0][0]), rows[0][1]) if rows else None
+
+    async def apply_observations(self, writes: Sequence[ObservationWrite], now: datetime) -> int:
+        if not writes:
+            return 0
+        async with self.transaction():
+            return await self._observations(writes, to_text(now))
+
+    async def record_poll_pass(
+        self, writes: Sequence[ObservationWrite], failure: str | None, now: datetime
+    ) -> tuple[int, bool]:
+        at = to_text(now)
+        async with self.transaction():
+            # time that went backwards: a poll time after ``now`` counts as ``now``, so
+            # the records polled "in the future" take their turn again (oldest poll first)
+            await self.fetch("clamp_poll_times", at=at)
+            changed = await self._observations(writes, at) if writes else 0
+            return changed, await self._poll_health(failure, at)
+
+    async def _observations(self, writes: Sequence[ObservationWrite], at: str) -> int:
+        """Inside a transaction; returns how many snapshots really changed."""
+        changes = [[w.write_id, w.snapshot] for w in writes if w.outcome == "changed"]
+        changed = len(await self.fetch("observe_changed", at=at, changes=changes)) if changes else 0
+        await self.fetch("observe_polled", at=at, write_ids=[w.write_id for w in writes])
+        if missing := [w.write_id for w in writes if w.outcome == "missing"]:
+            await self.fetch("observe_missing", at=at, write_ids=missing,
+                             missing_snapshot=MISSING_SNAPSHOT)
+        return changed
+
+    async def _poll_health(self, failure: str | None, at: str) -> bool:
+        """Inside a transaction: extend the open run if it is the same failure, else close
+        it and (for a failure) open a new one, whose trigger writes the event."""
+        await self._lock_poll_health()
+        open_runs = await self.fetch("open_poll_run")
+        current = open_runs[0] if open_runs else None
+        if current is not None and current[1] == failure:
+            await self.fetch("extend_poll_run", at=at, run=current[0])
+            return False
+        if current is not None:
+            await self.fetch("close_poll_run", at=at, run=current[0])
+        if failure is None:
+            return False
+        await self.fetch("start_poll_run", failure=failure, at=at)
+        return True
+
+
+# -- operators: uncertain records and decisions (E5) ---------------------------------
+
+class OperatorOps(Db):
+    async def uncertain_records(self, after_seq: int, limit: int) -> list[UncertainRow]:
+        rows = await self.fetch("uncertain_records", after_seq=after_seq, limit=limit)
+        return [UncertainRow(
+            seq=int(r[0]), source_lead_id=str(r[1]), write_id=WriteId(str(r[2])),
+            attempts=int(r[3]), reconcile_attempts=int(r[4]), uncertain_since=r[5],
+            last_reconcile=r[6], last_reconcile_at=r[7]) for r in rows]
+
+    async def resolve_subject(self, write_id: WriteId) -> ResolveSubject | None:
+        from runner.storedata import ResolveSubject
+
+        rows = await self.fetch("resolve_subject", write_id=write_id)
+        if not rows:
+            return None
+        row = rows[0]  # seq, source_lead_id, write_id, state, canonical, tenant_id, attempts
+        return ResolveSubject(work=lead_work(row), tenant_id=str(row[5]),
+                              attempts=int(row[6]))
+
+    async def record_operator_decision(self, decision: Decision, now: datetime) -> None:
+        check_transition(LeadState.UNCERTAIN, decision.to_state)
+        at = to_text(now)
+        async with self.transaction():
+            await self.fetch(
+                "record_operator_decision", tenant_id=decision.tenant_id,
+                source_lead_id=decision.source_lead_id, write_id=decision.write_id,
+                decision=decision.decision, reason=decision.reason,
+                readback=decision.readback, attempts=decision.attempts, at=at)
+            moved = await self.fetch(
+                "leave_uncertain", state=decision.to_state.value, at=at,
+                write_id=decision.write_id, attempts=decision.attempts)
+            if not moved:  # rolls the decision back too
+                raise IllegalTransition(
+                    f"record {decision.write_id} is no longer uncertain at attempts "
+                    f"{decision.attempts}")
+
+
+# -- the outbox's retention: export, watermark, prune (schema v7) --------------------
+
+RETENTION_VERSION = 7
+#: ``runner.pipeline.stages.raw_ingestion.CURSOR`` (the schemas' ``RETRIEVER_CURSOR``)
+_CURSOR = "raw-retriever:outbox"
+
+
+def _count(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+class RetentionOps(Db):
+    schema_version: int
+
+    async def check_outbox_floor(self, after_seq: int) -> None:
+        """Raise OutboxPruned if events after ``after_seq`` were pruned (call after the
+        read it vouches for)."""
+        floor = 0
+        if self.schema_version >= RETENTION_VERSION:
+            rows = await self.fetch("outbox_floor")
+            floor = int(rows[0][0]) if rows else 0
+        if (why := below_floor(after_seq, floor)) is not None:
+            raise OutboxPruned(why)
+
+    async def export_outbox(self, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """Events after ``after_seq`` in sequence order, at most ``limit``, whole."""
+        rows = await self.fetch("export_outbox", after_seq=after_seq, limit=limit)
+        await self.check_outbox_floor(after_seq)
+        return [{"seq": int(r[0]), "kind": str(r[1]), "subject": r[2],
+                 "payload": json.loads(r[3]), "at": str(r[4])} for r in rows]
+
+    async def retention_state(self) -> RetentionState:
+        if self.schema_version < RETENTION_VERSION:
+            return RetentionState()
+        head = await self.fetch("retention_head")
+        prunes = await self.fetch("outbox_prunes")
+        by_kind: dict[str, int] = {}
+        for _, kinds in prunes:
+            for kind, n in json.loads(kinds).items():
+                by_kind[kind] = by_kind.get(kind, 0) + int(n)
+        floor, watermark = head[0] if head else (0, None)
+        return RetentionState(int(floor), _count(watermark),
+                              sum(int(r[0]) for r in prunes), by_kind)
+
+    async def set_export_watermark(self, seq: int, at: str) -> int:
+        """Record the export watermark (forward only; the trigger refuses a step back or a
+        seq past the newest event).  Returns the watermark now recorded."""
+        async with self.transaction():
+            await self.execute("advance_export_watermark", seq=seq, at=at)
+            rows = await self.fetch("export_watermark")
+        return int(rows[0][0])
+
+    async def prune_outbox(self, before: int, kinds: Sequence[str], at: str) -> PruneResult:
+        """Remove events with ``seq < before`` within every bound (``runner.retention``);
+        ``kinds`` are the lead kinds the raw retriever must have ingested first."""
+        async with self.transaction():
+            floor, watermark, cursor, last = (await self.fetch("prune_facts", cursor=_CURSOR))[0]
+            first = (await self.fetch("first_uningested", floor=floor, cursor=cursor,
+                                      kinds=list(kinds)))[0][0] if kinds else None
+            facts = PruneFacts(int(floor), _count(watermark), int(cursor), _count(first),
+                               int(last))
+            plan = plan_prune(before, facts)
+            by_kind: dict[str, int] = {}
+            if plan.floor > facts.floor:
+                counted = await self.fetch("outbox_kinds_between", after_seq=facts.floor,
+                                           upto=plan.floor)
+                by_kind = {str(kind): int(n) for kind, n in counted}
+                await self.execute("set_outbox_floor", floor=plan.floor, at=at)
+                await self.execute("delete_outbox_upto", floor=plan.floor)
+                await self.execute(
+                    "record_prune", from_floor=facts.floor, to_floor=plan.floor,
+                    removed=sum(by_kind.values()), by_kind=json.dumps(by_kind, sort_keys=True),
+                    limited_by=plan.limited_by, at=at)
+        return PruneResult(sum(by_kind.values()), plan.floor, facts.floor, plan.limited_by,
+                           by_kind)
+
+
+# -- the figures for /metrics --------------------------------------------------------
+
+class FigureOps(Db):
+    async def lead_figures(self) -> LeadFigures:
+        async with self.reading():
+            rows = await self.fetch("lead_counts")
+            oldest = await self.fetch("oldest_uncertain_accepted_at")
+            failing = await self.fetch("open_poll_failure_since")
+        counts = {state: 0 for state in LeadState}
+        counts.update({LeadState(r[0]): int(r[1]) for r in rows})
+        return LeadFigures(counts, str(oldest[0][0]) if oldest else None,
+                           str(failing[0][0]) if failing else None)

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import OutboxPruned
-from runner.io.engine.db import Db, Row
+from runner.io.engine.base import Db, Row
 from runner.pipeline.model import (
     CLOCK_HORIZON_MS,
     FUNNEL_KEY_PREFIX,

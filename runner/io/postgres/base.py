@@ -22,8 +22,7 @@ import asyncpg
 from asyncpg.transaction import Transaction
 
 from runner.errors import StoreBusy, StoreError
-from runner.io.engine.base import StoreBase
-from runner.io.engine.db import Db, Row
+from runner.io.engine.base import Db, Row, StoreBase
 from runner.io.engine.queries import load
 from runner.io.postgres import connection
 from runner.io.postgres.dsn import PgLocation
@@ -73,7 +72,7 @@ class PostgresBase(StoreBase, Db):
     def _sql(self, template: str) -> str:
         return _qualified(template, self.location.schema_ident)
 
-    # -- the connection port (runner.io.engine.db.Db) ------------------------------------
+    # -- the connection port (runner.io.engine.base.Db) ------------------------------------
 
     async def fetch(self, name: str, /, **params: Any) -> Sequence[Row]:
         sql, names = NUMBERED[name]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runner.errors import LockLost
-from runner.io.engine.db import Row
+from runner.io.engine.base import Row
 from runner.io.postgres.base import PostgresBase
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import asyncpg
 
-from runner.io.engine.db import Row
+from runner.io.engine.base import Row
 from runner.io.postgres import connection
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.connection import stable_key

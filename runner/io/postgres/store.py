@@ -6,12 +6,8 @@ from typing import TYPE_CHECKING
 
 from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
-from runner.io.engine.figures import FigureOps
-from runner.io.engine.leads import LeadOps
-from runner.io.engine.observe import PollOps
-from runner.io.engine.operators import OperatorOps
+from runner.io.engine.leads import FigureOps, LeadOps, OperatorOps, PollOps, RetentionOps
 from runner.io.engine.pipeline import PipelineOps
-from runner.io.engine.retention import RetentionOps
 from runner.io.postgres import connection
 from runner.io.postgres.delivery import FencedMark
 from runner.io.postgres.dsn import parse

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 import anyio
 
-from runner.io.engine.base import StoreBase
-from runner.io.engine.db import Db, Row
+from runner.io.engine.base import Db, Row, StoreBase
 from runner.io.engine.queries import load
 from runner.io.sqlite import connection
 from runner.storedata import ScopeData
@@ -62,7 +61,7 @@ class SQLiteBase(StoreBase, Db):
 
         return FileLock(lock_path_for(self.path))
 
-    # -- the connection port (runner.io.engine.db.Db) ------------------------------------
+    # -- the connection port (runner.io.engine.base.Db) ------------------------------------
 
     async def fetch(self, name: str, /, **params: Any) -> Sequence[Row]:
         async with self._guard():

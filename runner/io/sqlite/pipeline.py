@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from runner.io.engine.db import Row
+from runner.io.engine.base import Row
 from runner.io.sqlite.base import SQLiteBase
 from runner.pipeline.model import Stage, canonical
 
