@@ -164,7 +164,8 @@ async def _lead_loop(
         heartbeat.count(summary)
         cycle += 1
         if not shutdown.stopping:  # a cycle cut short by a stop is not progress
-            notifier.progressed(_status(cycle, summary))
+            if notifier.enabled:  # no supervisor: nothing to format
+                notifier.progressed(_status(cycle, summary))
             if alerts is not None:
                 figures = await worker.store.lead_figures()
                 alerts.cycle_done(summary, figures, anyio.current_time(), worker.clock.now())
