@@ -69,6 +69,19 @@ class BeforeWriteError(TargetError):
     reason = "before_write"
 
 
+class RateLimited(BeforeWriteError):
+    """The target refused the request for its quota and applied nothing (HTTP 429, or 503
+    with ``Retry-After``): the records may be sent again, not before ``retry_after``
+    seconds when the target said how long (None: it did not say)."""
+
+    reason = "rate_limited"
+
+    def __init__(self, message: str = "rate limited", *,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class AmbiguousWriteError(TargetError):
     """The request may or may not have been applied (timeout, dropped connection, …)."""
 
