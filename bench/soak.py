@@ -31,8 +31,9 @@ lead's record, which is never deleted, and its current D3 and D4 records).  So t
 store's ceiling is on its growth per lead, ``store_growth_kib_per_lead``: (store size at
 the end - store size at the first sample past a third of the run) / (leads accepted in
 between), which leaves out fixed costs (a WAL that is checkpointed but not truncated,
-PostgreSQL's first extents).  Without retention (``--no-retention``) that ceiling does
-not apply.  On PostgreSQL, deleted rows become free space only once vacuumed: when the
+PostgreSQL's first extents).  It does not apply without retention (``--no-retention``),
+nor in ``--quick`` (too short for the retention window to reach its steady state).
+On PostgreSQL, deleted rows become free space only once vacuumed: when the
 server's ``autovacuum`` is off (as on the test machine), the soak runs ``VACUUM`` on the
 store's tables after each retention pass, as autovacuum would (``pg_vacuum`` in the
 report).
@@ -88,7 +89,7 @@ CEILINGS = {
     "rss_mib": 160.0,        # the worker's resident set
     "open_files": 64,        # its open file descriptors
     "wal_mib": 64.0,         # SQLite's -wal file
-    "store_growth_kib_per_lead": 3.0,  # with retention on (see above)
+    "store_growth_kib_per_lead": 4.0,  # with retention on (see above)
 }
 #: the growth ceiling applies once this many leads came in after its first sample
 PER_LEAD_FROM = 1000
@@ -337,6 +338,17 @@ class Soak:
             self.report.pg_vacuum = vacuum_without_autovacuum(self.db) or \
                 self.report.pg_vacuum
 
+    def retain(self, started: float) -> None:
+        """Retention every ``--retention-every`` seconds, in a thread of its own: a slow
+        pass (a VACUUM on a loaded server) never delays the samples or the kills."""
+        due = started + self.args.retention_every
+        while not self.stop.wait(max(0.0, due - time.monotonic())):
+            try:
+                self.retention()
+            except Exception as exc:  # recorded, and the run goes on
+                self.report.violations.append(f"retention: {type(exc).__name__}: {exc}")
+            due += self.args.retention_every
+
     # -- the run ---------------------------------------------------------------------
 
     def run(self) -> None:
@@ -359,7 +371,9 @@ class Soak:
         end = started + args.minutes * 60
         next_sample = started
         next_kill = started + args.kill_every
-        next_retention = started + args.retention_every
+        retainer = threading.Thread(target=self.retain, args=(started,), daemon=True)
+        if args.retention:
+            retainer.start()
         try:
             while (now := time.monotonic()) < end:
                 if now >= next_sample:
@@ -381,9 +395,6 @@ class Soak:
                         report.kills += 1
                     self.worker = self.start_worker()
                     next_kill += args.kill_every
-                if args.retention and now >= next_retention:
-                    self.retention()
-                    next_retention += args.retention_every
                 time.sleep(min(0.2, max(0.0, min(next_sample, next_kill) - time.monotonic())))
         finally:
             feeder.send_signal(signal.SIGTERM)
@@ -393,6 +404,8 @@ class Soak:
                 feeder.kill()
             self.stop.set()
             churner.join(timeout=60)
+            if retainer.is_alive():
+                retainer.join(timeout=900)
             if self.worker is not None and self.worker.poll() is None:
                 self.worker.send_signal(signal.SIGTERM)
                 try:
@@ -442,7 +455,7 @@ class Soak:
         report.store_growth_kib_per_lead = growth_per_lead(report.samples, seconds / 3)
         growth, ceiling = report.store_growth_kib_per_lead, CEILINGS[
             "store_growth_kib_per_lead"]
-        if report.retention and growth is not None and growth > ceiling:
+        if report.retention and not report.quick and growth is not None and growth > ceiling:
             report.violations.append(f"ceiling: store_growth_kib_per_lead = {growth} > "
                                      f"{ceiling}")
         report.ok = (not report.violations and report.lost == report.duplicated
