@@ -124,6 +124,29 @@ async def test_a_new_fact_after_a_prune_still_lands_on_the_kept_current_record(
     assert await store.funnel() == {scope.form_id: {"lost": 2, "new": 1, "won": 1}}
 
 
+async def test_a_level_no_processor_reads_yet_is_kept_whole(
+    store: Store, scope: Scope, db_location: str
+) -> None:
+    """Facts mapped before any materializer ever registered are not "finished": nobody
+    has read them yet (the race a prune at a worker's start would otherwise lose)."""
+    await lead_history(store, scope, 3, confirm=[0, 1])
+    clock = FixedClock(NOW)
+    await raw_ingestion.run_cycle(store, raw_ingestion.IngestSettings(), clock)
+    await run_job(store, "replay-core", registry=default_registry(), clock=clock,
+                  settings=WorkerSettings(poll_interval=0.01))
+    assert query(db_location, "SELECT DISTINCT input_level FROM pipeline_processors") == [
+        (1,)]
+    await _prune_outbox(store)
+    facts = len(await _level_keys(store, 2))
+    result = await store.prune_pipeline(AFTER, to_text(NOW))
+    assert facts > 0 and len(await _level_keys(store, 2)) == facts
+    assert result.removed.get("D2", 0) == 0 and result.removed.get("D1", 0) == 0
+    assert "no processor has read" in _refused(
+        db_location, "DELETE FROM pipeline_records WHERE level = 2")
+    await _catch_up(store)
+    assert await store.funnel() == {scope.form_id: {"new": 2}}
+
+
 async def test_nothing_newer_than_the_cutoff_or_unfinished_is_removed(
     store: Store, scope: Scope, db_location: str
 ) -> None:
@@ -274,3 +297,60 @@ def test_the_cutoff_is_an_age_or_a_past_time() -> None:
     for bad in ("7", "-1d", "tomorrow", "2026-12-01T00:00Z", "100000000d", "2026-11-30"):
         with pytest.raises(UsageError, match="--before"):
             parse_cutoff(bad, NOW)
+
+
+async def test_prunes_while_the_workers_run_keep_every_current_record_right(
+    db_location: str, scope: Scope
+) -> None:
+    """The four workers run on connections of their own while leads arrive, statuses
+    change and both prunes run between rounds: the current records end as the lead
+    history says, and the per-event rows are gone."""
+    import anyio
+
+    from runner.io.stores import open_store
+    from runner.pipeline.report import backlog_document
+    from runner.pipeline.workers import run_worker
+
+    names = ("raw-retriever", "core-processor", "generic-materializer", "domain-projector")
+    settings = WorkerSettings(batch_size=7, poll_interval=0.01)
+    clock = FixedClock(NOW)
+    registry = default_registry()
+    statuses = ("qualified", "won", "lost")
+    expected: dict[int, str] = {}
+    stores = [await open_store(db_location, scope=scope) for _ in range(6)]
+    feeder, pruner, *workers = stores
+    try:
+        async with anyio.create_task_group() as tg:
+            for store, name in zip(workers, names, strict=True):
+                tg.start_soon(lambda s=store, n=name: run_worker(
+                    s, n, registry=registry, clock=clock, settings=settings))
+            for rnd in range(6):
+                seen = {i: statuses[(i + rnd) % 3] for i in range(0, rnd * 5, 2)}
+                expected.update(seen)
+                await lead_history(feeder, scope, 5, start=rnd * 5,
+                                   confirm=range(rnd * 5, rnd * 5 + 5), statuses=seen)
+                await _prune_outbox(pruner)
+                await pruner.prune_pipeline(AFTER, to_text(NOW))
+            with anyio.fail_after(60):
+                while (await backlog_document(pruner, registry.refs()))["pending_total"]:
+                    await pruner.prune_pipeline(AFTER, to_text(NOW))
+                    await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+    finally:
+        for store in stores:
+            await store.aclose()
+    async with await open_store(db_location, scope=scope) as store:
+        await _prune_outbox(store)
+        await store.prune_pipeline(AFTER, to_text(NOW))
+        d3 = await level(store, 3)
+        assert len(d3) == 30
+        for i in range(30):
+            row = d3[f"lead:{scope.tenant_id}:lead-{i}"]
+            assert row["delivery_state"] == "confirmed"
+            assert row.get("status") == expected.get(i), i
+        funnel: dict[str, int] = {}
+        for i in range(30):
+            funnel[expected.get(i, "new")] = funnel.get(expected.get(i, "new"), 0) + 1
+        assert await store.funnel() == {scope.form_id: funnel}
+        counts = (await store.level_counts()).records
+        assert (counts[1], counts[2], counts[3], counts[4]) == (1, 0, 30, 30)

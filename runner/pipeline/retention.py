@@ -12,7 +12,9 @@ worker, job or reader still needs:
   it, so a later fact merges into it) and D4 (``funnel:…``, what ``status`` reads) are
   never removed, nor are their current outcomes: one of each per lead.
 * **Removed: finished per-event records** (D1, D2, and a non-merged D3), when every one of
-  these holds: the record was last written before the cutoff; every work row on it is
+  these holds: the record was last written before the cutoff; a processor reads its
+  level (one is registered: a level no worker or job has read yet is kept whole); every
+  work row on it is
   ``done``, with its outcome recorded before the cutoff (nothing pending, retrying,
   claimed or leased); it is in no current processor's backlog (each processor of the next
   stage has a terminal outcome for it at its current version, or at any version for one
@@ -35,9 +37,11 @@ merges into D3 by sequence, so a field set by a removed fact keeps its value unt
 newer fact replaces it.  A new processor version applies to what is kept.
 
 The schema enforces the same rules (migration v10, both backends): a work row is
-deleted only once done; a record only with no work row left on it, not merged, not at
-D4, with no kept non-merged record made from it, and (at D1) once its outbox event is
-gone.  A prune runs in rounds of at most ``--batch`` records per level, each round one
+deleted only once done; a record only with no work row left on it, read by some
+processor, not merged, not at D4, with no kept non-merged record made from it, and (at
+D1) once its outbox event is gone.
+
+A prune runs in rounds of at most ``--batch`` records per level, each round one
 transaction that records what it removed (``pipeline_prunes``); on PostgreSQL a round
 holds pipeline writers (claims, completions, ingestion) back until it commits, as
 registering a processor version does.  ``--dry-run`` runs the same rounds in one

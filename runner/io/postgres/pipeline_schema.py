@@ -316,6 +316,10 @@ BEGIN
         RAISE EXCEPTION 'a pipeline record with work on it is kept'
             USING ERRCODE = 'integrity_constraint_violation';
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM {s}.pipeline_processors WHERE input_level = OLD.level) THEN
+        RAISE EXCEPTION 'a pipeline record no processor has read is kept'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
     IF EXISTS (SELECT 1 FROM {s}.pipeline_records c
                WHERE c.input_id = OLD.id AND c.orders IS NULL
                  AND c.level = OLD.level + 1) THEN

@@ -622,6 +622,7 @@ WHERE r.level = :level AND r.level < 4 AND r.orders IS NULL AND r.updated_ms < :
   AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_work w
                   WHERE w.input_id = r.id
                     AND (w.state <> 'done' OR coalesce(w.done_ms, :before) >= :before))
+  AND EXISTS (SELECT 1 FROM {s}.pipeline_processors p WHERE p.input_level = r.level)
   AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_processors p
                   WHERE p.input_level = r.level
                     AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_processors q

@@ -200,8 +200,9 @@ END;
 #:
 #: * a work row is removed only once it is ``done`` (never pending, claimed or leased),
 #:   and only when its record may be removed (below): a kept record keeps its outcomes;
-#: * a record is removed only when no work row is left on it, it is not merged
-#:   (``orders`` is NULL), it is not at D4, no kept non-merged record was made from it,
+#: * a record is removed only when no work row is left on it, some processor reads its
+#:   level, it is not merged (``orders`` is NULL), it is not at D4, no kept non-merged
+#:   record was made from it,
 #:   and (at D1) its outbox event is gone (at or below the outbox's prune floor);
 #: * histories still never change; they may only lose rows (old ones, or a removed
 #:   record's);
@@ -251,6 +252,8 @@ BEGIN
     WHERE OLD.level = 4 OR OLD.orders IS NOT NULL;
     SELECT RAISE(ABORT, 'a pipeline record with work on it is kept')
     WHERE EXISTS (SELECT 1 FROM pipeline_work WHERE input_id = OLD.id);
+    SELECT RAISE(ABORT, 'a pipeline record no processor has read is kept')
+    WHERE NOT EXISTS (SELECT 1 FROM pipeline_processors WHERE input_level = OLD.level);
     SELECT RAISE(ABORT, 'a pipeline record is kept while a record made from it is')
     WHERE EXISTS (SELECT 1 FROM pipeline_records c
                   WHERE c.input_id = OLD.id AND c.orders IS NULL

@@ -543,9 +543,10 @@ SELECT key, payload, rev FROM pipeline_records
 WHERE level = :level AND key > :after ORDER BY key LIMIT :limit
 
 -- retention (schema v10, runner.pipeline.retention): one prune round, levels top down.
--- A candidate is finished and older than :before: not merged, not D4, every work row on
--- it done before :before, in no current processor's backlog, no kept non-merged record
--- made from it, and at D1 its outbox event at or below the outbox floor
+-- A candidate is finished and older than :before: not merged, not D4, read by some
+-- processor (one is registered for its level), every work row on it done before
+-- :before, in no current processor's backlog, no kept non-merged record made from it,
+-- and at D1 its outbox event at or below the outbox floor
 -- name: pipeline_prune_candidates
 SELECT r.id FROM pipeline_records r
 WHERE r.level = :level AND r.level < 4 AND r.orders IS NULL AND r.updated_ms < :before
@@ -554,6 +555,7 @@ WHERE r.level = :level AND r.level < 4 AND r.orders IS NULL AND r.updated_ms < :
   AND NOT EXISTS (SELECT 1 FROM pipeline_work w
                   WHERE w.input_id = r.id
                     AND (w.state <> 'done' OR coalesce(w.done_ms, :before) >= :before))
+  AND EXISTS (SELECT 1 FROM pipeline_processors p WHERE p.input_level = r.level)
   AND NOT EXISTS (SELECT 1 FROM pipeline_processors p
                   WHERE p.input_level = r.level
                     AND NOT EXISTS (SELECT 1 FROM pipeline_processors q
