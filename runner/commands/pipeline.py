@@ -105,7 +105,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                        help="print what would be removed now, and remove nothing")
     prune.add_argument("--batch", type=number(int, 1, 1_000_000), metavar="N",
                        help="records per level per round, one transaction each "
-                            "(default 5000)")
+                            "(default 2000)")
     prune.set_defaults(handler=cmd_prune)
 
 

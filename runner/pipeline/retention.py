@@ -60,7 +60,7 @@ from runner.errors import UsageError
 #: the schema version that lets ``pipeline prune`` remove rows
 PIPELINE_RETENTION_VERSION = 10
 #: records per level per round (one transaction each)
-PRUNE_BATCH = 5000
+PRUNE_BATCH = 2000
 #: what ``removed`` counts, in the order the answer prints it
 REMOVED_KINDS = ("D1", "D2", "D3", "work", "history", "outcome_history")
 

@@ -265,6 +265,9 @@ FOR EACH ROW EXECUTE FUNCTION {s}.pipeline_history_fixed();
 
 CREATE INDEX pipeline_records_made_from ON {s}.pipeline_records (input_id)
     WHERE orders IS NULL;
+-- removing a work row checks its replaced outcomes (the foreign key): without an index,
+-- a scan of the whole history per row removed
+CREATE INDEX pipeline_outcome_history_work ON {s}.pipeline_outcome_history (work_id);
 
 CREATE TABLE {s}.pipeline_prunes (
     id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

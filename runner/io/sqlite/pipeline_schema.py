@@ -215,6 +215,9 @@ DROP TRIGGER pipeline_outcome_history_kept;
 
 CREATE INDEX pipeline_records_made_from ON pipeline_records (input_id)
     WHERE orders IS NULL;
+-- removing a work row checks its replaced outcomes (the foreign key): without an index,
+-- a scan of the whole history per row removed
+CREATE INDEX pipeline_outcome_history_work ON pipeline_outcome_history (work_id);
 
 CREATE TABLE pipeline_prunes (
     id        INTEGER PRIMARY KEY,
