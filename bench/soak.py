@@ -137,6 +137,7 @@ class Report:
     pipeline_prunes: int = 0
     pipeline_removed: dict[str, int] = field(default_factory=dict)
     pipeline_rows_at_end: int = 0
+    pipeline_prune_seconds_max: float = 0.0
     store_kib_per_lead: float = 0.0
     store_growth_kib_per_lead: float | None = None
     pg_vacuum: bool = False
@@ -325,8 +326,13 @@ class Soak:
                                           f"{pruned.stderr.strip()[-300:]}")
             return
         self.report.pruned_events += int(json.loads(pruned.stdout)["pruned"])
+        began = time.monotonic()
         pipeline = self.cli("pipeline", "prune", "--db", self.db,
                             "--before", self.args.pipeline_keep)
+        took = time.monotonic() - began
+        self.report.pipeline_prune_seconds_max = round(
+            max(self.report.pipeline_prune_seconds_max, took), 2)
+        print(f"  pipeline prune: {took:.1f} s {pipeline.stdout.strip()[-160:]}", flush=True)
         if pipeline.returncode != 0:
             self.report.violations.append(f"pipeline prune exited {pipeline.returncode}: "
                                           f"{pipeline.stderr.strip()[-300:]}")
@@ -541,7 +547,9 @@ def summary(report: Report) -> str:
         lines.append(f"  exports {report.exports} ({report.exported_events} events, "
                      f"{report.export_gaps} gaps), pruned {report.pruned_events}")
         lines.append(f"  pipeline prunes {report.pipeline_prunes} (--before "
-                     f"{report.pipeline_keep}): removed {report.pipeline_removed}; "
+                     f"{report.pipeline_keep}, the longest "
+                     f"{report.pipeline_prune_seconds_max:.1f} s): removed "
+                     f"{report.pipeline_removed}; "
                      f"pipeline rows at the end {report.pipeline_rows_at_end}")
     lines += [f"  VIOLATION {v}" for v in report.violations]
     lines.append(f"result: {'PASS' if report.ok else 'FAIL'}")
