@@ -53,7 +53,6 @@ MAX_SEQ = 2**62
 PAGE = 1000
 
 
-
 class _DryRun(Exception):
     """Rolls a dry run's prune back."""
 
@@ -352,7 +351,7 @@ class PipelineOps(Db):
                 rounds += 1
                 async with self.transaction():
                     floor, more = await self._prune_round(before_ms, limit, removed, at)
-        return PipelinePrune(to_text_ms(before_ms), dry_run, rounds, floor, dict(removed))
+        return PipelinePrune(_text_of_ms(before_ms), dry_run, rounds, floor, dict(removed))
 
     async def _prune_round(self, before_ms: int, limit: int, removed: dict[str, int],
                            at: str | None) -> tuple[int, bool]:
@@ -390,7 +389,7 @@ class PipelineOps(Db):
         return floor, total > 0
 
 
-def to_text_ms(ms: int) -> str:
+def _text_of_ms(ms: int) -> str:
     from datetime import UTC, datetime
 
     from runner.clock import to_text
