@@ -40,6 +40,8 @@ ACTS: dict[str, tuple[str, set[str]]] = {
     "job": ("job backfill --db {db}", {"job", "from_seq", "to_seq", "read"}),
     "backlog": ("backlog --db {db}", {"pending_total", "stages"}),
     "outbox": ("outbox watermark --db {db}", {"floor", "export_watermark", "pruned"}),
+    "pipeline": ("pipeline prune --db {db} --before 1d --dry-run",
+                 {"before", "dry_run", "rounds", "outbox_floor", "removed"}),
     "uncertain": ("uncertain --db {db}", {"records", "count"}),
     # the arranged record is confirmed: resolve refuses it (65) and says so on stdout
     "resolve": ("resolve --db {db} --write-id w-none --as confirmed --reason smoke --dry-run",
