@@ -366,23 +366,28 @@ def _render_soak(doc: dict[str, Any]) -> str:
     head = (f"Measured from {doc['started_at']} by `python -m bench soak --minutes "
             f"{doc['minutes']:g} --backend {doc['backend']}` on {doc['machine']}. Source: "
             f"`{doc['file']}`.")
-    live = [sample for sample in samples if sample["rss_mib"] > 0] or samples
-    rss = (f"{live[0]['rss_mib']:.0f} / {max(x['rss_mib'] for x in live):.0f} / "
-           f"{live[-1]['rss_mib']:.0f}")
-    files = [x["open_files"] for x in live]
-    wal = [x["wal_mib"] for x in samples]
+    # the worker's figures while it runs: from the first sample a minute in (a worker
+    # just started has not loaded yet) to the last one before it was stopped
+    live = [x for x in samples if x["rss_mib"] > 0] or samples
+    warm = [x for x in live if x["t"] >= 60] or live
+
+    def span(key: str, fmt: str) -> str:
+        values = [x[key] for x in warm]
+        return " / ".join(format(v, fmt) for v in (values[0], max(values), values[-1]))
+
     growth = doc.get("store_growth_kib_per_lead")
+    per_lead = doc.get("store_kib_per_lead")
     rows = [
-        "| figure | value | ceiling |", "|---|---|---|",
-        f"| RSS first / max / last sample (MiB) | {rss} | {c['rss_mib']:g} |",
+        "| figure (at 1 min / max / last sample while the worker ran) | value | ceiling |",
+        "|---|---|---|",
+        f"| RSS (MiB) | {span('rss_mib', '.0f')} | {c['rss_mib']:g} |",
         f"| peak RSS of each worker life (MiB) | {peak} | {c['rss_mib']:g} |",
-        f"| open files first / max / last | {files[0]} / {max(files)} / {files[-1]} | "
-        f"{c['open_files']} |",
-        f"| WAL first / max / last (MiB) | {wal[0]:.1f} / {max(wal):.1f} / {wal[-1]:.1f} | "
-        f"{c['wal_mib']:g} |",
-        f"| store first / at a third / at the end (MiB) | {_store_path(samples)} | - |",
+        f"| open files | {span('open_files', 'd')} | {c['open_files']} |",
+        f"| WAL (MiB) | {span('wal_mib', '.1f')} | {c['wal_mib']:g} |",
+        f"| store (MiB) | {span('store_mib', '.1f')} | - |",
+        f"| store at a third of the run / at the end (MiB) | {_store_path(samples)} | - |",
         f"| store per lead at the end (KiB) | "
-        f"{doc.get('store_kib_per_lead', 0.0):.2f} | - |",
+        f"{'-' if per_lead is None else f'{per_lead:.2f}'} | - |",
     ]
     if "store_growth_kib_per_lead" in c:
         rows.append(f"| store growth per lead after the first third (KiB) | "
@@ -417,8 +422,7 @@ def _render_soak(doc: dict[str, Any]) -> str:
 def _store_path(samples: list[dict[str, Any]]) -> str:
     third = samples[-1]["t"] / 3
     mid = next((x for x in samples if x["t"] >= third), samples[-1])
-    return (f"{samples[0]['store_mib']:.1f} / {mid['store_mib']:.1f} / "
-            f"{samples[-1]['store_mib']:.1f}")
+    return f"{mid['store_mib']:.1f} / {samples[-1]['store_mib']:.1f}"
 
 
 def _render_stop_moments(doc: dict[str, Any]) -> str:
