@@ -156,6 +156,7 @@ def feed(db: str, scope_path: str, rate: float, prefix: str) -> None:
     import anyio
 
     from runner import DurableWorker
+    from runner.errors import StoreError
 
     scope = json.loads(Path(scope_path).read_text(encoding="utf-8"))
     stop = threading.Event()
@@ -169,9 +170,14 @@ def feed(db: str, scope_path: str, rate: float, prefix: str) -> None:
                 if (wait := due - time.monotonic()) > 0:
                     await anyio.sleep(wait)
                 key = f"{prefix}-{i:08d}"
-                result = await worker.accept({**scope, "source": "meta",
-                                              "source_lead_id": key, "synthetic": True,
-                                              "contact_alias": f"synthetic-{i}"})
+                try:
+                    result = await worker.accept({**scope, "source": "meta",
+                                                  "source_lead_id": key, "synthetic": True,
+                                                  "contact_alias": f"synthetic-{i}"})
+                except StoreError as exc:  # a client retries the same key: not answered
+                    sys.stderr.write(f"feeder: {key}: {exc}; retrying\n")
+                    await anyio.sleep(0.5)
+                    continue
                 if result.result in ("accepted", "duplicate"):
                     sys.stdout.write(key + "\n")
                     sys.stdout.flush()
@@ -377,6 +383,7 @@ class Soak:
         end = started + args.minutes * 60
         next_sample = started
         next_kill = started + args.kill_every
+        feeder_gone = False
         retainer = threading.Thread(target=self.retain, args=(started,), daemon=True)
         if args.retention:
             retainer.start()
@@ -390,6 +397,10 @@ class Soak:
                           f"store={s.store_mib:.1f}MiB outbox={s.outbox_rows} "
                           f"leads={s.leads} stderr={s.stderr_mib:.2f}MiB", flush=True)
                     next_sample += args.sample_every
+                if feeder.poll() is not None and not feeder_gone:
+                    feeder_gone = True
+                    report.violations.append(f"the feeder exited ({feeder.returncode}) at "
+                                             f"t={now - started:.0f}s")
                 if now >= next_kill:
                     assert self.worker is not None
                     if self.worker.poll() is not None:
