@@ -57,7 +57,7 @@ class JsonRowsTarget:
         try:
             conn = self._connect()
             try:
-                return conn.execute(f"SELECT write_id, body, status FROM rows "  # noqa: S608
+                return conn.execute(f"SELECT write_id, body, status FROM rows "
                                     f"WHERE write_id IN ({marks})", list(write_ids)).fetchall()
             finally:
                 conn.close()
