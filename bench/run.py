@@ -5,6 +5,7 @@
     python -m bench --quick    # small sizes, for CI (which runs it but does not judge it)
     python -m bench soak --minutes 30 [--backend postgres]   # the endurance run
     python -m bench batch      # the batch-size sweep (bench/batch.py)
+    python -m bench http-target   # HTTP dispatch vs a bare httpx client (bench/http_target.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -62,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import soak
 
         return soak.main(argv[1:])
+    if argv[:1] == ["http-target"]:  # python -m bench http-target (bench/http_target.py)
+        from bench import http_target
+
+        return http_target.main(argv[1:])
     if argv[:1] == ["batch"]:  # python -m bench batch: the batch-size sweep (bench/batch.py)
         from bench import batch
 

@@ -470,6 +470,18 @@ def _render_spin_deep(doc: dict[str, Any]) -> str:
                          "checks": [c for c in doc["checks"] if c["config"] in deep]})
 
 
+def _render_http_target(doc: dict[str, Any]) -> str:
+    rows = ["| sender | records/s | runner's ratio to it |", "|---|---|---|",
+            f"| runner `once --target http://…` | {_num(doc['runner_per_s'])} | |",
+            f"| bare httpx client, the same appends only | "
+            f"{_num(doc['bare_append_per_s'])} | {doc['ratio']:.2f} |",
+            f"| bare httpx client, appends and the exact readback of each batch | "
+            f"{_num(doc['bare_append_read_per_s'])} | {doc['ratio_with_read']:.2f} |"]
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} records per run at batch size "
+                      f"{doc['batch_size']}, median of {doc['rounds']} interleaved rounds.",
+                      "", *rows])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "batch": _render_batch,
@@ -480,6 +492,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "soak": _render_soak,
     "http": _render_bench,
     "kill9-http": _render_kill9_http,
+    "http-target": _render_http_target,
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,
 }

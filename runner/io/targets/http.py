@@ -14,6 +14,7 @@ name or password is refused (the token has its own file or variable).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,10 +38,13 @@ from runner.leads.port import (
     Missing,
     Observation,
     ReadFailure,
+    RejectedWrite,
     Snapshot,
     TargetReadError,
     TargetRow,
 )
+
+log = logging.getLogger("runner.target")
 
 #: write_ids per read or status request (a batch readback of a big reconcile is chunked)
 READ_CHUNK = 500
@@ -135,6 +139,11 @@ class HttpTarget:
             raise classify_exception(exc) from None
         error = classify_append(answer.status_code, answer.headers, answer.content,
                                 len(items), datetime.now(UTC))
+        if isinstance(error, RejectedWrite):
+            # the records become failed-safe and are retried on the backoff schedule: the
+            # target's reason is said once per request, so a person can fix the cause
+            log.warning("%s", error.message, extra={"action": "target.rejected",
+                                                    "count": len(items)})
         if error is not None:
             raise error
 
