@@ -493,6 +493,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "http": _render_bench,
     "kill9-http": _render_kill9_http,
     "http-target": _render_http_target,
+    "kill9-http-target": _render_kill9,
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,
 }
