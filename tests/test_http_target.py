@@ -219,8 +219,10 @@ def test_once_leaves_a_rejected_batch_failed_safe_and_a_refusing_target_changes_
     cli_store.accept(1, 2)
     with target_server(workdir, "--fault", "reject") as server:
         _target(cli_store, server.url)
-        summary = cli_store.cli("once")
+        proc = cli_store.once()
+        summary = last_json(proc.stdout)
         assert (summary["dispatched"], summary["failed_safe"]) == (2, 2)
+        assert "target.rejected" in proc.stderr and "fault reject" in proc.stderr
         assert server.rows() == []
     assert {r["state"] for r in cli_store.records().values()} == {"failed_safe"}
     # the same target again, now healthy: the failed-safe records are sent (once)
@@ -267,3 +269,17 @@ def test_start_with_an_http_target_delivers_reconciles_and_polls(
         output = "\n".join(child.out + child.err)
         assert TOKEN not in output and CANARY not in output
     assert last_json(child.out[-1])["still_uncertain"] == 0
+
+
+def test_target_serve_refuses_a_public_address_without_a_token(workdir: Path) -> None:
+    from tests.helpers import run_main
+
+    proc = run_main("target-serve", "--listen", "0.0.0.0:0", "--store", workdir / "s.db")
+    assert proc.returncode == 2 and "token is required" in proc.stderr
+    assert not (workdir / "s.db").exists()
+
+
+def test_a_token_file_for_a_file_target_is_refused(cli_store: CliStore) -> None:
+    cli_store.accept(1)
+    proc = cli_store.once("--target-token-file", "/nonexistent")
+    assert proc.returncode == 2 and "http(s)" in proc.stderr

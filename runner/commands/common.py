@@ -133,7 +133,10 @@ def open_target(args: argparse.Namespace) -> CRMAdapter | None:
 
     target: str | None = getattr(args, "target", None)
     url = target is not None and target.startswith(("http://", "https://"))
-    token = read_token(getattr(args, "target_token_file", None)) if url else None
+    token_file = getattr(args, "target_token_file", None)
+    if token_file is not None and not url:
+        raise UsageError("--target-token-file is for an http(s):// --target")
+    token = read_token(token_file) if url else None
     return open_adapter(TargetOptions(
         target, adapter=getattr(args, "target_adapter", None), token=token,
         read_timeout=getattr(args, "target_timeout", 10.0)))

@@ -37,6 +37,7 @@ from runner.leads.models import CRMRecord
 from runner.leads.port import (
     Missing,
     Observation,
+    RateLimited,
     ReadFailure,
     RejectedWrite,
     Snapshot,
@@ -119,6 +120,13 @@ class HttpTarget:
         except httpx.HTTPError as exc:
             raise TargetReadError(f"target {path} failed: {type(exc).__name__}") from None
         if answer.status_code != 200:
+            # a quota answer to a read is the pacer's business too (it holds every later
+            # request until retry_after); it proves nothing about the rows either way
+            error = classify_append(answer.status_code, answer.headers, answer.content, 0,
+                                    datetime.now(UTC))
+            if isinstance(error, RateLimited):
+                raise RateLimited(f"target {path} answered {answer.status_code} (rate "
+                                  "limited)", retry_after=error.retry_after)
             raise TargetReadError(f"target {path} answered {answer.status_code}")
         try:
             return answer.json()
