@@ -352,7 +352,16 @@ def _render_kill9(doc: dict[str, Any]) -> str:
         f"kills within {doc['max_delay']:.2f} s of each start, {doc['seconds'] / 60:.1f} min): "
         f"{t['kills']} kills, {t['recovered']} records recovered by readback, "
         f"{t['uncertain']} left uncertain, {t['lost']} lost, {t['duplicated']} duplicated, "
-        f"{t['unexpected']} unexpected.", "", *rows])
+        f"{t['unexpected']} unexpected.", "", *rows, *_kill9_faults(doc)])
+
+
+def _kill9_faults(doc: dict[str, Any]) -> list[str]:
+    """The server faults of each run of an HTTP-target campaign (none otherwise)."""
+    runs = [r for r in doc["results"] if r.get("faults")]
+    if not runs:
+        return []
+    return ["", "The server's faults in each run (`KIND[:SECONDS]@PROBABILITY`):", "",
+            *(f"* run {r['run']}: {', '.join(f'`{f}`' for f in r['faults'])}" for r in runs)]
 
 
 def _render_soak(doc: dict[str, Any]) -> str:
