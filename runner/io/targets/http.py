@@ -15,7 +15,6 @@ name or password is refused (the token has its own file or variable).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -100,7 +99,6 @@ class HttpTarget:
             limits=httpx.Limits(max_connections=8, max_keepalive_connections=4,
                                 keepalive_expiry=2.0),
             headers=headers, follow_redirects=False, transport=transport)
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"HttpTarget({self.url!r})"
