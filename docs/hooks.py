@@ -293,6 +293,21 @@ def _render_batch(doc: dict[str, Any]) -> str:
                       f"{doc['rounds']} interleaved rounds.", "", *rows])
 
 
+def _render_ingest(doc: dict[str, Any]) -> str:
+    rows = ["| contender | rows/s |", "|---|---|"]
+    rows += [f"| {_cell(name)} | {_num(rate)} |" for name, rate in doc["rates"].items()]
+    rows += ["", "| ratio | value | goal | met |", "|---|---|---|---|"]
+    for name, value in doc["ratios"].items():
+        goal = doc["goals"].get(name)
+        shown = "n/a" if value is None else f"{value:.2f}"
+        met = "" if goal is None or value is None else ("yes" if value >= goal else "no")
+        rows.append(f"| {_cell(name)} | {shown} | {'' if goal is None else f'>= {goal}'} | "
+                    f"{met} |")
+    skipped = "".join(f" Skipped: {_cell(note)}." for note in doc.get("skipped", []))
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} events per contender, median of "
+                      f"{doc['rounds']} interleaved round(s).{skipped}", "", *rows])
+
+
 def _render_sweep_explain(doc: dict[str, Any]) -> str:
     rows = ["| step | time | ratio |", "|---|---|---|"]
     rows += [f"| {_cell(s['step'])} | {s['ms']:,.1f} ms | {s['ratio']:.1f} |"
@@ -473,6 +488,7 @@ def _render_spin_deep(doc: dict[str, Any]) -> str:
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "batch": _render_batch,
+    "ingest": _render_ingest,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,
