@@ -46,6 +46,7 @@ COMMANDS = {
     "worker": "runner.commands.pipeline",
     "job": "runner.commands.pipeline",
     "backlog": "runner.commands.pipeline",
+    "pipeline": "runner.commands.pipeline",
     "outbox": "runner.commands.outbox",
     "serve": "runner.commands.serve",
     "uncertain": "runner.commands.operators",

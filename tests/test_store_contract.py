@@ -226,7 +226,7 @@ async def test_pg_outbox_sequence_has_no_gap_after_a_rollback(
 async def test_pg_a_multi_row_statement_numbers_its_events_in_lead_order(
     store: Store, scope: Scope, pg_schema: str
 ) -> None:
-    """One statement-level trigger numbers a whole statement's events (v10): still
+    """One statement-level trigger numbers a whole statement's events (v11): still
     gap-free, in lead order, and for one lead in the order the row triggers had; the
     kept counts per state follow; the counter still refuses a direct jump."""
     import asyncpg

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from runner.io.postgres.candidates_schema import CANDIDATES_V1
 from runner.io.postgres.figures_schema import V8 as FIGURES_V8
-from runner.io.postgres.pipeline_schema import PIPELINE_V1
+from runner.io.postgres.pipeline_schema import PIPELINE_V1, PIPELINE_V10
 from runner.io.sqlite.schema import V1_TRANSITIONS, V9_TRANSITIONS, transition_list
 from runner.leads.states import LeadState
 
@@ -446,7 +446,7 @@ END $$;
 """
 ).replace("{transitions}", transition_list(V9_TRANSITIONS))
 
-#: v10, set-based outbox numbering (issue 21): the events of a whole INSERT or UPDATE of
+#: v11, set-based outbox numbering (issue 21): the events of a whole INSERT or UPDATE of
 #: ``leads`` are numbered by one statement-level trigger each, which moves the counter once
 #: by the number of events (one row lock, one update) instead of once per event.  The
 #: numbers stay gap-free and in commit order (the same counter row, locked until commit),
@@ -454,7 +454,7 @@ END $$;
 #: triggers had (``state_changed``, ``status_changed``, ``target_ambiguous``).  The counter
 #: still moves by exactly one when written directly; only a trigger may move it by more.
 #: The kept counts per state move once per statement as well.
-V10 = (
+V11 = (
     """
 CREATE OR REPLACE FUNCTION {s}.counter_step() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -577,8 +577,8 @@ CREATE TABLE {s}.schema_migrations (
 
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
-                              7: V7, 8: FIGURES_V8, 9: V9,
-                              10: V10}
+                              7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
+                              11: V11}
 LATEST = max(MIGRATIONS)
 
 
