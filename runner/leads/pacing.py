@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -109,19 +109,20 @@ class Pacer:
     docstring).  Thread-safe: the dispatch run's thread and the event loop both take
     tokens.  ``rate`` None: no quota, only holds (``RateLimited``) apply.
 
-    ``monotonic`` and ``sleep`` are injectable (tests pass a fake clock that the fake
-    sleep advances)."""
+    ``monotonic``, ``sleep`` and ``async_sleep`` are injectable (tests pass a fake clock
+    that the fake sleeps advance)."""
 
     def __init__(self, rate: float | None = None, *, burst: int = 1,
                  default_hold: float = DEFAULT_RETRY_BASE,
                  monotonic: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 async_sleep: Callable[[float], Awaitable[None]] = anyio.sleep) -> None:
         if rate is not None and not rate > 0:
             raise UsageError("a target rate must be more than 0 requests per second")
         if burst < 1:
             raise UsageError("a pacer's burst is at least 1 request")
         self.rate, self.burst, self.default_hold = rate, burst, default_hold
-        self._monotonic, self._sleep = monotonic, sleep
+        self._monotonic, self._sleep, self._async_sleep = monotonic, sleep, async_sleep
         self._lock = threading.Lock()
         now = monotonic()
         #: the time at which the bucket would be full again (tokens = burst); a request
@@ -179,4 +180,4 @@ class Pacer:
         """Take a token and wait for it on the event loop (cancellable)."""
         wait = self.reserve()
         if wait > 0:
-            await anyio.sleep(wait)
+            await self._async_sleep(wait)

@@ -525,9 +525,12 @@ def _log_outcome(work: LeadWork, outcome: LeadState, retry_at: datetime | None) 
     level = logging.INFO if outcome is LeadState.CONFIRMED else logging.WARNING
     extra = {"action": f"lead.{outcome.value}", "key": work.source_lead_id,
              "from_state": "in_flight", "to_state": outcome.value}
-    if retry_at is not None:
-        extra["next_attempt_at"] = to_text(retry_at)
-    log.log(level, "%s", outcome.value, extra=extra)
+    if retry_at is None:
+        log.log(level, "%s", outcome.value, extra=extra)
+        return
+    extra["next_attempt_at"] = to_text(retry_at)
+    log.log(level, "%s: not sent, next attempt at %s", outcome.value, extra["next_attempt_at"],
+            extra=extra)
 
 
 @asynccontextmanager
