@@ -5,6 +5,7 @@
     python -m bench --quick    # small sizes, for CI (which runs it but does not judge it)
     python -m bench soak --minutes 30 [--backend postgres]   # the endurance run
     python -m bench batch      # the batch-size sweep (bench/batch.py)
+    python -m bench reconcile  # reconcile at scale, delivery under a quota (bench/reconcile.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -66,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import batch
 
         return batch.main(argv[1:])
+    if argv[:1] == ["reconcile"]:  # python -m bench reconcile (bench/reconcile.py)
+        from bench import reconcile
+
+        return reconcile.main(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--seed", type=int, default=20261130)
