@@ -304,7 +304,7 @@ FROM (SELECT w.value AS write_id, o.value AS outcome, n.value AS note
       FROM json_each(:write_ids) AS w
       JOIN json_each(:outcomes) AS o ON o.key = w.key
       JOIN json_each(:notes) AS n ON n.key = w.key) AS s
-WHERE leads.write_id = s.write_id AND leads.state = 'uncertain'
+WHERE leads.write_id = s.write_id AND +leads.state = 'uncertain'  -- "+": by write_id
 RETURNING leads.write_id
 
 -- ==== (end delivery) ==================================================================
