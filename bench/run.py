@@ -6,6 +6,7 @@
     python -m bench soak --minutes 30 [--backend postgres]   # the endurance run
     python -m bench batch      # the batch-size sweep (bench/batch.py)
     python -m bench ingest     # bulk accept vs the floors and PgQueuer (bench/ingest.py)
+    python -m bench reconcile  # reconcile at scale, delivery under a quota (bench/reconcile.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -62,6 +63,7 @@ SUBCOMMANDS = {
     "soak": "bench.soak",      # the endurance run
     "batch": "bench.batch",    # the batch-size sweep
     "ingest": "bench.ingest",  # bulk accept against the floors and PgQueuer (issue 21)
+    "reconcile": "bench.reconcile",  # reconcile at scale, delivery under a quota (issue 16)
 }
 
 

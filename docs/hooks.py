@@ -308,6 +308,31 @@ def _render_ingest(doc: dict[str, Any]) -> str:
                       f"{doc['rounds']} interleaved round(s).{skipped}", "", *rows])
 
 
+def _render_reconcile(doc: dict[str, Any]) -> str:
+    """``python -m bench reconcile``: the cost of a cycle over many uncertain records, one
+    record per request and in chunks, and delivery under a request quota."""
+    cost = ["| backend | reads per request | target requests | cycle time | at "
+            f"{doc['quota_per_min']} requests/min |", "|---|---|---|---|---|"]
+    for c in doc["costs"]:
+        for r in c["rows"]:
+            cost.append(f"| {c['backend']} | {r['batch_size']} | {_num(r['requests'])} | "
+                        f"{r['seconds']:,.2f} s | {r['quota_minutes']:,.1f} min |")
+        cost.append(f"| {c['backend']} | before / after | **{c['request_ratio']:g}x** fewer "
+                    f"| **{c['time_ratio']:g}x** less | |")
+    quota = ["| --batch-size | leads confirmed per minute | target requests per minute | "
+             "answered rate limited | lost | duplicated |", "|---|---|---|---|---|---|"]
+    quota += [f"| {q['batch_size']} | {_num(q['leads_per_min'])} | {q['requests_per_min']:g} | "
+              f"{q['refused_in_window']} | {q['lost']} | {q['duplicated']} |"
+              for q in doc["quota"]]
+    return "\n".join([
+        _provenance(doc) + f" A cycle over {doc['uncertain']:,} uncertain records, median of "
+        f"{doc['rounds']} alternating rounds:", "", *cost, "",
+        f"Delivery at {doc['quota_per_min']} requests a minute (every request a token: a "
+        f"batch write and its readback), one write in ten answered rate limited "
+        f"(retry-after 2 s), over a {doc['window_s']:g} s window; then every record "
+        "delivered and the target's rows counted:", "", *quota])
+
+
 def _render_sweep_explain(doc: dict[str, Any]) -> str:
     rows = ["| step | time | ratio |", "|---|---|---|"]
     rows += [f"| {_cell(s['step'])} | {s['ms']:,.1f} ms | {s['ratio']:.1f} |"
@@ -521,6 +546,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "batch": _render_batch,
     "ingest": _render_ingest,
+    "reconcile": _render_reconcile,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,

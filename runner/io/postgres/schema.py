@@ -575,10 +575,19 @@ CREATE TABLE {s}.schema_migrations (
 );
 """
 
+#: v12, pacing and backoff (issue 16, E2): as SQLite's v12 (``next_attempt_at``, the
+#: records waiting, the reconcile order)
+V12 = """
+ALTER TABLE {s}.leads ADD COLUMN next_attempt_at text COLLATE "C";
+CREATE INDEX leads_retry_waiting ON {s}.leads (next_attempt_at) WHERE state = 'failed_safe';
+CREATE INDEX leads_reconcile_order ON {s}.leads (last_reconcile_at NULLS FIRST, seq)
+WHERE state = 'uncertain';
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
                               7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
-                              11: V11}
+                              11: V11, 12: V12}
 LATEST = max(MIGRATIONS)
 
 
