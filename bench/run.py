@@ -7,6 +7,7 @@
     python -m bench batch      # the batch-size sweep (bench/batch.py)
     python -m bench ingest     # bulk accept vs the floors and PgQueuer (bench/ingest.py)
     python -m bench reconcile  # reconcile at scale, delivery under a quota (bench/reconcile.py)
+    python -m bench http-target   # HTTP dispatch vs a bare httpx client (bench/http_target.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -64,6 +65,7 @@ SUBCOMMANDS = {
     "batch": "bench.batch",    # the batch-size sweep
     "ingest": "bench.ingest",  # bulk accept against the floors and PgQueuer (issue 21)
     "reconcile": "bench.reconcile",  # reconcile at scale, delivery under a quota (issue 16)
+    "http-target": "bench.http_target",  # HTTP dispatch vs a bare httpx client (issue 17)
 }
 
 

@@ -392,7 +392,16 @@ def _render_kill9(doc: dict[str, Any]) -> str:
         f"kills within {doc['max_delay']:.2f} s of each start, {doc['seconds'] / 60:.1f} min): "
         f"{t['kills']} kills, {t['recovered']} records recovered by readback, "
         f"{t['uncertain']} left uncertain, {t['lost']} lost, {t['duplicated']} duplicated, "
-        f"{t['unexpected']} unexpected.", "", *rows])
+        f"{t['unexpected']} unexpected.", "", *rows, *_kill9_faults(doc)])
+
+
+def _kill9_faults(doc: dict[str, Any]) -> list[str]:
+    """The server faults of each run of an HTTP-target campaign (none otherwise)."""
+    runs = [r for r in doc["results"] if r.get("faults")]
+    if not runs:
+        return []
+    return ["", "The server's faults in each run (`KIND[:SECONDS]@PROBABILITY`):", "",
+            *(f"* run {r['run']}: {', '.join(f'`{f}`' for f in r['faults'])}" for r in runs)]
 
 
 def _render_soak(doc: dict[str, Any]) -> str:
@@ -542,6 +551,18 @@ def _render_spin_deep(doc: dict[str, Any]) -> str:
                          "checks": [c for c in doc["checks"] if c["config"] in deep]})
 
 
+def _render_http_target(doc: dict[str, Any]) -> str:
+    rows = ["| sender | records/s | runner's ratio to it |", "|---|---|---|",
+            f"| runner `once --target http://…` | {_num(doc['runner_per_s'])} | |",
+            f"| bare httpx client, the same appends only | "
+            f"{_num(doc['bare_append_per_s'])} | {doc['ratio']:.2f} |",
+            f"| bare httpx client, appends and the exact readback of each batch | "
+            f"{_num(doc['bare_append_read_per_s'])} | {doc['ratio_with_read']:.2f} |"]
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} records per run at batch size "
+                      f"{doc['batch_size']}, median of {doc['rounds']} interleaved rounds.",
+                      "", *rows])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "batch": _render_batch,
@@ -554,6 +575,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "soak": _render_soak,
     "http": _render_bench,
     "kill9-http": _render_kill9_http,
+    "http-target": _render_http_target,
+    "kill9-http-target": _render_kill9,
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,
 }
