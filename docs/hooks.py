@@ -293,6 +293,46 @@ def _render_batch(doc: dict[str, Any]) -> str:
                       f"{doc['rounds']} interleaved rounds.", "", *rows])
 
 
+def _render_ingest(doc: dict[str, Any]) -> str:
+    rows = ["| contender | rows/s |", "|---|---|"]
+    rows += [f"| {_cell(name)} | {_num(rate)} |" for name, rate in doc["rates"].items()]
+    rows += ["", "| ratio | value | goal | met |", "|---|---|---|---|"]
+    for name, value in doc["ratios"].items():
+        goal = doc["goals"].get(name)
+        shown = "n/a" if value is None else f"{value:.2f}"
+        met = "" if goal is None or value is None else ("yes" if value >= goal else "no")
+        rows.append(f"| {_cell(name)} | {shown} | {'' if goal is None else f'>= {goal}'} | "
+                    f"{met} |")
+    skipped = "".join(f" Skipped: {_cell(note)}." for note in doc.get("skipped", []))
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} events per contender, median of "
+                      f"{doc['rounds']} interleaved round(s).{skipped}", "", *rows])
+
+
+def _render_reconcile(doc: dict[str, Any]) -> str:
+    """``python -m bench reconcile``: the cost of a cycle over many uncertain records, one
+    record per request and in chunks, and delivery under a request quota."""
+    cost = ["| backend | reads per request | target requests | cycle time | at "
+            f"{doc['quota_per_min']} requests/min |", "|---|---|---|---|---|"]
+    for c in doc["costs"]:
+        for r in c["rows"]:
+            cost.append(f"| {c['backend']} | {r['batch_size']} | {_num(r['requests'])} | "
+                        f"{r['seconds']:,.2f} s | {r['quota_minutes']:,.1f} min |")
+        cost.append(f"| {c['backend']} | before / after | **{c['request_ratio']:g}x** fewer "
+                    f"| **{c['time_ratio']:g}x** less | |")
+    quota = ["| --batch-size | leads confirmed per minute | target requests per minute | "
+             "answered rate limited | lost | duplicated |", "|---|---|---|---|---|---|"]
+    quota += [f"| {q['batch_size']} | {_num(q['leads_per_min'])} | {q['requests_per_min']:g} | "
+              f"{q['refused_in_window']} | {q['lost']} | {q['duplicated']} |"
+              for q in doc["quota"]]
+    return "\n".join([
+        _provenance(doc) + f" A cycle over {doc['uncertain']:,} uncertain records, median of "
+        f"{doc['rounds']} alternating rounds:", "", *cost, "",
+        f"Delivery at {doc['quota_per_min']} requests a minute (every request a token: a "
+        f"batch write and its readback), one write in ten answered rate limited "
+        f"(retry-after 2 s), over a {doc['window_s']:g} s window; then every record "
+        "delivered and the target's rows counted:", "", *quota])
+
+
 def _render_sweep_explain(doc: dict[str, Any]) -> str:
     rows = ["| step | time | ratio |", "|---|---|---|"]
     rows += [f"| {_cell(s['step'])} | {s['ms']:,.1f} ms | {s['ratio']:.1f} |"
@@ -375,17 +415,40 @@ def _render_soak(doc: dict[str, Any]) -> str:
     head = (f"Measured from {doc['started_at']} by `python -m bench soak --minutes "
             f"{doc['minutes']:g} --backend {doc['backend']}` on {doc['machine']}. Source: "
             f"`{doc['file']}`.")
+    live = [sample for sample in samples if sample["rss_mib"] > 0] or samples
+    rss = (f"{live[0]['rss_mib']:.0f} / {max(x['rss_mib'] for x in live):.0f} / "
+           f"{live[-1]['rss_mib']:.0f}")
+    files = [x["open_files"] for x in live]
+    wal = [x["wal_mib"] for x in samples]
+    growth = doc.get("store_growth_kib_per_lead")
     rows = [
         "| figure | value | ceiling |", "|---|---|---|",
+        f"| RSS first / max / last sample (MiB) | {rss} | {c['rss_mib']:g} |",
         f"| peak RSS of each worker life (MiB) | {peak} | {c['rss_mib']:g} |",
-        f"| open files, most | {max(s['open_files'] for s in samples)} | {c['open_files']} |",
-        f"| WAL, largest (MiB) | {max(s['wal_mib'] for s in samples):.1f} | "
+        f"| open files first / max / last | {files[0]} / {max(files)} / {files[-1]} | "
+        f"{c['open_files']} |",
+        f"| WAL first / max / last (MiB) | {wal[0]:.1f} / {max(wal):.1f} / {wal[-1]:.1f} | "
         f"{c['wal_mib']:g} |",
-        f"| store at the end (MiB) | {doc['store_mib_at_end']:.1f} | - |",
+        f"| store first / at a third / at the end (MiB) | {_store_path(samples)} | - |",
+        f"| store per lead at the end (KiB) | "
+        f"{doc.get('store_kib_per_lead', 0.0):.2f} | - |",
+    ]
+    if "store_growth_kib_per_lead" in c:
+        rows.append(f"| store growth per lead after the first third (KiB) | "
+                    f"{'-' if growth is None else f'{growth:.2f}'} | "
+                    f"{c['store_growth_kib_per_lead']:g} |")
+    rows += [
         f"| outbox rows at the end (of {_num(doc['outbox_last_seq'])} written) | "
         f"{_num(doc['outbox_rows_at_end'])} | - |",
-        f"| stderr (MiB a minute) | {doc['stderr_mib_per_min']:.3f} | - |",
     ]
+    if "pipeline_rows_at_end" in doc:
+        removed = doc.get("pipeline_removed", {})
+        rows.append(f"| pipeline rows at the end (records, work, histories) | "
+                    f"{_num(doc['pipeline_rows_at_end'])} | - |")
+        rows.append(f"| pipeline rows pruned ({doc.get('pipeline_prunes', 0)} prunes, "
+                    f"`--before {doc.get('pipeline_keep', '')}`) | "
+                    f"{_num(sum(removed.values()))} | - |")
+    rows.append(f"| stderr (MiB a minute) | {doc['stderr_mib_per_min']:.3f} | - |")
     return "\n".join([
         head, "",
         f"**{verdict}.** {doc['minutes']:g} minutes on {doc['backend']}: {doc['rate']:g} leads/s "
@@ -394,8 +457,17 @@ def _render_soak(doc: dict[str, Any]) -> str:
         f"{_num(doc['confirmed'])} confirmed, {doc['uncertain']} uncertain, "
         f"**{doc['lost']} lost, {doc['duplicated']} duplicated, {doc['unexpected']} "
         f"unexpected**; {_num(doc['exported_events'])} events exported and "
-        f"{_num(doc['pruned_events'])} pruned, {doc['export_gaps']} export gaps.", "",
+        f"{_num(doc['pruned_events'])} pruned, {doc['export_gaps']} export gaps"
+        + ("; `VACUUM` after each retention pass (the server's autovacuum is off)"
+           if doc.get("pg_vacuum") else "") + ".", "",
         *rows])
+
+
+def _store_path(samples: list[dict[str, Any]]) -> str:
+    third = samples[-1]["t"] / 3
+    mid = next((x for x in samples if x["t"] >= third), samples[-1])
+    return (f"{samples[0]['store_mib']:.1f} / {mid['store_mib']:.1f} / "
+            f"{samples[-1]['store_mib']:.1f}")
 
 
 def _render_stop_moments(doc: dict[str, Any]) -> str:
@@ -494,6 +566,8 @@ def _render_http_target(doc: dict[str, Any]) -> str:
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "batch": _render_batch,
+    "ingest": _render_ingest,
+    "reconcile": _render_reconcile,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,

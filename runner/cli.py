@@ -47,6 +47,7 @@ COMMANDS = {
     "worker": "runner.commands.pipeline",
     "job": "runner.commands.pipeline",
     "backlog": "runner.commands.pipeline",
+    "pipeline": "runner.commands.pipeline",
     "outbox": "runner.commands.outbox",
     "serve": "runner.commands.serve",
     "target-serve": "runner.commands.target_serve",

@@ -39,9 +39,11 @@ def head_json(summary: StoreSummary) -> dict[str, Any]:
 
 
 def tail_json(summary: StoreSummary) -> dict[str, Any]:
-    """``outbox.count`` and ``outbox.by_kind`` count the events in the store; after a prune
-    (``runner outbox prune``) ``outbox.pruned`` counts those removed (kept + pruned = every
-    event ever written) and ``last_seq`` stays the last sequence handed out."""
+    """``retries``: the failed_safe records waiting for their backoff and the earliest
+    next attempt among them (issue 16).  ``outbox.count`` and ``outbox.by_kind`` count the
+    events in the store; after a prune (``runner outbox prune``) ``outbox.pruned`` counts
+    those removed (kept + pruned = every event ever written) and ``last_seq`` stays the
+    last sequence handed out."""
     outbox: dict[str, Any] = {
         "count": summary.outbox_count,
         "last_seq": summary.outbox_last_seq,
@@ -49,7 +51,8 @@ def tail_json(summary: StoreSummary) -> dict[str, Any]:
     }
     if summary.outbox_pruned is not None:
         outbox["pruned"] = summary.outbox_pruned
-    return {"outbox": outbox, "poll_health": summary.poll_health}
+    return {"outbox": outbox, "poll_health": summary.poll_health,
+            "retries": summary.retries}
 
 
 def lifecycle_json(summary: CandidateSummary) -> dict[str, Any]:
