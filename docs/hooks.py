@@ -558,9 +558,21 @@ def _render_http_target(doc: dict[str, Any]) -> str:
             f"{_num(doc['bare_append_per_s'])} | {doc['ratio']:.2f} |",
             f"| bare httpx client, appends and the exact readback of each batch | "
             f"{_num(doc['bare_append_read_per_s'])} | {doc['ratio_with_read']:.2f} |"]
+    quota = []
+    if "quota" in doc:
+        q = doc["quota"]
+        within = abs(q["ratio_to_goal"] - 1) <= 0.05
+        quota = ["", f"With the server's quota at {q['quota_per_min']} appends/minute and "
+                 f"batches of {q['batch_size']} (`start --target-rate "
+                 f"{2 * q['quota_per_min']}/min`: two requests per batch), over "
+                 f"{q['span_s']} s: **{_num(q['per_min'])} records/minute** against quota &times; "
+                 f"batch size = {_num(q['goal_per_min'])} (ratio {q['ratio_to_goal']:.3f}; "
+                 f"within 5%: {'yes' if within else '**no**'}), {_num(q['rows'])} rows on "
+                 f"the server, **{q['duplicates']} duplicated**, "
+                 f"{q['rate_limited_lines']} rate-limited answers."]
     return "\n".join([_provenance(doc) + f" {doc['n']:,} records per run at batch size "
                       f"{doc['batch_size']}, median of {doc['rounds']} interleaved rounds.",
-                      "", *rows])
+                      "", *rows, *quota])
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {

@@ -208,17 +208,22 @@ def test_a_bad_adapter_spec_is_a_usage_error(spec) -> None:
         load_factory(spec)
 
 
-def test_the_quota_is_a_token_bucket_of_one_seconds_worth() -> None:
+def test_the_quota_is_a_token_bucket_of_one_seconds_worth_at_least_two() -> None:
     assert parse_quota("60/min") == 1.0
     assert parse_quota("5/s") == 5.0
     for bad in ("60", "0/min", "-1/s", "x/min", "60/week", "nan/s", "inf/s"):
         with pytest.raises(UsageError):
             parse_quota(bad)
     bucket = TokenBucket(1.0, now=0.0)
-    assert bucket.take(0.0) is None
+    assert bucket.take(0.0) is None and bucket.take(0.0) is None  # two: jitter room
     assert bucket.take(0.0) == pytest.approx(1.0)
     assert bucket.take(0.5) == pytest.approx(0.5)
     assert bucket.take(1.0) is None
+    assert bucket.take(1.0) == pytest.approx(1.0)
+    # sustained: one a second, whatever the demand
+    steady = TokenBucket(1.0, now=0.0)
+    granted = sum(steady.take(t / 10) is None for t in range(1000))
+    assert granted == 2 + 99
     fast = TokenBucket(10.0, now=0.0)
     assert [fast.take(0.0) is None for _ in range(11)].count(True) == 10
 

@@ -67,12 +67,13 @@ def parse_quota(text: str) -> float:
 
 
 class TokenBucket:
-    """``rate`` requests per second, holding at most one second's worth (at least one).
-    ``now`` is passed in: the rule is tested without sleeping."""
+    """``rate`` requests per second, holding at most one second's worth, and at least two:
+    a client that paces itself at the quota is not refused for arriving a few
+    milliseconds early.  ``now`` is passed in: the rule is tested without sleeping."""
 
     def __init__(self, rate: float, now: float) -> None:
         self.rate = rate
-        self.capacity = max(1.0, rate)
+        self.capacity = max(2.0, rate)
         self.tokens = self.capacity
         self.at = now
 
