@@ -16,11 +16,27 @@ What runs, all at once, for ``--minutes``:
   domain-projector``, SIGKILLed every ``--kill-every`` seconds and started again at once;
 * retention (unless ``--no-retention``): every ``--retention-every`` seconds ``run.py
   outbox export --after W --commit-watermark`` (the NDJSON is checked to continue exactly
-  after W, with no gap) then ``run.py outbox prune --before W+1``.
+  after W, with no gap), ``run.py outbox prune --before W+1``, then ``run.py pipeline
+  prune --before AGE`` (``--pipeline-keep``, default 60s: the pipeline's finished
+  per-event records and its history older than that).
 
 Every ``--sample-every`` seconds it records the worker's RSS, its open file descriptors,
 the WAL size (SQLite), the store size (SQLite: file + WAL + shm; PostgreSQL: the total
-relation size of the store's schema), outbox rows and the worker's stderr size.
+relation size of the store's schema), outbox rows, pipeline rows (records, work rows and
+both histories) and the worker's stderr size.
+
+What bounds the store: with retention on, the outbox and the pipeline's per-event rows
+stay within a few minutes' worth; what remains grows with the leads themselves (each
+lead's record, which is never deleted, and its current D3 and D4 records).  So the
+store's ceiling is on its growth per lead, ``store_growth_kib_per_lead``: (store size at
+the end - store size at the first sample past a third of the run) / (leads accepted in
+between), which leaves out fixed costs (a WAL that is checkpointed but not truncated,
+PostgreSQL's first extents).  It does not apply without retention (``--no-retention``),
+nor in ``--quick`` (too short for the retention window to reach its steady state).
+On PostgreSQL, deleted rows become free space only once vacuumed: when the
+server's ``autovacuum`` is off (as on the test machine), the soak runs ``VACUUM`` on the
+store's tables after each retention pass, as autovacuum would (``pg_vacuum`` in the
+report).
 
 At the end the feeder stops, the worker is stopped, ``start --cycles 2`` completes the
 work and the audit of ``bench/invariants.py`` runs: every acknowledged lead is in the
@@ -73,7 +89,10 @@ CEILINGS = {
     "rss_mib": 160.0,        # the worker's resident set
     "open_files": 64,        # its open file descriptors
     "wal_mib": 64.0,         # SQLite's -wal file
+    "store_growth_kib_per_lead": 4.0,  # with retention on (see above)
 }
+#: the growth ceiling applies once this many leads came in after its first sample
+PER_LEAD_FROM = 1000
 
 
 @dataclass
@@ -87,6 +106,7 @@ class Sample:
     outbox_rows: int
     leads: int
     stderr_mib: float
+    pipeline_rows: int = 0
 
 
 @dataclass
@@ -113,6 +133,14 @@ class Report:
     exported_events: int = 0
     pruned_events: int = 0
     export_gaps: int = 0
+    pipeline_keep: str = ""
+    pipeline_prunes: int = 0
+    pipeline_removed: dict[str, int] = field(default_factory=dict)
+    pipeline_rows_at_end: int = 0
+    pipeline_prune_seconds_max: float = 0.0
+    store_kib_per_lead: float = 0.0
+    store_growth_kib_per_lead: float | None = None
+    pg_vacuum: bool = False
     outbox_rows_at_end: int = 0
     outbox_last_seq: int = 0
     store_mib_at_end: float = 0.0
@@ -231,7 +259,15 @@ class Soak:
         outbox, leads = (int(counts[0][0]), int(counts[0][1])) if counts else (0, 0)
         return Sample(round(t, 1), self.life, round(_proc_rss_mib(pid), 1) if pid else 0.0,
                       _open_files(pid) if pid else 0, round(wal, 2), round(store, 2),
-                      outbox, leads, round(_size_mib(self.stderr_path), 3))
+                      outbox, leads, round(_size_mib(self.stderr_path), 3),
+                      self.pipeline_rows())
+
+    def pipeline_rows(self) -> int:
+        rows = query(self.db, "SELECT (SELECT count(*) FROM {t}pipeline_records) "
+                              "+ (SELECT count(*) FROM {t}pipeline_work) "
+                              "+ (SELECT count(*) FROM {t}pipeline_history) "
+                              "+ (SELECT count(*) FROM {t}pipeline_outcome_history)")
+        return int(rows[0][0]) if rows else 0
 
     # -- status churn: the CRM changes statuses (a thread) -----------------------------
 
@@ -290,6 +326,34 @@ class Soak:
                                           f"{pruned.stderr.strip()[-300:]}")
             return
         self.report.pruned_events += int(json.loads(pruned.stdout)["pruned"])
+        began = time.monotonic()
+        pipeline = self.cli("pipeline", "prune", "--db", self.db,
+                            "--before", self.args.pipeline_keep)
+        took = time.monotonic() - began
+        self.report.pipeline_prune_seconds_max = round(
+            max(self.report.pipeline_prune_seconds_max, took), 2)
+        print(f"  pipeline prune: {took:.1f} s {pipeline.stdout.strip()[-160:]}", flush=True)
+        if pipeline.returncode != 0:
+            self.report.violations.append(f"pipeline prune exited {pipeline.returncode}: "
+                                          f"{pipeline.stderr.strip()[-300:]}")
+            return
+        self.report.pipeline_prunes += 1
+        for kind, n in json.loads(pipeline.stdout)["removed"].items():
+            self.report.pipeline_removed[kind] = self.report.pipeline_removed.get(kind, 0) + n
+        if self.pg:
+            self.report.pg_vacuum = vacuum_without_autovacuum(self.db) or \
+                self.report.pg_vacuum
+
+    def retain(self, started: float) -> None:
+        """Retention every ``--retention-every`` seconds, in a thread of its own: a slow
+        pass (a VACUUM on a loaded server) never delays the samples or the kills."""
+        due = started + self.args.retention_every
+        while not self.stop.wait(max(0.0, due - time.monotonic())):
+            try:
+                self.retention()
+            except Exception as exc:  # recorded, and the run goes on
+                self.report.violations.append(f"retention: {type(exc).__name__}: {exc}")
+            due += self.args.retention_every
 
     # -- the run ---------------------------------------------------------------------
 
@@ -313,7 +377,9 @@ class Soak:
         end = started + args.minutes * 60
         next_sample = started
         next_kill = started + args.kill_every
-        next_retention = started + args.retention_every
+        retainer = threading.Thread(target=self.retain, args=(started,), daemon=True)
+        if args.retention:
+            retainer.start()
         try:
             while (now := time.monotonic()) < end:
                 if now >= next_sample:
@@ -335,9 +401,6 @@ class Soak:
                         report.kills += 1
                     self.worker = self.start_worker()
                     next_kill += args.kill_every
-                if args.retention and now >= next_retention:
-                    self.retention()
-                    next_retention += args.retention_every
                 time.sleep(min(0.2, max(0.0, min(next_sample, next_kill) - time.monotonic())))
         finally:
             feeder.send_signal(signal.SIGTERM)
@@ -347,6 +410,8 @@ class Soak:
                 feeder.kill()
             self.stop.set()
             churner.join(timeout=60)
+            if retainer.is_alive():
+                retainer.join(timeout=900)
             if self.worker is not None and self.worker.poll() is None:
                 self.worker.send_signal(signal.SIGTERM)
                 try:
@@ -380,13 +445,25 @@ class Soak:
         last = query(self.db, "SELECT count(*), coalesce(max(seq), 0) FROM {t}outbox")
         report.outbox_rows_at_end, report.outbox_last_seq = int(last[0][0]), int(last[0][1])
         report.store_mib_at_end = report.samples[-1].store_mib if report.samples else 0.0
+        report.pipeline_rows_at_end = self.pipeline_rows()
+        if report.accepted:
+            report.store_kib_per_lead = round(report.store_mib_at_end * 1024
+                                              / report.accepted, 2)
         stderr_mib = _size_mib(self.stderr_path)
         report.stderr_mib_per_min = round(stderr_mib / max(seconds / 60, 1e-9), 3)
         for s in report.samples:
             for name, ceiling in CEILINGS.items():
+                if name == "store_growth_kib_per_lead":
+                    continue
                 if getattr(s, name) > ceiling:
                     report.violations.append(
                         f"ceiling: {name} = {getattr(s, name)} > {ceiling} at t={s.t}s")
+        report.store_growth_kib_per_lead = growth_per_lead(report.samples, seconds / 3)
+        growth, ceiling = report.store_growth_kib_per_lead, CEILINGS[
+            "store_growth_kib_per_lead"]
+        if report.retention and not report.quick and growth is not None and growth > ceiling:
+            report.violations.append(f"ceiling: store_growth_kib_per_lead = {growth} > "
+                                     f"{ceiling}")
         report.ok = (not report.violations and report.lost == report.duplicated
                      == report.unexpected == 0)
 
@@ -395,6 +472,45 @@ class Soak:
             if self.pg:
                 drop_postgres_schema(self.db)
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def growth_per_lead(samples: list[Sample], after: float) -> float | None:
+    """KiB of store per lead accepted between the first sample at or past ``after``
+    seconds and the last one; None with fewer than ``PER_LEAD_FROM`` leads between."""
+    first = next((s for s in samples if s.t >= after), None)
+    last = samples[-1] if samples else None
+    if first is None or last is None or last.leads - first.leads < PER_LEAD_FROM:
+        return None
+    return round((last.store_mib - first.store_mib) * 1024 / (last.leads - first.leads), 2)
+
+
+def vacuum_without_autovacuum(location: str) -> bool:
+    """``VACUUM`` the store's tables when the server's autovacuum is off (what it would
+    do); True if it ran."""
+    import asyncio
+
+    import asyncpg
+
+    from runner.io.postgres.dsn import parse
+
+    where = parse(location)
+
+    async def go() -> bool:
+        conn = await asyncpg.connect(where.dsn, timeout=30)
+        try:
+            if await conn.fetchval("SHOW autovacuum") == "on":
+                return False
+            tables = await conn.fetch(
+                "SELECT c.relname FROM pg_class c JOIN pg_namespace n "
+                "ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'",
+                where.schema)
+            for (name,) in tables:
+                await conn.execute(f"VACUUM {where.schema_ident}.\"{name}\"")
+            return True
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
 
 
 def summary(report: Report) -> str:
@@ -423,10 +539,18 @@ def summary(report: Report) -> str:
                      f"MiB/min")
         if report.accepted:
             lines.append(f"  store per accepted lead: "
-                         f"{last.store_mib * (1 << 20) / report.accepted / 1024:.2f} KiB")
+                         f"{last.store_mib * (1 << 20) / report.accepted / 1024:.2f} KiB; "
+                         f"growth per lead after the first third: "
+                         f"{report.store_growth_kib_per_lead} KiB"
+                         f"{' (VACUUM after each retention pass)' if report.pg_vacuum else ''}")
     if report.retention:
         lines.append(f"  exports {report.exports} ({report.exported_events} events, "
                      f"{report.export_gaps} gaps), pruned {report.pruned_events}")
+        lines.append(f"  pipeline prunes {report.pipeline_prunes} (--before "
+                     f"{report.pipeline_keep}, the longest "
+                     f"{report.pipeline_prune_seconds_max:.1f} s): removed "
+                     f"{report.pipeline_removed}; "
+                     f"pipeline rows at the end {report.pipeline_rows_at_end}")
     lines += [f"  VIOLATION {v}" for v in report.violations]
     lines.append(f"result: {'PASS' if report.ok else 'FAIL'}")
     return "\n".join(lines)
@@ -448,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-every", type=float, default=30.0)
     parser.add_argument("--retention-every", type=float, default=60.0)
     parser.add_argument("--no-retention", dest="retention", action="store_false")
+    parser.add_argument("--pipeline-keep", default="60s", metavar="AGE",
+                        help="pipeline prune --before AGE at each retention (default 60s)")
     parser.add_argument("--interval", type=float, default=0.5, help="start --interval")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--json", help="write the report here (default: bench/results/, "
@@ -459,8 +585,11 @@ def main(argv: list[str] | None = None) -> int:
         args.kill_every = min(args.kill_every, 12.0)
         args.sample_every = min(args.sample_every, 3.0)
         args.retention_every = min(args.retention_every, 8.0)
+        if args.pipeline_keep == "60s":
+            args.pipeline_keep = "5s"
     report = Report(args.backend, args.minutes, args.quick, args.rate, args.churn,
                     args.kill_every, args.retention,
+                    pipeline_keep=args.pipeline_keep,
                     started_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                     machine=f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
                             f"SQLite {sqlite3.sqlite_version}")

@@ -293,6 +293,21 @@ def _render_batch(doc: dict[str, Any]) -> str:
                       f"{doc['rounds']} interleaved rounds.", "", *rows])
 
 
+def _render_ingest(doc: dict[str, Any]) -> str:
+    rows = ["| contender | rows/s |", "|---|---|"]
+    rows += [f"| {_cell(name)} | {_num(rate)} |" for name, rate in doc["rates"].items()]
+    rows += ["", "| ratio | value | goal | met |", "|---|---|---|---|"]
+    for name, value in doc["ratios"].items():
+        goal = doc["goals"].get(name)
+        shown = "n/a" if value is None else f"{value:.2f}"
+        met = "" if goal is None or value is None else ("yes" if value >= goal else "no")
+        rows.append(f"| {_cell(name)} | {shown} | {'' if goal is None else f'>= {goal}'} | "
+                    f"{met} |")
+    skipped = "".join(f" Skipped: {_cell(note)}." for note in doc.get("skipped", []))
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} events per contender, median of "
+                      f"{doc['rounds']} interleaved round(s).{skipped}", "", *rows])
+
+
 def _render_reconcile(doc: dict[str, Any]) -> str:
     """``python -m bench reconcile``: the cost of a cycle over many uncertain records, one
     record per request and in chunks, and delivery under a request quota."""
@@ -377,7 +392,16 @@ def _render_kill9(doc: dict[str, Any]) -> str:
         f"kills within {doc['max_delay']:.2f} s of each start, {doc['seconds'] / 60:.1f} min): "
         f"{t['kills']} kills, {t['recovered']} records recovered by readback, "
         f"{t['uncertain']} left uncertain, {t['lost']} lost, {t['duplicated']} duplicated, "
-        f"{t['unexpected']} unexpected.", "", *rows])
+        f"{t['unexpected']} unexpected.", "", *rows, *_kill9_faults(doc)])
+
+
+def _kill9_faults(doc: dict[str, Any]) -> list[str]:
+    """The server faults of each run of an HTTP-target campaign (none otherwise)."""
+    runs = [r for r in doc["results"] if r.get("faults")]
+    if not runs:
+        return []
+    return ["", "The server's faults in each run (`KIND[:SECONDS]@PROBABILITY`):", "",
+            *(f"* run {r['run']}: {', '.join(f'`{f}`' for f in r['faults'])}" for r in runs)]
 
 
 def _render_soak(doc: dict[str, Any]) -> str:
@@ -391,17 +415,40 @@ def _render_soak(doc: dict[str, Any]) -> str:
     head = (f"Measured from {doc['started_at']} by `python -m bench soak --minutes "
             f"{doc['minutes']:g} --backend {doc['backend']}` on {doc['machine']}. Source: "
             f"`{doc['file']}`.")
+    live = [sample for sample in samples if sample["rss_mib"] > 0] or samples
+    rss = (f"{live[0]['rss_mib']:.0f} / {max(x['rss_mib'] for x in live):.0f} / "
+           f"{live[-1]['rss_mib']:.0f}")
+    files = [x["open_files"] for x in live]
+    wal = [x["wal_mib"] for x in samples]
+    growth = doc.get("store_growth_kib_per_lead")
     rows = [
         "| figure | value | ceiling |", "|---|---|---|",
+        f"| RSS first / max / last sample (MiB) | {rss} | {c['rss_mib']:g} |",
         f"| peak RSS of each worker life (MiB) | {peak} | {c['rss_mib']:g} |",
-        f"| open files, most | {max(s['open_files'] for s in samples)} | {c['open_files']} |",
-        f"| WAL, largest (MiB) | {max(s['wal_mib'] for s in samples):.1f} | "
+        f"| open files first / max / last | {files[0]} / {max(files)} / {files[-1]} | "
+        f"{c['open_files']} |",
+        f"| WAL first / max / last (MiB) | {wal[0]:.1f} / {max(wal):.1f} / {wal[-1]:.1f} | "
         f"{c['wal_mib']:g} |",
-        f"| store at the end (MiB) | {doc['store_mib_at_end']:.1f} | - |",
+        f"| store first / at a third / at the end (MiB) | {_store_path(samples)} | - |",
+        f"| store per lead at the end (KiB) | "
+        f"{doc.get('store_kib_per_lead', 0.0):.2f} | - |",
+    ]
+    if "store_growth_kib_per_lead" in c:
+        rows.append(f"| store growth per lead after the first third (KiB) | "
+                    f"{'-' if growth is None else f'{growth:.2f}'} | "
+                    f"{c['store_growth_kib_per_lead']:g} |")
+    rows += [
         f"| outbox rows at the end (of {_num(doc['outbox_last_seq'])} written) | "
         f"{_num(doc['outbox_rows_at_end'])} | - |",
-        f"| stderr (MiB a minute) | {doc['stderr_mib_per_min']:.3f} | - |",
     ]
+    if "pipeline_rows_at_end" in doc:
+        removed = doc.get("pipeline_removed", {})
+        rows.append(f"| pipeline rows at the end (records, work, histories) | "
+                    f"{_num(doc['pipeline_rows_at_end'])} | - |")
+        rows.append(f"| pipeline rows pruned ({doc.get('pipeline_prunes', 0)} prunes, "
+                    f"`--before {doc.get('pipeline_keep', '')}`) | "
+                    f"{_num(sum(removed.values()))} | - |")
+    rows.append(f"| stderr (MiB a minute) | {doc['stderr_mib_per_min']:.3f} | - |")
     return "\n".join([
         head, "",
         f"**{verdict}.** {doc['minutes']:g} minutes on {doc['backend']}: {doc['rate']:g} leads/s "
@@ -410,8 +457,17 @@ def _render_soak(doc: dict[str, Any]) -> str:
         f"{_num(doc['confirmed'])} confirmed, {doc['uncertain']} uncertain, "
         f"**{doc['lost']} lost, {doc['duplicated']} duplicated, {doc['unexpected']} "
         f"unexpected**; {_num(doc['exported_events'])} events exported and "
-        f"{_num(doc['pruned_events'])} pruned, {doc['export_gaps']} export gaps.", "",
+        f"{_num(doc['pruned_events'])} pruned, {doc['export_gaps']} export gaps"
+        + ("; `VACUUM` after each retention pass (the server's autovacuum is off)"
+           if doc.get("pg_vacuum") else "") + ".", "",
         *rows])
+
+
+def _store_path(samples: list[dict[str, Any]]) -> str:
+    third = samples[-1]["t"] / 3
+    mid = next((x for x in samples if x["t"] >= third), samples[-1])
+    return (f"{samples[0]['store_mib']:.1f} / {mid['store_mib']:.1f} / "
+            f"{samples[-1]['store_mib']:.1f}")
 
 
 def _render_stop_moments(doc: dict[str, Any]) -> str:
@@ -495,9 +551,22 @@ def _render_spin_deep(doc: dict[str, Any]) -> str:
                          "checks": [c for c in doc["checks"] if c["config"] in deep]})
 
 
+def _render_http_target(doc: dict[str, Any]) -> str:
+    rows = ["| sender | records/s | runner's ratio to it |", "|---|---|---|",
+            f"| runner `once --target http://…` | {_num(doc['runner_per_s'])} | |",
+            f"| bare httpx client, the same appends only | "
+            f"{_num(doc['bare_append_per_s'])} | {doc['ratio']:.2f} |",
+            f"| bare httpx client, appends and the exact readback of each batch | "
+            f"{_num(doc['bare_append_read_per_s'])} | {doc['ratio_with_read']:.2f} |"]
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} records per run at batch size "
+                      f"{doc['batch_size']}, median of {doc['rounds']} interleaved rounds.",
+                      "", *rows])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "batch": _render_batch,
+    "ingest": _render_ingest,
     "reconcile": _render_reconcile,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
@@ -506,6 +575,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "soak": _render_soak,
     "http": _render_bench,
     "kill9-http": _render_kill9_http,
+    "http-target": _render_http_target,
+    "kill9-http-target": _render_kill9,
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,
 }

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "runner.commands.pipeline",
     "runner.commands.outbox",
     "runner.commands.serve",
+    "runner.commands.target_serve",
     "runner.commands.operators",
     "runner.commands.config",
 )
@@ -46,8 +47,10 @@ COMMANDS = {
     "worker": "runner.commands.pipeline",
     "job": "runner.commands.pipeline",
     "backlog": "runner.commands.pipeline",
+    "pipeline": "runner.commands.pipeline",
     "outbox": "runner.commands.outbox",
     "serve": "runner.commands.serve",
+    "target-serve": "runner.commands.target_serve",
     "uncertain": "runner.commands.operators",
     "resolve": "runner.commands.operators",
     "config": "runner.commands.config",

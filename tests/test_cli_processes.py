@@ -49,7 +49,8 @@ ACTS: dict[str, tuple[str, set[str]]] = {
 #: the exit code a smoke line ends with, where it is not 0
 EXIT = {"resolve": 65}
 #: commands that serve until signalled, each run as a real process where it is tested
-SERVERS = {"serve": "tests/test_http_processes.py"}
+SERVERS = {"serve": "tests/test_http_processes.py",
+           "target-serve": "tests/test_http_target.py"}
 
 
 def test_the_table_covers_every_command() -> None:

@@ -16,6 +16,7 @@ from runner.commands.common import (
     common_options,
     emit,
     number,
+    open_target,
     plugin_option,
 )
 from runner.commands.leads import load_scope, read_record
@@ -240,7 +241,7 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     """The store, the synthetic target (with any faults) and the worker, from options."""
     from runner import crashpoints
     from runner.io.faults import FaultyAdapter, crash_point_option, parse_faults
-    from runner.io.synthetic_target import SyntheticTarget
+    from runner.io.targets.compose import close_adapter
     from runner.leads.pacing import DEFAULT_RETRY_BASE, DEFAULT_RETRY_CAP
     from runner.leads.port import CRMAdapter, CRMRecordPort
     from runner.worker import DurableWorker
@@ -251,7 +252,7 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     crash_at = crash_point_option(getattr(args, "fault", None))
     armed: AbstractContextManager[None] = (
         crashpoints.armed(*crashpoints.parse_option(crash_at)) if crash_at else nullcontext())
-    target = SyntheticTarget(args.target) if args.target else None
+    target = open_target(args)
     adapter: CRMAdapter | None = target
     if target is not None and faults:
         adapter = FaultyAdapter(target, faults)
@@ -271,7 +272,7 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
                 yield worker
     finally:
         if target is not None:
-            target.close()
+            close_adapter(target)
 
 
 def _emit_cycle(summary: CycleSummary) -> None:

@@ -1,9 +1,12 @@
-"""Staged processing commands (SPEC P3, P7, P8, P10): ``worker``, ``job``, ``backlog``.
+"""Staged processing commands (SPEC P3, P7, P8, P10): ``worker``, ``job``, ``backlog``,
+``pipeline prune``.
 
 ``worker NAME`` prints one JSON line per cycle; ``job NAME`` shows progress on stderr (a
 bar on a terminal, JSON lines otherwise) and prints one result line; ``backlog`` prints
-the backlog per stage and processor version.  The pipeline modules are imported only
-when one of these commands runs.
+the backlog per stage and processor version; ``pipeline prune --before AGE|TIME``
+removes what is finished and older than the cutoff (``runner.pipeline.retention``) and
+prints what it removed.  The pipeline modules are imported only when one of these
+commands runs.
 """
 
 from __future__ import annotations
@@ -86,6 +89,25 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     plugin_option(backlog, "count the processors MODULE registers too")
     backlog.set_defaults(handler=cmd_backlog)
 
+    pipeline = sub.add_parser(
+        "pipeline", help="the pipeline's retention: prune finished records and old history")
+    verbs = pipeline.add_subparsers(dest="verb", required=True, parser_class=type(pipeline))
+    prune = verbs.add_parser(
+        "prune", parents=[common_options()],
+        help="remove D1-D3 records that are finished and older than --before (with their "
+             "work rows and history), and history older than it; never a merged record, "
+             "D4, an input still in a backlog, claimed or leased, or a D1 record whose "
+             "outbox event is kept (prune the outbox first)")
+    prune.add_argument("--before", required=True, metavar="AGE|TIME",
+                       help="the cutoff: an age (90s, 15m, 12h, 7d) before now, or an "
+                            "ISO-8601 time with a timezone")
+    prune.add_argument("--dry-run", action="store_true",
+                       help="print what would be removed now, and remove nothing")
+    prune.add_argument("--batch", type=number(int, 1, 1_000_000), metavar="N",
+                       help="records per level per round, one transaction each "
+                            "(default 2000)")
+    prune.set_defaults(handler=cmd_prune)
+
 
 def settings_from(args: argparse.Namespace) -> WorkerSettings:
     from runner.pipeline.engine import RetryPolicy, WorkerSettings
@@ -158,4 +180,19 @@ async def cmd_backlog(args: argparse.Namespace) -> int:
     async with await open_store(args.db, create=False) as store, store.reading():
         doc = await backlog_document(store, registry.refs())
     emit(doc)
+    return 0
+
+
+async def cmd_prune(args: argparse.Namespace) -> int:
+    from runner.clock import to_text
+    from runner.commands.candidates import require_store
+    from runner.pipeline.retention import parse_cutoff
+
+    now = clock_from(args).now()
+    cutoff = parse_cutoff(args.before, now)
+    await require_store(args.db)
+    async with await open_store(args.db) as store:
+        result = await store.prune_pipeline(int(cutoff.timestamp() * 1000), to_text(now),
+                                            dry_run=args.dry_run, batch=args.batch)
+    emit(result.to_json())
     return 0

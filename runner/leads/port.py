@@ -83,6 +83,14 @@ class RateLimited(BeforeWriteError):
         self.retry_after = retry_after
 
 
+class RejectedWrite(BeforeWriteError):
+    """The target refused the request as invalid and applied nothing (HTTP 400/422): the
+    records become failed-safe and are retried on the backoff schedule (the target or
+    its configuration may be fixed meanwhile); the message carries the target's reason."""
+
+    reason = "rejected"
+
+
 class AmbiguousWriteError(TargetError):
     """The request may or may not have been applied (timeout, dropped connection, …)."""
 

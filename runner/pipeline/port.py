@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runner.pipeline.model import (
     Claim,
@@ -28,6 +28,9 @@ from runner.pipeline.model import (
     Stage,
     WorkerConfigView,
 )
+
+if TYPE_CHECKING:  # the prune's answer: not on status's path
+    from runner.pipeline.retention import PipelinePrune
 
 
 class Wakeups(Protocol):
@@ -138,4 +141,15 @@ class PipelineStore(Protocol):
     def wakeups(self, stage: Stage) -> AbstractAsyncContextManager[Wakeups]:
         """Wake-ups for a consumer of ``stage`` (raw ingestion: new outbox events; the
         others: new or changed inputs).  SQLite: a plain poll interval."""
+        ...
+
+    # -- retention ---------------------------------------------------------------------
+
+    async def prune_pipeline(self, before_ms: int, at: str, *, dry_run: bool = False,
+                             batch: int | None = None) -> PipelinePrune:
+        """Remove the finished per-event records, their work rows and histories, and the
+        histories older than ``before_ms`` (``runner.pipeline.retention``); never a
+        merged record, D4, an unfinished or backlogged input, or a D1 record whose
+        outbox event is kept.  Rounds of at most ``batch`` records per level, each one
+        recorded transaction; ``dry_run`` rolls every round back."""
         ...

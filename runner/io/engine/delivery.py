@@ -19,7 +19,7 @@ Batched dispatch (issue 16) has the same step for many records: ``finish_and_mar
 records the outcomes of the batch that finished and marks the next batch in flight, in one
 statement; PostgreSQL fences it like the single mark (``_marking_batch``).
 
-Backoff (issue 16, v10): a step's failed_safe outcomes carry ``retry_at``, the time they
+Backoff (issue 16, v12): a step's failed_safe outcomes carry ``retry_at``, the time they
 are due again (``next_attempt_at``); ``dispatchable_page`` skips a record not due.  A
 reconcile pass reads its keys once (``reconcile_order``), then its records a chunk at a
 time (``uncertain_by_seqs``) and records a chunk's verdicts in one statement

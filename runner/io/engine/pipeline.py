@@ -43,6 +43,7 @@ from runner.retention import below_floor
 
 if TYPE_CHECKING:  # built on the worker's path only: status never loads them
     from runner.pipeline.model import Claim, Completion, NewRecord, OutboxEvent, Output
+    from runner.pipeline.retention import PipelinePrune
 
 #: the schema version that keeps the outbox's prune floor (``outbox_retention``)
 RETENTION_VERSION = 7
@@ -50,6 +51,12 @@ RETENTION_VERSION = 7
 MAX_SEQ = 2**62
 #: records per page of ``iter_level``
 PAGE = 1000
+
+
+
+class _DryRun(Exception):
+    """Rolls a dry run's prune back."""
+
 
 #: what a record write carries: payload, orders (merged records), the input it came from
 _Record = tuple[str, str | None, int]
@@ -80,6 +87,10 @@ class PipelineOps(Db):
                                   ) -> int:
             """Write D1 records once each; how many were new.  ``common``: name,
             version, now."""
+
+        async def _hold_pipeline_writers(self) -> None:
+            """Inside a prune round's transaction: keep every other writer of records
+            and work rows out until the commit."""
 
     # -- processors and backlog ----------------------------------------------------------
 
@@ -302,3 +313,86 @@ class PipelineOps(Db):
             if len(rows) < PAGE:
                 return
             after = str(rows[-1][0])
+
+    # -- retention (schema v10, ``runner.pipeline.retention``) ---------------------------
+
+    async def prune_pipeline(self, before_ms: int, at: str, *, dry_run: bool = False,
+                             batch: int | None = None) -> PipelinePrune:
+        """Remove what is finished and older than ``before_ms`` (``runner.pipeline.
+        retention``), in rounds of at most ``batch`` records per level, each one
+        transaction; ``dry_run``: every round in one transaction, rolled back."""
+        from runner.errors import UsageError
+        from runner.pipeline.retention import (
+            PIPELINE_RETENTION_VERSION,
+            PRUNE_BATCH,
+            PipelinePrune,
+        )
+
+        if self.schema_version < PIPELINE_RETENTION_VERSION:
+            raise UsageError(f"this store is at schema version {self.schema_version}; "
+                             f"pipeline prune needs {PIPELINE_RETENTION_VERSION}")
+        limit = batch or PRUNE_BATCH
+        removed: dict[str, int] = defaultdict(int)
+        rounds, floor = 0, 0
+        if dry_run:
+            try:
+                async with self.transaction():
+                    while True:
+                        rounds += 1
+                        floor, more = await self._prune_round(before_ms, limit, removed,
+                                                              None)
+                        if not more:
+                            break
+                    raise _DryRun
+            except _DryRun:
+                pass
+        else:
+            more = True
+            while more:
+                rounds += 1
+                async with self.transaction():
+                    floor, more = await self._prune_round(before_ms, limit, removed, at)
+        return PipelinePrune(to_text_ms(before_ms), dry_run, rounds, floor, dict(removed))
+
+    async def _prune_round(self, before_ms: int, limit: int, removed: dict[str, int],
+                           at: str | None) -> tuple[int, bool]:
+        """One round, inside a transaction: levels from the top down (so a record's
+        outputs go before it), then old history.  The outbox floor and whether anything
+        was removed (``at``: record the round in ``pipeline_prunes``)."""
+        await self._hold_pipeline_writers()
+        rows = await self.fetch("pipeline_outbox_floor")
+        floor = int(rows[0][0]) if rows else 0
+        now: dict[str, int] = defaultdict(int)
+        for level in (3, 2, 1):
+            ids = [int(r[0]) for r in await self.fetch(
+                "pipeline_prune_candidates", level=level, before=before_ms, floor=floor,
+                limit=limit)]
+            if not ids:
+                continue
+            now["outcome_history"] += max(await self.execute(
+                "prune_pipeline_outcome_history_of", ids=ids), 0)
+            now["work"] += max(await self.execute("prune_pipeline_work_of", ids=ids), 0)
+            now["history"] += max(await self.execute("prune_pipeline_history_of",
+                                                     ids=ids), 0)
+            now[f"D{level}"] += max(await self.execute("prune_pipeline_records",
+                                                       ids=ids), 0)
+        now["history"] += max(await self.execute(
+            "prune_old_pipeline_history", before=before_ms, limit=limit), 0)
+        now["outcome_history"] += max(await self.execute(
+            "prune_old_pipeline_outcome_history", before=before_ms, limit=limit), 0)
+        for kind, n in now.items():
+            removed[kind] += n
+        total = sum(now.values())
+        if total and at is not None:
+            await self.execute("record_pipeline_prune", before=before_ms, at=at,
+                               removed=json.dumps({k: n for k, n in sorted(now.items())
+                                                   if n}))
+        return floor, total > 0
+
+
+def to_text_ms(ms: int) -> str:
+    from datetime import UTC, datetime
+
+    from runner.clock import to_text
+
+    return to_text(datetime.fromtimestamp(ms / 1000, UTC))

@@ -134,6 +134,9 @@ class PipelineHooks(PostgresBase):
     async def _hold_record_writers(self) -> None:
         await self.fetch("_lock_pipeline_records")
 
+    async def _hold_pipeline_writers(self) -> None:
+        await self.fetch("_lock_pipeline_for_prune")
+
     async def _lock_merge_keys(self, level: int, keys: Sequence[str]) -> None:
         await self.fetch("_lock_pipeline_keys", keys=[
             stable_key("runner.pipeline", self.location.schema, str(level), key)

@@ -2,7 +2,8 @@
 
 The same tables and invariants as ``runner.io.sqlite.pipeline_schema``, enforced by the
 database: a new or changed record enters the backlog of the current processors of the
-next stage (trigger); records, work rows and both histories are never deleted; a replaced
+next stage (trigger); records, work rows and both histories are never deleted (from v10: only what
+``pipeline prune`` may remove, ``PIPELINE_V10``); a replaced
 payload and a replaced outcome are kept with their provenance (triggers); pipeline
 bookkeeping writes no outbox event.  Payloads are canonical JSON *text*, so "the same
 result" is byte-equal on both backends; keys compare byte-wise (``COLLATE "C"``).
@@ -241,5 +242,106 @@ BEGIN
 END $$;
 CREATE TRIGGER outbox_notify_pipeline AFTER INSERT ON {s}.outbox
 FOR EACH STATEMENT EXECUTE FUNCTION {s}.pipeline_notify_outbox();
+"""
+)
+
+
+#: v10, the pipeline's retention (issue 15 point 11; ``runner.pipeline.retention``), as on
+#: SQLite: a work row is removed only once ``done``, and only when its record may be
+#: removed; a record only with no work row left
+#: on it, not merged, not at D4, with no kept non-merged record made from it, and (at D1)
+#: once its outbox event is gone; histories still never change but may lose rows; every
+#: prune is recorded in ``pipeline_prunes``.  TRUNCATE stays refused.
+PIPELINE_V10 = (
+    """
+DROP TRIGGER pipeline_records_no_delete ON {s}.pipeline_records;
+DROP TRIGGER pipeline_work_no_delete ON {s}.pipeline_work;
+DROP TRIGGER pipeline_history_no_change ON {s}.pipeline_history;
+DROP TRIGGER pipeline_outcome_history_no_change ON {s}.pipeline_outcome_history;
+CREATE TRIGGER pipeline_history_no_change BEFORE UPDATE ON {s}.pipeline_history
+FOR EACH ROW EXECUTE FUNCTION {s}.pipeline_history_fixed();
+CREATE TRIGGER pipeline_outcome_history_no_change BEFORE UPDATE ON {s}.pipeline_outcome_history
+FOR EACH ROW EXECUTE FUNCTION {s}.pipeline_history_fixed();
+
+CREATE INDEX pipeline_records_made_from ON {s}.pipeline_records (input_id)
+    WHERE orders IS NULL;
+-- removing a work row checks its replaced outcomes (the foreign key): without an index,
+-- a scan of the whole history per row removed
+CREATE INDEX pipeline_outcome_history_work ON {s}.pipeline_outcome_history (work_id);
+
+CREATE TABLE {s}.pipeline_prunes (
+    id        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    before_ms bigint NOT NULL,
+    removed   jsonb NOT NULL,
+    at        text NOT NULL
+);
+"""
+    + _refuse("pipeline_prunes_fixed", "the prune record never changes")
+    + """
+CREATE TRIGGER pipeline_prunes_no_change BEFORE UPDATE OR DELETE ON {s}.pipeline_prunes
+FOR EACH ROW EXECUTE FUNCTION {s}.pipeline_prunes_fixed();
+CREATE TRIGGER pipeline_prunes_no_truncate BEFORE TRUNCATE ON {s}.pipeline_prunes
+FOR EACH STATEMENT EXECUTE FUNCTION {s}.pipeline_prunes_fixed();
+
+CREATE FUNCTION {s}.pipeline_work_prune_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.state <> 'done' THEN
+        RAISE EXCEPTION 'pipeline work is removed only once done'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF EXISTS (
+        SELECT 1 FROM {s}.pipeline_records r
+        WHERE r.id = OLD.input_id
+          AND (r.level = 4 OR r.orders IS NOT NULL
+               OR EXISTS (SELECT 1 FROM {s}.pipeline_records c
+                          WHERE c.input_id = r.id AND c.orders IS NULL
+                            AND c.level = r.level + 1)
+               OR (r.level = 1
+                   AND CASE WHEN r.key ~ '^outbox:[0-9]{1,18}$'
+                            THEN substr(r.key, 8)::bigint
+                                 > (SELECT floor FROM {s}.outbox_retention)
+                            ELSE true END))) THEN
+        RAISE EXCEPTION 'the outcomes of a kept pipeline record are kept'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN OLD;
+END $$;
+CREATE TRIGGER pipeline_work_prune_guard BEFORE DELETE ON {s}.pipeline_work
+FOR EACH ROW EXECUTE FUNCTION {s}.pipeline_work_prune_guard();
+
+CREATE FUNCTION {s}.pipeline_records_prune_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.level = 4 OR OLD.orders IS NOT NULL THEN
+        RAISE EXCEPTION 'merged records and D4 are kept'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF EXISTS (SELECT 1 FROM {s}.pipeline_work WHERE input_id = OLD.id) THEN
+        RAISE EXCEPTION 'a pipeline record with work on it is kept'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM {s}.pipeline_processors WHERE input_level = OLD.level) THEN
+        RAISE EXCEPTION 'a pipeline record no processor has read is kept'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF EXISTS (SELECT 1 FROM {s}.pipeline_records c
+               WHERE c.input_id = OLD.id AND c.orders IS NULL
+                 AND c.level = OLD.level + 1) THEN
+        RAISE EXCEPTION 'a pipeline record is kept while a record made from it is'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF OLD.level = 1 THEN
+        IF OLD.key !~ '^outbox:[0-9]{1,18}$' THEN
+            RAISE EXCEPTION 'a D1 record is kept while its outbox event is'
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        IF substr(OLD.key, 8)::bigint > (SELECT floor FROM {s}.outbox_retention) THEN
+            RAISE EXCEPTION 'a D1 record is kept while its outbox event is'
+                USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+    END IF;
+    RETURN OLD;
+END $$;
+CREATE TRIGGER pipeline_records_prune_guard BEFORE DELETE ON {s}.pipeline_records
+FOR EACH ROW EXECUTE FUNCTION {s}.pipeline_records_prune_guard();
 """
 )

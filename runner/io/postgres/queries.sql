@@ -249,7 +249,7 @@ ORDER BY last_reconcile_at NULLS FIRST, seq
 SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
 WHERE seq = ANY(:seqs::bigint[]) AND state = 'uncertain'
 
--- prepared records, and failed_safe ones whose backoff is over (next_attempt_at, v10):
+-- prepared records, and failed_safe ones whose backoff is over (next_attempt_at, v12):
 -- a record not due is not even read, so its retry writes nothing before it happens
 -- name: dispatchable_page
 SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
@@ -644,5 +644,59 @@ GROUP BY 1, 2 ORDER BY 1, 2
 -- name: pipeline_level_page
 SELECT key, payload, rev FROM {s}.pipeline_records
 WHERE level = :level AND key > :after ORDER BY key LIMIT :limit
+
+-- retention (schema v10, runner.pipeline.retention): one prune round, levels top down,
+-- as on SQLite; the round first holds record and work writers back until its commit
+-- name: _lock_pipeline_for_prune
+LOCK TABLE {s}.pipeline_records, {s}.pipeline_work IN SHARE ROW EXCLUSIVE MODE
+
+-- name: pipeline_prune_candidates
+SELECT r.id FROM {s}.pipeline_records r
+WHERE r.level = :level AND r.level < 4 AND r.orders IS NULL AND r.updated_ms < :before
+  AND (r.level <> 1 OR CASE WHEN r.key ~ '^outbox:[0-9]{1,18}$'
+                            THEN substr(r.key, 8)::bigint <= :floor
+                            ELSE false END)
+  AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_work w
+                  WHERE w.input_id = r.id
+                    AND (w.state <> 'done' OR coalesce(w.done_ms, :before) >= :before))
+  AND EXISTS (SELECT 1 FROM {s}.pipeline_processors p WHERE p.input_level = r.level)
+  AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_processors p
+                  WHERE p.input_level = r.level
+                    AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_processors q
+                                    WHERE q.name = p.name AND q.version > p.version)
+                    AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_work w
+                                    WHERE w.input_id = r.id AND w.processor = p.name
+                                      AND w.state = 'done'
+                                      AND (w.version = p.version OR NOT p.rebacklog)))
+  AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_records c
+                  WHERE c.input_id = r.id AND c.orders IS NULL AND c.level = r.level + 1)
+ORDER BY r.id LIMIT :limit
+
+-- name: prune_pipeline_outcome_history_of
+DELETE FROM {s}.pipeline_outcome_history
+WHERE work_id IN (SELECT id FROM {s}.pipeline_work WHERE input_id = ANY(:ids::bigint[]))
+
+-- name: prune_pipeline_work_of
+DELETE FROM {s}.pipeline_work WHERE input_id = ANY(:ids::bigint[])
+
+-- name: prune_pipeline_history_of
+DELETE FROM {s}.pipeline_history WHERE record_id = ANY(:ids::bigint[])
+
+-- name: prune_pipeline_records
+DELETE FROM {s}.pipeline_records WHERE id = ANY(:ids::bigint[])
+
+-- name: prune_old_pipeline_history
+DELETE FROM {s}.pipeline_history
+WHERE id IN (SELECT id FROM {s}.pipeline_history WHERE replaced_ms < :before
+             ORDER BY id LIMIT :limit)
+
+-- name: prune_old_pipeline_outcome_history
+DELETE FROM {s}.pipeline_outcome_history
+WHERE id IN (SELECT id FROM {s}.pipeline_outcome_history WHERE replaced_ms < :before
+             ORDER BY id LIMIT :limit)
+
+-- name: record_pipeline_prune
+INSERT INTO {s}.pipeline_prunes (before_ms, removed, at)
+VALUES (:before, :removed::jsonb, :at)
 
 -- ==== (end pipeline) ==================================================================

@@ -41,6 +41,9 @@ class PipelineHooks(SQLiteBase):
     async def _hold_record_writers(self) -> None:
         pass  # BEGIN IMMEDIATE holds them off already
 
+    async def _hold_pipeline_writers(self) -> None:
+        pass  # BEGIN IMMEDIATE holds them off already
+
     async def _lock_merge_keys(self, level: int, keys: Sequence[str]) -> None:
         pass  # BEGIN IMMEDIATE: one merge at a time
 

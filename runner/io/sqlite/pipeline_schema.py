@@ -18,7 +18,8 @@ Invariants the schema keeps by itself, whatever the query:
 
 * a new record, and every change of a record, puts it in the backlog of the current
   processors of the next stage (trigger): no code path can forget downstream work;
-* records, work rows and both histories are never deleted; histories never change;
+* records, work rows and both histories are never deleted (from v10: only what
+  ``pipeline prune`` may remove, ``PIPELINE_V10``); histories never change;
 * a recorded outcome that is replaced (force replay, retry, changed input) is kept in
   ``pipeline_outcome_history`` with its provenance (trigger);
 * no outbox event is ever written by pipeline bookkeeping.
@@ -190,5 +191,79 @@ BEGIN
          done_ms, replaced_ms)
     VALUES (OLD.id, OLD.processor, OLD.version, OLD.input_id, OLD.input_rev, OLD.outcome,
             OLD.error, OLD.retryable, OLD.done_ms, NEW.done_ms);
+END;
+"""
+
+#: v10, the pipeline's retention (issue 15 point 11; ``runner.pipeline.retention``).
+#: ``runner pipeline prune`` may remove what is finished; the schema refuses the rest,
+#: whatever the query:
+#:
+#: * a work row is removed only once it is ``done`` (never pending, claimed or leased),
+#:   and only when its record may be removed (below): a kept record keeps its outcomes;
+#: * a record is removed only when no work row is left on it, some processor reads its
+#:   level, it is not merged (``orders`` is NULL), it is not at D4, no kept non-merged
+#:   record was made from it,
+#:   and (at D1) its outbox event is gone (at or below the outbox's prune floor);
+#: * histories still never change; they may only lose rows (old ones, or a removed
+#:   record's);
+#: * every prune is recorded in ``pipeline_prunes``, which never changes.
+PIPELINE_V10 = """
+DROP TRIGGER pipeline_records_no_delete;
+DROP TRIGGER pipeline_work_no_delete;
+DROP TRIGGER pipeline_history_kept;
+DROP TRIGGER pipeline_outcome_history_kept;
+
+CREATE INDEX pipeline_records_made_from ON pipeline_records (input_id)
+    WHERE orders IS NULL;
+-- removing a work row checks its replaced outcomes (the foreign key): without an index,
+-- a scan of the whole history per row removed
+CREATE INDEX pipeline_outcome_history_work ON pipeline_outcome_history (work_id);
+
+CREATE TABLE pipeline_prunes (
+    id        INTEGER PRIMARY KEY,
+    before_ms INTEGER NOT NULL,
+    removed   TEXT NOT NULL,
+    at        TEXT NOT NULL
+) STRICT;
+
+CREATE TRIGGER pipeline_prunes_fixed BEFORE UPDATE ON pipeline_prunes
+BEGIN SELECT RAISE(ABORT, 'the prune record never changes'); END;
+CREATE TRIGGER pipeline_prunes_kept BEFORE DELETE ON pipeline_prunes
+BEGIN SELECT RAISE(ABORT, 'the prune record never changes'); END;
+
+CREATE TRIGGER pipeline_work_prune_guard BEFORE DELETE ON pipeline_work
+BEGIN
+    SELECT RAISE(ABORT, 'pipeline work is removed only once done')
+    WHERE OLD.state <> 'done';
+    SELECT RAISE(ABORT, 'the outcomes of a kept pipeline record are kept')
+    WHERE EXISTS (
+        SELECT 1 FROM pipeline_records r
+        WHERE r.id = OLD.input_id
+          AND (r.level = 4 OR r.orders IS NOT NULL
+               OR EXISTS (SELECT 1 FROM pipeline_records c
+                          WHERE c.input_id = r.id AND c.orders IS NULL
+                            AND c.level = r.level + 1)
+               OR (r.level = 1
+                   AND (r.key NOT GLOB 'outbox:[0-9]*'
+                        OR CAST(substr(r.key, 8) AS INTEGER)
+                           > (SELECT floor FROM outbox_retention)))));
+END;
+
+CREATE TRIGGER pipeline_records_prune_guard BEFORE DELETE ON pipeline_records
+BEGIN
+    SELECT RAISE(ABORT, 'merged records and D4 are kept')
+    WHERE OLD.level = 4 OR OLD.orders IS NOT NULL;
+    SELECT RAISE(ABORT, 'a pipeline record with work on it is kept')
+    WHERE EXISTS (SELECT 1 FROM pipeline_work WHERE input_id = OLD.id);
+    SELECT RAISE(ABORT, 'a pipeline record no processor has read is kept')
+    WHERE NOT EXISTS (SELECT 1 FROM pipeline_processors WHERE input_level = OLD.level);
+    SELECT RAISE(ABORT, 'a pipeline record is kept while a record made from it is')
+    WHERE EXISTS (SELECT 1 FROM pipeline_records c
+                  WHERE c.input_id = OLD.id AND c.orders IS NULL
+                    AND c.level = OLD.level + 1);
+    SELECT RAISE(ABORT, 'a D1 record is kept while its outbox event is')
+    WHERE OLD.level = 1
+      AND (OLD.key NOT GLOB 'outbox:[0-9]*'
+           OR CAST(substr(OLD.key, 8) AS INTEGER) > (SELECT floor FROM outbox_retention));
 END;
 """

@@ -240,7 +240,7 @@ SELECT seq FROM leads WHERE state = 'uncertain' ORDER BY last_reconcile_at, seq
 SELECT seq, source_lead_id, write_id, state, canonical FROM leads
 WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'uncertain'
 
--- prepared records, and failed_safe ones whose backoff is over (next_attempt_at, v10):
+-- prepared records, and failed_safe ones whose backoff is over (next_attempt_at, v12):
 -- a record not due is not even read, so its retry writes nothing before it happens
 -- name: dispatchable_page
 SELECT seq, source_lead_id, write_id, state, canonical FROM leads
@@ -578,5 +578,58 @@ GROUP BY 1, 2 ORDER BY 1, 2
 -- name: pipeline_level_page
 SELECT key, payload, rev FROM pipeline_records
 WHERE level = :level AND key > :after ORDER BY key LIMIT :limit
+
+-- retention (schema v10, runner.pipeline.retention): one prune round, levels top down.
+-- A candidate is finished and older than :before: not merged, not D4, read by some
+-- processor (one is registered for its level), every work row on it done before
+-- :before, in no current processor's backlog, no kept non-merged record made from it,
+-- and at D1 its outbox event at or below the outbox floor
+-- name: pipeline_prune_candidates
+SELECT r.id FROM pipeline_records r
+WHERE r.level = :level AND r.level < 4 AND r.orders IS NULL AND r.updated_ms < :before
+  AND (r.level <> 1 OR (r.key GLOB 'outbox:[0-9]*'
+                        AND CAST(substr(r.key, 8) AS INTEGER) <= :floor))
+  AND NOT EXISTS (SELECT 1 FROM pipeline_work w
+                  WHERE w.input_id = r.id
+                    AND (w.state <> 'done' OR coalesce(w.done_ms, :before) >= :before))
+  AND EXISTS (SELECT 1 FROM pipeline_processors p WHERE p.input_level = r.level)
+  AND NOT EXISTS (SELECT 1 FROM pipeline_processors p
+                  WHERE p.input_level = r.level
+                    AND NOT EXISTS (SELECT 1 FROM pipeline_processors q
+                                    WHERE q.name = p.name AND q.version > p.version)
+                    AND NOT EXISTS (SELECT 1 FROM pipeline_work w
+                                    WHERE w.input_id = r.id AND w.processor = p.name
+                                      AND w.state = 'done'
+                                      AND (w.version = p.version OR p.rebacklog = 0)))
+  AND NOT EXISTS (SELECT 1 FROM pipeline_records c
+                  WHERE c.input_id = r.id AND c.orders IS NULL AND c.level = r.level + 1)
+ORDER BY r.id LIMIT :limit
+
+-- name: prune_pipeline_outcome_history_of
+DELETE FROM pipeline_outcome_history
+WHERE work_id IN (SELECT id FROM pipeline_work
+                  WHERE input_id IN (SELECT value FROM json_each(:ids)))
+
+-- name: prune_pipeline_work_of
+DELETE FROM pipeline_work WHERE input_id IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_pipeline_history_of
+DELETE FROM pipeline_history WHERE record_id IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_pipeline_records
+DELETE FROM pipeline_records WHERE id IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_old_pipeline_history
+DELETE FROM pipeline_history
+WHERE id IN (SELECT id FROM pipeline_history WHERE replaced_ms < :before
+             ORDER BY id LIMIT :limit)
+
+-- name: prune_old_pipeline_outcome_history
+DELETE FROM pipeline_outcome_history
+WHERE id IN (SELECT id FROM pipeline_outcome_history WHERE replaced_ms < :before
+             ORDER BY id LIMIT :limit)
+
+-- name: record_pipeline_prune
+INSERT INTO pipeline_prunes (before_ms, removed, at) VALUES (:before, :removed, :at)
 
 -- ==== (end pipeline) ==================================================================
