@@ -6,6 +6,7 @@
     python -m bench soak --minutes 30 [--backend postgres]   # the endurance run
     python -m bench batch      # the batch-size sweep (bench/batch.py)
     python -m bench ingest     # bulk accept vs the floors and PgQueuer (bench/ingest.py)
+    python -m bench peers      # delivery beside huey and PgQueuer (bench/peers.py)
     python -m bench reconcile  # reconcile at scale, delivery under a quota (bench/reconcile.py)
     python -m bench http-target   # HTTP dispatch vs a bare httpx client (bench/http_target.py)
 
@@ -66,6 +67,7 @@ SUBCOMMANDS = {
     "ingest": "bench.ingest",  # bulk accept against the floors and PgQueuer (issue 21)
     "reconcile": "bench.reconcile",  # reconcile at scale, delivery under a quota (issue 16)
     "http-target": "bench.http_target",  # HTTP dispatch vs a bare httpx client (issue 17)
+    "peers": "bench.peers",    # delivery beside huey and PgQueuer (issue 16)
 }
 
 

@@ -293,7 +293,8 @@ def _render_batch(doc: dict[str, Any]) -> str:
                       f"{doc['rounds']} interleaved rounds.", "", *rows])
 
 
-def _render_ingest(doc: dict[str, Any]) -> str:
+def _render_rates(doc: dict[str, Any], what: str) -> str:
+    """A peer comparison (``ingest``, ``peers``): rates, then the ratios with their goals."""
     rows = ["| contender | rows/s |", "|---|---|"]
     rows += [f"| {_cell(name)} | {_num(rate)} |" for name, rate in doc["rates"].items()]
     rows += ["", "| ratio | value | goal | met |", "|---|---|---|---|"]
@@ -304,7 +305,7 @@ def _render_ingest(doc: dict[str, Any]) -> str:
         rows.append(f"| {_cell(name)} | {shown} | {'' if goal is None else f'>= {goal}'} | "
                     f"{met} |")
     skipped = "".join(f" Skipped: {_cell(note)}." for note in doc.get("skipped", []))
-    return "\n".join([_provenance(doc) + f" {doc['n']:,} events per contender, median of "
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} events {what}, median of "
                       f"{doc['rounds']} interleaved round(s).{skipped}", "", *rows])
 
 
@@ -578,7 +579,8 @@ def _render_http_target(doc: dict[str, Any]) -> str:
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "batch": _render_batch,
-    "ingest": _render_ingest,
+    "ingest": lambda doc: _render_rates(doc, "accepted by each contender"),
+    "peers": lambda doc: _render_rates(doc, "delivered by each contender"),
     "reconcile": _render_reconcile,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,

@@ -35,6 +35,9 @@ def head_json(summary: StoreSummary) -> dict[str, Any]:
         "scope": summary.scope,
         "schema_version": summary.schema_version,
         "counts": {state.value: n for state, n in summary.counts.items()},
+        # the failed_safe records waiting for their backoff, and the earliest next
+        # attempt among them (issue 16)
+        "retries": summary.retries,
     }
 
 
@@ -51,8 +54,7 @@ def tail_json(summary: StoreSummary) -> dict[str, Any]:
     }
     if summary.outbox_pruned is not None:
         outbox["pruned"] = summary.outbox_pruned
-    return {"outbox": outbox, "poll_health": summary.poll_health,
-            "retries": summary.retries}
+    return {"outbox": outbox, "poll_health": summary.poll_health}
 
 
 def lifecycle_json(summary: CandidateSummary) -> dict[str, Any]:

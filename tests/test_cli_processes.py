@@ -45,6 +45,8 @@ ACTS: dict[str, tuple[str, set[str]]] = {
     "resolve": ("resolve --db {db} --write-id w-none --as confirmed --reason smoke --dry-run",
                 {"result", "reason", "write_id"}),
     "config": ("config show -- status --db {db}", {"command", "config", "values"}),
+    "pipeline": ("pipeline prune --db {db} --before 1h --dry-run",
+                 {"before", "dry_run", "rounds", "outbox_floor", "removed"}),
 }
 #: the exit code a smoke line ends with, where it is not 0
 EXIT = {"resolve": 65}
