@@ -121,7 +121,9 @@ def _crash_worker(lane: Lane, point: str, rng: random.Random, first_hit: bool) -
     extra, env = _crash_args(rng, point, first_hit)
     batched = point.startswith("dispatch.batch-")
     if rng.random() < 0.15 and not (batched and first_hit):
-        extra += ["--fault", rng.choice(["outage", "timeout"])]
+        # a record the outage leaves failed_safe is due again at once: the clean restart
+        # must find nothing failed_safe, whatever the backoff would say
+        extra += ["--fault", rng.choice(["outage", "timeout"]), "--retry-base", "0"]
     extra += _batch_args(rng, point)
     crashed = lane.cli(*command, *extra, env=env)
     lane.expect(f"crash run ({command[0]})", crashed, 0, 73)

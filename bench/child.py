@@ -48,7 +48,9 @@ async def warm(db: str, scope: dict[str, str], target: str, counts: list[int]) -
         for faults, n in zip(([Fault.OUTAGE], [], [Fault.TIMEOUT]), counts, strict=True):
             if n:
                 adapter = FaultyAdapter(sheet, frozenset(faults))
-                async with DurableWorker(db, scope, adapter) as worker:
+                # retry_base 0: records not sent are due again at the next cycle (the
+                # states this warm-up leaves do not wait on a backoff)
+                async with DurableWorker(db, scope, adapter, retry_base=0) as worker:
                     await worker.run_cycle(dispatch_limit=n)
     finally:
         sheet.close()

@@ -23,6 +23,15 @@ the lock, mid-send, between commits, after it was done: wherever the moment fall
   in-flight commit and the send): visible, never resent.
 
 Pass: lost = duplicated = unexpected = 0 and every invariant of ``bench/invariants.py``.
+
+``--http-target`` (issue 17) delivers over real loopback HTTP to ``runner target-serve``
+(the run's ``target.db`` is the server's sheet, so the same audit counts its rows): while
+the workers are killed, the server injects faults drawn at random per run among
+apply-then-drop, 429 storms, 500 and 503 before applying, apply-then-answer-late and
+latency; the completing run meets the same server restarted without faults (the storm
+has passed), so every record ends confirmed, or uncertain with no row to read back.
+
+    python bench/kill9.py --runs 10 --leads 500 --seed 17 --http-target --record
 """
 
 from __future__ import annotations
@@ -72,9 +81,50 @@ class Result:
     unexpected: int = 0
     seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
+    faults: list[str] = field(default_factory=list)  # --http-target: the server's faults
 
 
-def _start(db: str, scope: Path, target: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
+#: the server faults a --http-target run draws from (``runner target-serve --fault``)
+HTTP_FAULTS = ("drop-after-apply@0.2", "throttle@0.3", "error-before@0.1",
+               "unavailable@0.1", "slow-after-apply:2@0.05", "latency:0.01@0.3")
+
+
+class TargetServer:
+    """``runner target-serve`` over the run's sheet, as a child process."""
+
+    def __init__(self, sheet: Path, log: Path, faults: list[str], seed: int) -> None:
+        args = [a for f in faults for a in ("--fault", f)]
+        self.err = open(log, "a+", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        start = self.err.tell()
+        self.proc = subprocess.Popen(
+            [sys.executable, RUN, "target-serve", "--listen", "127.0.0.1:0", "--store",
+             str(sheet), "--fault-seed", str(seed), "--grace", "0", *args],
+            stdout=subprocess.DEVNULL, stderr=self.err, text=True)
+        deadline = time.monotonic() + 30
+        while True:
+            self.err.seek(start)
+            text = self.err.read()
+            if "listening on port " in text:
+                port = int(text.split("listening on port ", 1)[1].split()[0])
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"target-serve did not start: {text[-300:]}")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{port}/sheet"
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.err.close()
+
+
+def _start(db: str, scope: Path, target: Path | str, log: Path,
+           *extra: str) -> subprocess.Popen[str]:
     with open(log, "a", encoding="utf-8") as out:
         return subprocess.Popen(
             [sys.executable, RUN, "start", "--db", str(db), "--scope", str(scope),
@@ -87,7 +137,7 @@ BATCH_SIZES = (1, 3, 10, 50)
 
 
 def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
-            pg_dsn: str | None = None) -> Result:
+            pg_dsn: str | None = None, http: bool = False) -> Result:
     rng = random.Random(f"{seed}:{index}")
     result = Result(index, leads)
     started = time.monotonic()
@@ -104,9 +154,14 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
     if ingress.returncode != 0:
         result.violations.append(f"accept failed: {ingress.stderr.strip()[-300:]}")
     accepted = {json.loads(line)["key"] for line in ingress.stdout.splitlines()}
+    server = None
+    if http:
+        faults = rng.sample(HTTP_FAULTS, rng.randint(1, 3))
+        result.faults = faults
+        server = TargetServer(target, work / "server.log", faults, rng.randrange(2**32))
     for _ in range(rng.randint(1, 3)):
-        worker = _start(db, scope, target, log, "--interval", "0.05",
-                        "--batch-size", str(rng.choice(BATCH_SIZES)))
+        worker = _start(db, scope, server.url if server else target, log, "--interval",
+                        "0.05", "--batch-size", str(rng.choice(BATCH_SIZES)))
         delay = rng.uniform(0.0, max_delay)
         try:
             worker.wait(timeout=delay)
@@ -117,10 +172,15 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
             result.kills += 1
         mid = audit(db, target, accepted=accepted, in_flight_ok=True)
         result.violations += [f"after kill {result.kills}: {v}" for v in mid.violations]
-    final = _start(db, scope, target, log, "--cycles", "1", "--interval", "0",
-                   "--batch-size", str(rng.choice(BATCH_SIZES)))
+    if server is not None:  # the storm passes: the same sheet, served without faults
+        server.stop()
+        server = TargetServer(target, work / "server.log", [], 0)
+    final = _start(db, scope, server.url if server else target, log, "--cycles", "1",
+                   "--interval", "0", "--batch-size", str(rng.choice(BATCH_SIZES)))
     if final.wait(timeout=600) != 0:
         result.violations.append(f"the completing run exited {final.returncode}")
+    if server is not None:
+        server.stop()
     end = audit(db, target, accepted=accepted, in_flight_ok=False)
     result.violations += [v for v in end.violations
                           if not v.startswith(("lost", "duplicated", "unexpected"))]
@@ -178,16 +238,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--record", action="store_true",
                         help="also write the figures to bench/results/kill9-<UTC>.json")
+    parser.add_argument("--http-target", action="store_true",
+                        help="deliver over HTTP to runner target-serve, with server faults "
+                             "drawn at random per run")
     add_backend_arguments(parser)
     args = parser.parse_args(argv)
     pg_dsn = args.pg_dsn if args.backend == "postgres" else None
     started = time.monotonic()
-    max_delay = args.max_delay or 0.3 + args.leads * 0.001
+    # over HTTP a start needs longer to send them all (requests, faults, 429 waits)
+    max_delay = args.max_delay or (2.5 + args.leads * 0.01 if args.http_target
+                                   else 0.3 + args.leads * 0.001)
     root = Path(tempfile.mkdtemp(prefix="runner-kill9-"))
-    results = [one_run(i, args.leads, args.seed, max_delay, root, pg_dsn)
-               for i in range(args.runs)]
+    results = [one_run(i, args.leads, args.seed, max_delay, root, pg_dsn,
+                       http=args.http_target) for i in range(args.runs)]
     text, ok = table(results, args.seed)
-    text = text.replace("kill -9:", f"kill -9 ({args.backend}):", 1)
+    over = ", HTTP target with faults" if args.http_target else ""
+    text = text.replace("kill -9:", f"kill -9 ({args.backend}{over}):", 1)
+    if args.http_target:
+        text += "\n" + "\n".join(f"run {r.run} server faults: {', '.join(r.faults)}"
+                                  for r in results)
     print(text, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({
@@ -196,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         totals = {c: sum(getattr(r, c) for r in results) for c in COLUMNS[1:]}
         totals["seconds"] = round(totals["seconds"], 1)
-        record("kill9", {
+        record("kill9-http-target" if args.http_target else "kill9", {
             "backend": args.backend, "runs": len(results), "leads": args.leads,
             "seed": args.seed, "max_delay": max_delay, "ok": ok,
             "seconds": round(time.monotonic() - started, 1), "totals": totals,

@@ -5,6 +5,10 @@
     python -m bench --quick    # small sizes, for CI (which runs it but does not judge it)
     python -m bench soak --minutes 30 [--backend postgres]   # the endurance run
     python -m bench batch      # the batch-size sweep (bench/batch.py)
+    python -m bench ingest     # bulk accept vs the floors and PgQueuer (bench/ingest.py)
+    python -m bench peers      # delivery beside huey and PgQueuer (bench/peers.py)
+    python -m bench reconcile  # reconcile at scale, delivery under a quota (bench/reconcile.py)
+    python -m bench http-target   # HTTP dispatch vs a bare httpx client (bench/http_target.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -56,16 +60,23 @@ def soak_row() -> list[Row]:
                 "soak --minutes 30")]
 
 
+#: ``python -m bench NAME …``: the benchmarks with a command line of their own
+SUBCOMMANDS = {
+    "soak": "bench.soak",      # the endurance run
+    "batch": "bench.batch",    # the batch-size sweep
+    "ingest": "bench.ingest",  # bulk accept against the floors and PgQueuer (issue 21)
+    "reconcile": "bench.reconcile",  # reconcile at scale, delivery under a quota (issue 16)
+    "http-target": "bench.http_target",  # HTTP dispatch vs a bare httpx client (issue 17)
+    "peers": "bench.peers",    # delivery beside huey and PgQueuer (issue 16)
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["soak"]:  # python -m bench soak --minutes 30 (bench/soak.py)
-        from bench import soak
+    if argv[:1] and argv[0] in SUBCOMMANDS:  # e.g. python -m bench soak --minutes 30
+        import importlib
 
-        return soak.main(argv[1:])
-    if argv[:1] == ["batch"]:  # python -m bench batch: the batch-size sweep (bench/batch.py)
-        from bench import batch
-
-        return batch.main(argv[1:])
+        return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI")
     parser.add_argument("--seed", type=int, default=20261130)

@@ -293,6 +293,47 @@ def _render_batch(doc: dict[str, Any]) -> str:
                       f"{doc['rounds']} interleaved rounds.", "", *rows])
 
 
+def _render_rates(doc: dict[str, Any], what: str) -> str:
+    """A peer comparison (``ingest``, ``peers``): rates, then the ratios with their goals."""
+    rows = ["| contender | rows/s |", "|---|---|"]
+    rows += [f"| {_cell(name)} | {_num(rate)} |" for name, rate in doc["rates"].items()]
+    rows += ["", "| ratio | value | goal | met |", "|---|---|---|---|"]
+    for name, value in doc["ratios"].items():
+        goal = doc["goals"].get(name)
+        shown = "n/a" if value is None else f"{value:.2f}"
+        met = "" if goal is None or value is None else ("yes" if value >= goal else "no")
+        rows.append(f"| {_cell(name)} | {shown} | {'' if goal is None else f'>= {goal}'} | "
+                    f"{met} |")
+    skipped = "".join(f" Skipped: {_cell(note)}." for note in doc.get("skipped", []))
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} events {what}, median of "
+                      f"{doc['rounds']} interleaved round(s).{skipped}", "", *rows])
+
+
+def _render_reconcile(doc: dict[str, Any]) -> str:
+    """``python -m bench reconcile``: the cost of a cycle over many uncertain records, one
+    record per request and in chunks, and delivery under a request quota."""
+    cost = ["| backend | reads per request | target requests | cycle time | at "
+            f"{doc['quota_per_min']} requests/min |", "|---|---|---|---|---|"]
+    for c in doc["costs"]:
+        for r in c["rows"]:
+            cost.append(f"| {c['backend']} | {r['batch_size']} | {_num(r['requests'])} | "
+                        f"{r['seconds']:,.2f} s | {r['quota_minutes']:,.1f} min |")
+        cost.append(f"| {c['backend']} | before / after | **{c['request_ratio']:g}x** fewer "
+                    f"| **{c['time_ratio']:g}x** less | |")
+    quota = ["| --batch-size | leads confirmed per minute | target requests per minute | "
+             "answered rate limited | lost | duplicated |", "|---|---|---|---|---|---|"]
+    quota += [f"| {q['batch_size']} | {_num(q['leads_per_min'])} | {q['requests_per_min']:g} | "
+              f"{q['refused_in_window']} | {q['lost']} | {q['duplicated']} |"
+              for q in doc["quota"]]
+    return "\n".join([
+        _provenance(doc) + f" A cycle over {doc['uncertain']:,} uncertain records, median of "
+        f"{doc['rounds']} alternating rounds:", "", *cost, "",
+        f"Delivery at {doc['quota_per_min']} requests a minute (every request a token: a "
+        f"batch write and its readback), one write in ten answered rate limited "
+        f"(retry-after 2 s), over a {doc['window_s']:g} s window; then every record "
+        "delivered and the target's rows counted:", "", *quota])
+
+
 def _render_sweep_explain(doc: dict[str, Any]) -> str:
     rows = ["| step | time | ratio |", "|---|---|---|"]
     rows += [f"| {_cell(s['step'])} | {s['ms']:,.1f} ms | {s['ratio']:.1f} |"
@@ -352,7 +393,16 @@ def _render_kill9(doc: dict[str, Any]) -> str:
         f"kills within {doc['max_delay']:.2f} s of each start, {doc['seconds'] / 60:.1f} min): "
         f"{t['kills']} kills, {t['recovered']} records recovered by readback, "
         f"{t['uncertain']} left uncertain, {t['lost']} lost, {t['duplicated']} duplicated, "
-        f"{t['unexpected']} unexpected.", "", *rows])
+        f"{t['unexpected']} unexpected.", "", *rows, *_kill9_faults(doc)])
+
+
+def _kill9_faults(doc: dict[str, Any]) -> list[str]:
+    """The server faults of each run of an HTTP-target campaign (none otherwise)."""
+    runs = [r for r in doc["results"] if r.get("faults")]
+    if not runs:
+        return []
+    return ["", "The server's faults in each run (`KIND[:SECONDS]@PROBABILITY`):", "",
+            *(f"* run {r['run']}: {', '.join(f'`{f}`' for f in r['faults'])}" for r in runs)]
 
 
 def _render_soak(doc: dict[str, Any]) -> str:
@@ -506,9 +556,36 @@ def _render_spin_deep(doc: dict[str, Any]) -> str:
                          "checks": [c for c in doc["checks"] if c["config"] in deep]})
 
 
+def _render_http_target(doc: dict[str, Any]) -> str:
+    rows = ["| sender | records/s | runner's ratio to it |", "|---|---|---|",
+            f"| runner `once --target http://…` | {_num(doc['runner_per_s'])} | |",
+            f"| bare httpx client, the same appends only | "
+            f"{_num(doc['bare_append_per_s'])} | {doc['ratio']:.2f} |",
+            f"| bare httpx client, appends and the exact readback of each batch | "
+            f"{_num(doc['bare_append_read_per_s'])} | {doc['ratio_with_read']:.2f} |"]
+    quota = []
+    if "quota" in doc:
+        q = doc["quota"]
+        within = abs(q["ratio_to_goal"] - 1) <= 0.05
+        quota = ["", f"With the server's quota at {q['quota_per_min']} appends/minute and "
+                 f"batches of {q['batch_size']} (`start --target-rate "
+                 f"{2 * q['quota_per_min']}/min`: two requests per batch), over "
+                 f"{q['span_s']} s: **{_num(q['per_min'])} records/minute** against quota &times; "
+                 f"batch size = {_num(q['goal_per_min'])} (ratio {q['ratio_to_goal']:.3f}; "
+                 f"within 5%: {'yes' if within else '**no**'}), {_num(q['rows'])} rows on "
+                 f"the server, **{q['duplicates']} duplicated**, "
+                 f"{q['rate_limited_lines']} rate-limited answers."]
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} records per run at batch size "
+                      f"{doc['batch_size']}, median of {doc['rounds']} interleaved rounds.",
+                      "", *rows, *quota])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "bench": _render_bench,
     "batch": _render_batch,
+    "ingest": lambda doc: _render_rates(doc, "accepted by each contender"),
+    "peers": lambda doc: _render_rates(doc, "delivered by each contender"),
+    "reconcile": _render_reconcile,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,
@@ -516,6 +593,8 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "soak": _render_soak,
     "http": _render_bench,
     "kill9-http": _render_kill9_http,
+    "http-target": _render_http_target,
+    "kill9-http-target": _render_kill9,
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,
 }

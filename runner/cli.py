@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "runner.commands.pipeline",
     "runner.commands.outbox",
     "runner.commands.serve",
+    "runner.commands.target_serve",
     "runner.commands.operators",
     "runner.commands.config",
 )
@@ -49,6 +50,7 @@ COMMANDS = {
     "pipeline": "runner.commands.pipeline",
     "outbox": "runner.commands.outbox",
     "serve": "runner.commands.serve",
+    "target-serve": "runner.commands.target_serve",
     "uncertain": "runner.commands.operators",
     "resolve": "runner.commands.operators",
     "config": "runner.commands.config",

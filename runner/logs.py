@@ -36,7 +36,7 @@ SAFE_FIELDS = (
     "action", "key", "write_id", "state", "from_state", "to_state", "attempts",
     "reconcile_attempts", "count", "cycle", "pid", "signal", "reason", "kind", "seconds",
     "task", "stage", "worker", "candidate", "error", "version", "store", "scope", "target",
-    "interval", "heartbeat", "workers", "cycles", "moved", "keys",
+    "interval", "heartbeat", "workers", "cycles", "moved", "keys", "next_attempt_at",
 )
 
 LEVELS = ("debug", "info", "warning", "error")

@@ -149,7 +149,8 @@ async def _lead_loop(
         with shutdown.work():
             await deliver.run_cycle(worker.store, worker.port, worker.clock, guard=shutdown,
                                     dispatch_limit=settings.dispatch_limit, summary=summary,
-                                    batch_size=settings.batch_size or worker.batch_size)
+                                    batch_size=settings.batch_size or worker.batch_size,
+                                    backoff=worker.backoff)
             if not shutdown.stopping:
                 polled = await poll.poll_pass(worker.store, worker.port, worker.clock,
                                               settings.poll_limit, target.TRUSTED)

@@ -35,13 +35,18 @@ def head_json(summary: StoreSummary) -> dict[str, Any]:
         "scope": summary.scope,
         "schema_version": summary.schema_version,
         "counts": {state.value: n for state, n in summary.counts.items()},
+        # the failed_safe records waiting for their backoff, and the earliest next
+        # attempt among them (issue 16)
+        "retries": summary.retries,
     }
 
 
 def tail_json(summary: StoreSummary) -> dict[str, Any]:
-    """``outbox.count`` and ``outbox.by_kind`` count the events in the store; after a prune
-    (``runner outbox prune``) ``outbox.pruned`` counts those removed (kept + pruned = every
-    event ever written) and ``last_seq`` stays the last sequence handed out."""
+    """``retries``: the failed_safe records waiting for their backoff and the earliest
+    next attempt among them (issue 16).  ``outbox.count`` and ``outbox.by_kind`` count the
+    events in the store; after a prune (``runner outbox prune``) ``outbox.pruned`` counts
+    those removed (kept + pruned = every event ever written) and ``last_seq`` stays the
+    last sequence handed out."""
     outbox: dict[str, Any] = {
         "count": summary.outbox_count,
         "last_seq": summary.outbox_last_seq,

@@ -82,14 +82,15 @@ class DispatchSteps(Protocol):
     (:class:`runner.io.engine.delivery.LoopDispatchSteps`)."""
 
     def finish_and_mark(
-        self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime
+        self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime,
+        retry_at: datetime | None = None,
     ) -> int | None:
         """As :meth:`Store.finish_and_mark` (``done`` None: only the mark)."""
         ...
 
     def finish_and_mark_batch(
         self, done: Sequence[tuple[WriteId, LeadState]], next_ids: Sequence[WriteId],
-        now: datetime,
+        now: datetime, retry_at: datetime | None = None,
     ) -> dict[WriteId, int]:
         """As :meth:`Store.finish_and_mark_batch`."""
         ...
@@ -156,12 +157,26 @@ class DeliveryStore(TargetPins, Protocol):
         """Uncertain records after ``after_seq``, in accept order."""
         ...
 
-    async def dispatchable_page(self, after_seq: int, limit: int) -> list[LeadWork]:
-        """Prepared and failed_safe records after ``after_seq``, in accept order."""
+    async def reconcile_order(self) -> list[int]:
+        """The seqs of every uncertain record, oldest reconcile attempt first (never read
+        back first), then in accept order: a reconcile pass's keys (issue 16)."""
         ...
 
-    async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
-        """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain)."""
+    async def uncertain_by_seqs(self, seqs: Sequence[int]) -> list[LeadWork]:
+        """The records among ``seqs`` that are still uncertain, in the order given."""
+        ...
+
+    async def dispatchable_page(
+        self, after_seq: int, limit: int, now: datetime | None = None
+    ) -> list[LeadWork]:
+        """Prepared records, and failed_safe ones due at ``now`` (their backoff is over;
+        None: every failed_safe record), after ``after_seq``, in accept order."""
+        ...
+
+    async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime,
+                          retry_at: datetime | None = None) -> None:
+        """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain); a failed_safe
+        outcome is due again at ``retry_at`` (None: at once)."""
         ...
 
     async def finish_and_mark(
@@ -169,10 +184,11 @@ class DeliveryStore(TargetPins, Protocol):
         done: tuple[WriteId, LeadState] | None,
         next_write_id: WriteId,
         now: datetime,
+        retry_at: datetime | None = None,
     ) -> int | None:
-        """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``),
-        and ``next_write_id`` -> in_flight with ``attempts + 1`` (``done`` None: only
-        the mark).
+        """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``,
+        with its ``retry_at``), and ``next_write_id`` -> in_flight with ``attempts + 1``
+        (``done`` None: only the mark).
         Returns the next record's attempts, or None if it is no longer dispatchable (the
         outcome is committed either way).  On PostgreSQL with the worker lock held, a lock
         whose session has ended raises ``LockLost`` and changes nothing."""
@@ -183,9 +199,11 @@ class DeliveryStore(TargetPins, Protocol):
         done: Sequence[tuple[WriteId, LeadState]],
         next_ids: Sequence[WriteId],
         now: datetime,
+        retry_at: datetime | None = None,
     ) -> dict[WriteId, int]:
         """A batch's step (issue 16), in one transaction: every ``done`` record's in_flight
-        -> its outcome, and every ``next_ids`` record -> in_flight with ``attempts + 1``.
+        -> its outcome (failed_safe ones due again at ``retry_at``), and every ``next_ids``
+        record -> in_flight with ``attempts + 1``.
         Returns the new attempts of the next records that were marked (one missing is no
         longer dispatchable); raises IllegalTransition if a ``done`` record was not in
         flight.  With ``next_ids``, fenced on PostgreSQL as ``finish_and_mark``."""
@@ -209,6 +227,14 @@ class DeliveryStore(TargetPins, Protocol):
         ``target_ambiguous`` outbox event.  ``outcome``, the readback's verdict (``none``,
         ``ambiguous``, ``mismatch``, ``read_failed``), is kept as the record's last
         reconcile verdict (``runner uncertain`` says it in words)."""
+        ...
+
+    async def record_reconcile_batch(
+        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime
+    ) -> set[WriteId]:
+        """:meth:`record_reconcile` for many records in one transaction: per record
+        ``(write_id, outcome, note)``, ``outcome`` None for a matching readback
+        (confirmed).  Returns the write_ids that were still uncertain."""
         ...
 
 

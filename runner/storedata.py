@@ -80,6 +80,10 @@ class StoreSummary:
     outbox_pruned: dict[str, Any] | None = None
     #: the most recent operator decisions, newest first (``runner resolve``)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    #: failed_safe records waiting for their backoff (issue 16): {"waiting": n,
+    #: "next_attempt_at": the earliest of their next attempts, or None}
+    retries: dict[str, Any] = field(
+        default_factory=lambda: {"waiting": 0, "next_attempt_at": None})
 
 
 def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:

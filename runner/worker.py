@@ -9,6 +9,8 @@ plug in their own target adapter::
         print(await worker.status())
 
 ``port`` is a :class:`runner.CRMRecordPort` around an adapter (a bare adapter is wrapped).
+``target_rate`` (requests per second) paces every request to the target; ``retry_base``
+and ``retry_cap`` (seconds) set the backoff of records that were not sent (issue 16).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from runner.errors import BadInputError, RuleViolation, UsageError
 from runner.io.stores import open_store
 from runner.leads import intake
 from runner.leads.models import LeadEvent, Scope, validate_scope
+from runner.leads.pacing import DEFAULT_RETRY_BASE, DEFAULT_RETRY_CAP, Backoff, Pacer
 from runner.leads.port import CRMAdapter, CRMRecordPort, Missing
 from runner.leads.states import LeadState
 from runner.limits import BATCH_SIZE_RANGE, DEFAULT_BATCH_SIZE
@@ -47,14 +50,22 @@ class DurableWorker:
         *,
         clock: Clock | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        target_rate: float | None = None,
+        retry_base: float = DEFAULT_RETRY_BASE,
+        retry_cap: float = DEFAULT_RETRY_CAP,
     ) -> None:
         check_batch_size(batch_size)
         self.db = db
         #: records per target request in a dispatch (``run_cycle``, the loop)
         self.batch_size = batch_size
+        #: when a record that was not sent (failed_safe) is tried again (issue 16)
+        self.backoff = Backoff(retry_base, retry_cap)
         self.scope = scope if isinstance(scope, Scope) else validate_scope(dict(scope))
         if port is not None and not isinstance(port, CRMRecordPort):
             port = CRMRecordPort(port)
+        if port is not None and target_rate is not None:
+            # every request to the target (writes, readbacks, status reads) is paced
+            port.pacer = Pacer(target_rate, default_hold=max(retry_base, 0.1))
         self._port = port
         self.clock: Clock = clock or SystemClock()
         self._store: Store | None = None
@@ -157,7 +168,8 @@ class DurableWorker:
             summary.recovered += recovered
             await deliver.run_cycle(self.store, self.port, self.clock, guard=guard,
                                     dispatch_limit=dispatch_limit, summary=summary,
-                                    batch_size=batch_size or self.batch_size)
+                                    batch_size=batch_size or self.batch_size,
+                                    backoff=self.backoff)
         return summary
 
     async def poll(self, limit: int = poll.DEFAULT_POLL_LIMIT) -> poll.PollSummary:

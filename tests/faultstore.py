@@ -5,7 +5,7 @@ added later count too).  The Nth raises ``StoreError`` — the store's own error
 real I/O error would be translated — either *before* the operation reaches the store
 (nothing happened) or *after* it did (it committed, but the caller sees an error: the
 worst case, an acknowledgement lost on the way back).  With ``only``, only the operation
-of that name counts.
+of that name counts; ``fail_at=0`` never fails (it only counts, in ``names``).
 """
 
 from __future__ import annotations
@@ -45,11 +45,13 @@ class CountdownStore:
         self.inner, self.fail_at, self.when, self.only = inner, fail_at, when, only
         self.count = 0
         self.failed: str | None = None
+        self.names: list[str] = []  # every operation counted, in order
 
     def _tick(self, name: str) -> bool:
         if self.only is not None and name != self.only:
             return False  # counting only one operation
         self.count += 1
+        self.names.append(name)
         if self.count == self.fail_at:
             self.failed = name
             return True

@@ -145,7 +145,8 @@ async def test_before_write_makes_the_whole_batch_sendable_again(
     db_location: str, workdir: Path
 ) -> None:
     adapter = BatchingAdapter(workdir / "t.db", "before_write")
-    async with DurableWorker(db_location, SCOPE, adapter, batch_size=4) as worker:
+    async with DurableWorker(db_location, SCOPE, adapter, batch_size=4,
+                             retry_base=0) as worker:  # due again at once
         await _accepted(worker, 4)
         first = await worker.run_cycle()
         assert (first.failed_safe, first.uncertain) == (4, 0)

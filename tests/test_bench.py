@@ -47,3 +47,13 @@ def test_the_sweep_explanation_times_every_step_over_the_same_rows() -> None:
     assert lines[0].startswith("5,000 candidates") and len(lines) == 6
     assert lines[1].startswith("plain UPDATEs") and lines[1].endswith("1.0 x")
     assert lines[-1].startswith("runner's schema") and all(" ms " in line for line in lines[1:])
+
+
+def test_the_http_target_benchmark_runs_both_senders_against_one_server() -> None:
+    """``python -m bench http-target --quick`` keeps working: runner's once and the bare
+    httpx client post to the same reference server (figures are printed, not judged)."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "http-target", "--quick"],
+                          capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "runner once --target http://" in proc.stdout
+    assert "bare httpx, append only" in proc.stdout and "ratio" in proc.stdout

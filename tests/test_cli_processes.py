@@ -40,18 +40,19 @@ ACTS: dict[str, tuple[str, set[str]]] = {
     "job": ("job backfill --db {db}", {"job", "from_seq", "to_seq", "read"}),
     "backlog": ("backlog --db {db}", {"pending_total", "stages"}),
     "outbox": ("outbox watermark --db {db}", {"floor", "export_watermark", "pruned"}),
-    "pipeline": ("pipeline prune --db {db} --before 1d --dry-run",
-                 {"before", "dry_run", "rounds", "outbox_floor", "removed"}),
     "uncertain": ("uncertain --db {db}", {"records", "count"}),
     # the arranged record is confirmed: resolve refuses it (65) and says so on stdout
     "resolve": ("resolve --db {db} --write-id w-none --as confirmed --reason smoke --dry-run",
                 {"result", "reason", "write_id"}),
     "config": ("config show -- status --db {db}", {"command", "config", "values"}),
+    "pipeline": ("pipeline prune --db {db} --before 1h --dry-run",
+                 {"before", "dry_run", "rounds", "outbox_floor", "removed"}),
 }
 #: the exit code a smoke line ends with, where it is not 0
 EXIT = {"resolve": 65}
 #: commands that serve until signalled, each run as a real process where it is tested
-SERVERS = {"serve": "tests/test_http_processes.py"}
+SERVERS = {"serve": "tests/test_http_processes.py",
+           "target-serve": "tests/test_http_target.py"}
 
 
 def test_the_table_covers_every_command() -> None:

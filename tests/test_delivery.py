@@ -73,7 +73,8 @@ async def test_failed_safe_is_sent_again_uncertain_never(db_location: str, targe
         return plan[by_write[write_id]].pop(0)
 
     adapter = ScriptedAdapter(target, script)
-    async with DurableWorker(db_location, SCOPE, adapter) as worker:
+    # retry_base 0: due again at once (the backoff is tests/test_pacing.py's)
+    async with DurableWorker(db_location, SCOPE, adapter, retry_base=0) as worker:
         for i in (1, 2):
             result = await worker.accept(event(i))
             by_write[result.write_id] = f"lead-{i}"  # type: ignore[index]

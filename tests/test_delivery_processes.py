@@ -105,7 +105,7 @@ def test_a_crash_before_the_write_stays_uncertain_and_is_never_sent(env: CliStor
 
 def test_an_outage_is_failed_safe_then_sent(env: CliStore) -> None:
     env.accept(1)
-    out = env.once("--fault", "outage")
+    out = env.once("--fault", "outage", "--retry-base", "0")  # due again at once
     assert out.returncode == 0 and last_json(out.stdout)["failed_safe"] == 1
     assert env.records()["lead-1"]["state"] == "failed_safe"
     assert sheet_rows(env.target) == []

@@ -40,7 +40,8 @@ async def cycle(db: str, target: Path, *faults: Fault) -> None:
     try:
         if faults:
             adapter = FaultyAdapter(adapter, frozenset(faults))
-        async with DurableWorker(db, SCOPE, adapter) as worker:
+        # retry_base 0: a record not sent is due again at the next cycle
+        async with DurableWorker(db, SCOPE, adapter, retry_base=0) as worker:
             await worker.run_cycle()
     finally:
         (adapter.inner if faults else adapter).close()

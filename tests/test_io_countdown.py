@@ -52,46 +52,67 @@ async def accept_and_deliver(worker: DurableWorker, acked: set[str]) -> None:
     await worker.poll(10)
 
 
+#: the countdown's failure points are dealt to this many tests per backend and mode, so
+#: that parallel test processes share one countdown (n = shard+1, shard+1+SHARDS, …)
+SHARDS = 3
+#: operations every whole run makes (so every one of them is failed somewhere)
+MUST_FAIL = {"accept_many", "finish_and_mark", "finish_send", "record_reconcile_batch",
+             "recover_in_flight", "record_poll_pass"}
+
+
+async def _run(tmp_path: Path, new_location: Callable[[str], str], name: str, n: int,
+               when: Literal["before", "after"]) -> tuple[CountdownStore, str, Path,
+                                                          Target, set[str]]:
+    """A whole accept-and-cycle over a store that fails its ``n``th operation (0: none)."""
+    work = tmp_path / name
+    work.mkdir(mode=0o700)
+    db, target = new_location(f"q{name.replace('-', '')}"), Target(work / "t.db")
+    acked: set[str] = set()
+    worker = DurableWorker(db, SCOPE, target, retry_base=0)  # lead-2 due at once
+    store = CountdownStore(await open_store(db, scope=worker.scope), n, when)
+    attach(worker, store)  # the library, over a failing store
+    try:
+        async with worker:
+            await accept_and_deliver(worker, acked)
+    except InjectedIOError:
+        assert n and store.failed is not None
+    else:
+        assert store.failed is None
+    return store, db, work, target, acked
+
+
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("shard", range(SHARDS))
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_countdown_until_a_whole_run_completes(
-    tmp_path: Path, new_location: Callable[[str], str], when: Literal["before", "after"]
+    tmp_path: Path, new_location: Callable[[str], str], when: Literal["before", "after"],
+    shard: int,
 ) -> None:
-    """On every backend: the wrapper is around the Store port, whatever its adapter."""
-    failures: list[str] = []
-    for n in range(1, 200):
-        work = tmp_path / f"{when}-{n}"
-        work.mkdir(mode=0o700)
-        db, target = new_location(f"q{n}"), Target(work / "t.db")
-        acked: set[str] = set()
-        worker = DurableWorker(db, SCOPE, target)
-        store = CountdownStore(await open_store(db, scope=worker.scope), n, when)
-        attach(worker, store)  # the library, over a failing store
-        try:
-            async with worker:
-                await accept_and_deliver(worker, acked)
-        except InjectedIOError:
-            assert store.failed is not None
-            failures.append(store.failed)
-        else:
-            assert store.failed is None
-            break
+    """On every backend: the wrapper is around the Store port, whatever its adapter.
+
+    A run over a store that never fails lists the operations a whole run makes, in order;
+    then the run is repeated with its 1st, 2nd, … operation failing (this shard's share of
+    them), and each repetition fails exactly at that operation."""
+    clean, db, work, _, _ = await _run(tmp_path, new_location, "whole", 0, when)
+    ops = clean.names
+    whole = audit(db, work / "t.db", accepted=KEYS, in_flight_ok=False)
+    assert whole.ok and whole.states["confirmed"] == len(KEYS), whole.violations
+    assert len(ops) > 20 and set(ops) >= MUST_FAIL, ops
+    for n in range(shard + 1, len(ops) + 1, SHARDS):
+        store, db, work, target, acked = await _run(tmp_path, new_location, f"{when}-{n}",
+                                                    n, when)
+        assert store.failed == ops[n - 1], (n, store.failed, ops[n - 1])
         after_failure = audit(db, work / "t.db", accepted=acked, in_flight_ok=True)
         assert after_failure.ok, (n, store.failed, after_failure.violations)
-        async with DurableWorker(db, SCOPE, target) as clean:  # the clean rerun
-            await accept_and_deliver(clean, acked)
-            await clean.run_cycle()
+        async with DurableWorker(db, SCOPE, target, retry_base=0) as clean_rerun:
+            await accept_and_deliver(clean_rerun, acked)
+            await clean_rerun.run_cycle()
         final = audit(db, work / "t.db", accepted=KEYS, in_flight_ok=False)
         assert final.ok, (n, store.failed, final.violations)
         assert all(sent == 1 for sent in target.left.values()), (n, target.left)
         assert not final.states["prepared"] and not final.states["failed_safe"]
         # uncertain only where nothing was ever written: the readback found no row
         assert final.states["uncertain"] == sum(1 for k in KEYS if not final.rows[k])
-    else:
-        pytest.fail("the run never completed")
-    assert n > 20 and len(failures) == n - 1
-    assert {"accept_many", "finish_and_mark", "finish_send", "record_reconcile",
-            "recover_in_flight", "record_poll_pass"} <= set(failures), failures
 
 
 async def test_an_outcome_committed_with_the_next_mark_is_not_recorded_again(

@@ -22,12 +22,13 @@ SAMPLE = {"sqlite": (2, 150), "postgres": (1, 150)}
 RUNS = {"sqlite": (4, 300), "postgres": (2, 300)}
 
 
-def kill9(tmp_path: Path, backend: str, runs: int, leads: int, timeout: float) -> None:
+def kill9(tmp_path: Path, backend: str, runs: int, leads: int, timeout: float,
+          *extra: str) -> None:
     report = tmp_path / "kill9.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "kill9.py"), "--runs", str(runs), "--leads",
          str(leads), "--seed", "9", "--json", str(report), "--backend", backend,
-         "--pg-dsn", pg.dsn()],
+         "--pg-dsn", pg.dsn(), *extra],
         capture_output=True, text=True, timeout=timeout, check=False)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -51,3 +52,12 @@ def test_a_sample_of_kill9_runs_loses_and_duplicates_nothing(
 @pytest.mark.timeout(600)
 def test_kill9_accounting_loses_and_duplicates_nothing(tmp_path: Path, backend: str) -> None:
     kill9(tmp_path, backend, *RUNS[backend], timeout=580)
+
+
+@pytest.mark.timeout(300)
+def test_kill9_over_http_with_server_faults_loses_and_duplicates_nothing(
+        tmp_path: Path) -> None:
+    """Issue 17: the same accounting delivering to ``runner target-serve`` over loopback
+    HTTP, with server faults (apply-then-drop, 429 storms, 5xx, late answers) drawn at
+    random per run; the server's sheet is audited row by row."""
+    kill9(tmp_path, "sqlite", 2, 150, 280, "--http-target")

@@ -86,7 +86,7 @@ async def test_a_store_error_in_the_lead_loop_is_raised_as_itself(
             raise StoreFull("the store is full (test)")
 
         # the cycle's first read (the uncertain records to reconcile) finds the store full
-        worker.store.uncertain_page = full  # type: ignore[method-assign]
+        worker.store.reconcile_order = full  # type: ignore[method-assign]
         with anyio.fail_after(30), pytest.raises(StoreFull):
             await run(worker, LoopSettings(cycles=1, interval=0), lambda _s: None)
 

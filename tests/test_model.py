@@ -93,7 +93,7 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     async def _live(self) -> DurableWorker:
         if self.worker is None:
-            worker = DurableWorker(str(self.db), SCOPE, self.target)
+            worker = DurableWorker(str(self.db), SCOPE, self.target, retry_base=0)
             self.store = KillableStore(await open_store(str(self.db), scope=worker.scope))
             attach(worker, self.store)
             self.worker = worker

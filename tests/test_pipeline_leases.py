@@ -179,8 +179,10 @@ async def test_a_blocking_processor_slower_than_its_lease_drains_the_backlog(
     store: Store, scope: Scope
 ) -> None:
     await _inputs(store, scope, 6)
-    settings = WorkerSettings(lease_seconds=0.3, batch_size=2)
-    slow = _SlowBlocking(0.25)  # 0.5 s per batch of 2: past the 0.3 s lease
+    # a lease long enough that a loaded machine still renews it in time (it is renewed
+    # every third of it), a batch well past it
+    settings = WorkerSettings(lease_seconds=1.0, batch_size=2)
+    slow = _SlowBlocking(0.75)  # 1.5 s per batch of 2: past the 1 s lease
     rounds = []
     with anyio.fail_after(30):
         while True:

@@ -38,8 +38,9 @@ def test_status_shape(db: str, scope_file: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 1
     doc = json.loads(proc.stdout)
-    assert list(doc) == ["scope", "schema_version", "counts", "records", "outbox", "poll_health",
-                         "lifecycle", "pipeline", "funnel", "decisions"]
+    assert list(doc) == ["scope", "schema_version", "counts", "retries", "records", "outbox",
+                         "poll_health", "lifecycle", "pipeline", "funnel", "decisions"]
+    assert doc["retries"] == {"waiting": 0, "next_attempt_at": None}
     assert doc["scope"] == SCOPE
     assert doc["schema_version"] >= 1
     assert doc["counts"] == {s.value: (3 if s is LeadState.PREPARED else 0) for s in LeadState}

@@ -223,6 +223,37 @@ async def test_pg_outbox_sequence_has_no_gap_after_a_rollback(
     assert pg.fetch(f"SELECT last_seq FROM {s}.outbox_counter") == [(2,)]
 
 
+async def test_pg_a_multi_row_statement_numbers_its_events_in_lead_order(
+    store: Store, scope: Scope, pg_schema: str
+) -> None:
+    """One statement-level trigger numbers a whole statement's events (v11): still
+    gap-free, in lead order, and for one lead in the order the row triggers had; the
+    kept counts per state follow; the counter still refuses a direct jump."""
+    import asyncpg
+
+    s = pg_schema
+    pg.execute(  # three leads in one INSERT
+        f"INSERT INTO {s}.leads (tenant_id, source_lead_id, canonical, write_id, "
+        f"accepted_at, updated_at) SELECT 't', 'k' || i, '{{}}', 'w-k' || i, 'a', 'a' "
+        f"FROM generate_series(1, 3) AS i")
+    pg.execute(  # one UPDATE: two leads change state, one of them its snapshot as well
+        f"UPDATE {s}.leads SET state = 'in_flight', attempts = 1, "
+        f"snapshot = CASE WHEN source_lead_id = 'k1' THEN '{{\"status\": \"new\"}}' END "
+        f"WHERE source_lead_id IN ('k1', 'k3')")
+    pg.execute(f"UPDATE {s}.leads SET last_polled_at = 'b'")  # no event: no number taken
+    rows = pg.fetch(f"SELECT seq, kind, subject FROM {s}.outbox ORDER BY seq")
+    assert rows == [(1, "accepted", "k1"), (2, "accepted", "k2"), (3, "accepted", "k3"),
+                    (4, "state_changed", "k1"), (5, "status_changed", "k1"),
+                    (6, "state_changed", "k3")]
+    assert pg.fetch(f"SELECT last_seq FROM {s}.outbox_counter") == [(6,)]
+    counts = dict(pg.fetch(f"SELECT state, n FROM {s}.lead_counts WHERE n > 0"))
+    assert counts == {"prepared": 1, "in_flight": 2}
+    with pytest.raises(asyncpg.PostgresError, match="moves by one"):
+        pg.execute(f"UPDATE {s}.outbox_counter SET last_seq = last_seq + 3")
+    with pytest.raises(asyncpg.PostgresError, match="moves by one"):
+        pg.execute(f"UPDATE {s}.outbox_counter SET last_seq = last_seq - 1")
+
+
 async def test_pg_every_allowed_transition_and_only_those(
     store: Store, scope: Scope, pg_schema: str
 ) -> None:

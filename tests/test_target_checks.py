@@ -254,7 +254,7 @@ def test_a_target_locked_before_the_write_is_not_sent(workdir: Path, db_location
     target = SyntheticTarget(str(path), busy_timeout=0.2)
 
     async def cycle(i: int | None = None) -> dict[str, int]:
-        async with DurableWorker(db_location, SCOPE, target) as worker:
+        async with DurableWorker(db_location, SCOPE, target, retry_base=0) as worker:
             if i is not None:
                 await worker.accept(event(i))
             return (await worker.run_cycle()).to_json()

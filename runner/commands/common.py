@@ -6,12 +6,15 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from runner import logs
 from runner.clock import Clock, FixedClock, SystemClock, parse_now
 from runner.errors import UsageError
 from runner.storedata import is_postgres
+
+if TYPE_CHECKING:
+    from runner.leads.port import CRMAdapter
 
 
 class Parser(argparse.ArgumentParser):
@@ -68,7 +71,19 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
                             help="scope.json: tenant_id, account_id, page_id, form_id")
     if target != "none":
         parent.add_argument("--target", required=target == "required",
-                            help="the synthetic target (a SQLite file)")
+                            help="the target: an http(s):// URL (the HTTP target protocol), "
+                                 "else the synthetic target's SQLite file; with "
+                                 "--target-adapter, whatever that adapter takes")
+        parent.add_argument("--target-adapter", metavar="MODULE:FACTORY",
+                            help="import MODULE and call FACTORY(target) for the adapter "
+                                 "(your own code, trusted: importing it runs it)")
+        parent.add_argument("--target-token-file", metavar="PATH",
+                            help="the HTTP target's bearer token; else "
+                                 "$RUNNER_TARGET_TOKEN (never logged)")
+        parent.add_argument("--target-timeout", type=number(float, 0.1, 3600), default=10.0,
+                            metavar="S",
+                            help="seconds the HTTP target may take to answer a request "
+                                 "(read timeout; default 10)")
     parent.add_argument("--now", help="the current time, ISO-8601 with a timezone")
     parent.add_argument("--config", metavar="FILE",
                         help="read options from a TOML file (keys are the long flags "
@@ -102,9 +117,26 @@ def clock_from(args: argparse.Namespace) -> Clock:
 def check_paths(args: argparse.Namespace) -> None:
     """``--db`` and ``--target`` naming one file would let the target corrupt the store."""
     target = getattr(args, "target", None)
-    if not target or is_postgres(args.db):
+    if (not target or is_postgres(args.db) or getattr(args, "target_adapter", None)
+            or target.startswith(("http://", "https://"))):
         return
     from runner.io.fsguard import same_file
 
     if same_file(args.db, target):
         raise UsageError("--db and --target name the same file; use two separate files")
+
+
+def open_target(args: argparse.Namespace) -> CRMAdapter | None:
+    """The adapter of a command line's ``--target`` and its companions (None: none).
+    Close it with ``runner.io.targets.close_adapter``."""
+    from runner.io.targets.compose import TargetOptions, open_adapter, read_token
+
+    target: str | None = getattr(args, "target", None)
+    url = target is not None and target.startswith(("http://", "https://"))
+    token_file = getattr(args, "target_token_file", None)
+    if token_file is not None and not url:
+        raise UsageError("--target-token-file is for an http(s):// --target")
+    token = read_token(token_file) if url else None
+    return open_adapter(TargetOptions(
+        target, adapter=getattr(args, "target_adapter", None), token=token,
+        read_timeout=getattr(args, "target_timeout", 10.0)))

@@ -16,6 +16,7 @@ from runner.commands.common import (
     common_options,
     emit,
     number,
+    open_target,
     plugin_option,
 )
 from runner.commands.leads import load_scope, read_record
@@ -58,6 +59,44 @@ def _batch_option(parser: argparse.ArgumentParser) -> None:
                              "one request sends it, one readback proves each row, one "
                              "commit records every outcome; a target that cannot batch is "
                              "sent one record per request")
+
+
+def _rate(text: str) -> float:
+    """An argparse ``type``: ``60/min``, ``2/s`` … as requests per second."""
+    from runner.leads.pacing import parse_rate
+
+    try:
+        return parse_rate(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _duration(text: str) -> float:
+    """An argparse ``type``: ``1s``, ``500ms``, ``5min`` … as seconds."""
+    from runner.leads.pacing import parse_duration
+
+    try:
+        return parse_duration(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
+def _rate_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target-rate", type=_rate, metavar="N/min",
+                        help="the target's request quota, such as 60/min or 2/s: every "
+                             "request (a batch write, a readback, a status read) waits its "
+                             "turn, evenly spaced, so the quota is never exceeded (default: "
+                             "no quota; a rate-limited answer is honoured either way)")
+
+
+def _retry_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--retry-base", type=_duration, default=1.0, metavar="T",
+                        help="backoff of a record that was not sent (failed_safe): the "
+                             "first retry after T/2 to T, doubling each attempt (default "
+                             "1s; 0: at once)")
+    parser.add_argument("--retry-cap", type=_duration, default=300.0, metavar="T",
+                        help="the longest backoff between two attempts of a record "
+                             "(default 5min)")
 
 
 def _alert_options(parser: argparse.ArgumentParser) -> None:
@@ -116,8 +155,10 @@ def alert_settings(args: argparse.Namespace) -> AlertSettings | None:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     faults = ("inject a fault into every target call of the run: outage, timeout, "
-              "crash-after-write, crash-before-write, read-error; or crash-at:POINT[@N] to "
-              "exit 73 at the N-th pass through a named crash point")
+              "crash-after-write, crash-before-write, read-error, rate-limited (the target "
+              "keeps a quota of 2 writes a second and answers rate limited over it), slow "
+              "(every call takes 0.2 s more); or crash-at:POINT[@N] to exit 73 at the "
+              "N-th pass through a named crash point")
     once = sub.add_parser(
         "once", parents=[common_options(scope="required", target="required")],
         help="run one cycle (recover, reconcile, dispatch, poll pass); print its summary")
@@ -126,6 +167,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     once.add_argument("--dispatch-limit", type=number(int, 1, MAX_COUNT), metavar="N",
                       help="send at most N records per cycle (default: all)")
     _batch_option(once)
+    _rate_option(once)
+    _retry_options(once)
     _alert_options(once)
     once.set_defaults(handler=cmd_once)
 
@@ -137,6 +180,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     start.add_argument("--dispatch-limit", type=number(int, 1, MAX_COUNT), metavar="N",
                        help="send at most N records per cycle (default: all)")
     _batch_option(start)
+    _rate_option(start)
+    _retry_options(start)
     start.add_argument("--interval", type=number(float, 0, MAX_SECONDS), default=5.0,
                        metavar="S",
                        help="seconds to wait between cycles (default 5)")
@@ -183,9 +228,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     poll_status = sub.add_parser(
         "poll-status", parents=[common_options(scope="required", target="required")],
         help="run one bounded status poll pass over confirmed records")
-    _fault_option(poll_status, "read-error: make every status read fail; or "
-                               "crash-at:POINT[@N] (a poll.* crash point)")
+    _fault_option(poll_status, "read-error: make every status read fail; slow: every read "
+                               "takes 0.2 s more; or crash-at:POINT[@N] (a poll.* crash "
+                               "point)")
     _poll_option(poll_status)
+    _rate_option(poll_status)
     poll_status.set_defaults(handler=cmd_poll_status)
 
 
@@ -194,7 +241,8 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     """The store, the synthetic target (with any faults) and the worker, from options."""
     from runner import crashpoints
     from runner.io.faults import FaultyAdapter, crash_point_option, parse_faults
-    from runner.io.synthetic_target import SyntheticTarget
+    from runner.io.targets.compose import close_adapter
+    from runner.leads.pacing import DEFAULT_RETRY_BASE, DEFAULT_RETRY_CAP
     from runner.leads.port import CRMAdapter, CRMRecordPort
     from runner.worker import DurableWorker
 
@@ -204,18 +252,27 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     crash_at = crash_point_option(getattr(args, "fault", None))
     armed: AbstractContextManager[None] = (
         crashpoints.armed(*crashpoints.parse_option(crash_at)) if crash_at else nullcontext())
-    target = SyntheticTarget(args.target) if args.target else None
+    target = open_target(args)
     adapter: CRMAdapter | None = target
     if target is not None and faults:
         adapter = FaultyAdapter(target, faults)
+    retry = getattr(args, "retry_base", None), getattr(args, "retry_cap", None)
+    if retry[0] is not None and retry[1] is not None and retry[0] > retry[1]:
+        raise UsageError(f"--retry-base ({retry[0]:g}s) must not exceed --retry-cap "
+                         f"({retry[1]:g}s)")
     try:
         port = CRMRecordPort(adapter) if adapter is not None else None
         with armed:  # --fault crash-at: wins over $RUNNER_CRASH_AT
-            async with DurableWorker(args.db, scope, port, clock=clock_from(args)) as worker:
+            async with DurableWorker(
+                    args.db, scope, port, clock=clock_from(args),
+                    target_rate=getattr(args, "target_rate", None),
+                    retry_base=retry[0] if retry[0] is not None else DEFAULT_RETRY_BASE,
+                    retry_cap=retry[1] if retry[1] is not None else DEFAULT_RETRY_CAP,
+            ) as worker:
                 yield worker
     finally:
         if target is not None:
-            target.close()
+            close_adapter(target)
 
 
 def _emit_cycle(summary: CycleSummary) -> None:
@@ -382,10 +439,10 @@ def check_poll_faults(values: Sequence[str] | None) -> None:
     crash point it never passes) would be accepted and do nothing, so it is refused."""
     from runner.io.faults import CRASH_AT, Fault, crash_point_option, parse_faults
 
-    idle = sorted(parse_faults(values) - {Fault.READ_ERROR})
+    idle = sorted(parse_faults(values) - {Fault.READ_ERROR, Fault.SLOW})
     if idle:
         raise UsageError(f"poll-status: --fault {', '.join(idle)} does not apply to polling "
-                         "(poll-status takes read-error or crash-at:poll.*)")
+                         "(poll-status takes read-error, slow or crash-at:poll.*)")
     crash_at = crash_point_option(values)
     if crash_at and not crash_at.removeprefix(CRASH_AT).startswith("poll."):
         raise UsageError(f"poll-status: --fault {crash_at} is never reached by a poll pass "

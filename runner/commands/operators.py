@@ -118,18 +118,20 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     try:
         port = None
         if args.target is not None:
-            from runner.io.synthetic_target import SyntheticTarget
+            from runner.commands.common import open_target
             from runner.leads.port import CRMRecordPort
 
-            target = SyntheticTarget(args.target)
-            port = CRMRecordPort(target)
+            target = open_target(args)
+            port = CRMRecordPort(target) if target is not None else None
         # a writing command: a store at an older schema is upgraded (as 'once' does)
         async with await open_store(args.db, scope=scope) as store, store.worker_lock():
             result = await resolve(store, port, clock, args.write_id, args.resolve_as,
                                    args.reason, dry_run=args.dry_run)
     finally:
         if target is not None:
-            target.close()
+            from runner.io.targets.compose import close_adapter
+
+            close_adapter(target)
     emit(result.to_json())
     return 0
 

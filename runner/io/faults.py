@@ -5,6 +5,12 @@ tested under exactly the same faults.  A fault applies to every call of its kind
 run; a crash fault fires at the first.  Crashes are ``os._exit(73)``: no cleanup, no
 ``finally``, no flushing — as close to a power cut as a process can get.
 
+``rate-limited`` makes the target keep a quota of its own, as a real API does: at most
+``RATE_LIMIT_REQUESTS`` write requests per ``RATE_LIMIT_WINDOW`` seconds; a request over it
+is answered ``RateLimited`` with the seconds left in the window as ``retry_after``, and
+nothing is applied (a ``BeforeWriteError``: the records are sent again later).  ``slow``
+makes every call take ``SLOW_SECONDS`` more (a target far away, or loaded).
+
 ``hang`` and ``hang-readback`` are for tests: the call blocks (really blocks, in its
 thread) until a file named ``release`` appears in ``$RUNNER_HANG_DIR``; on entering it
 creates ``entered-<call>`` there, so a test can wait for the moment it is stuck.  ``hang``
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -27,12 +34,18 @@ from runner.leads.port import (
     BeforeWriteError,
     CRMAdapter,
     Observation,
+    RateLimited,
     TargetReadError,
     TargetRow,
 )
 
 HANG_DIR_ENV = "RUNNER_HANG_DIR"
 CRASH_EXIT = 73
+#: ``--fault rate-limited``: the target's own quota of write requests per window
+RATE_LIMIT_REQUESTS = 2
+RATE_LIMIT_WINDOW = 1.0
+#: ``--fault slow``: what every call takes more
+SLOW_SECONDS = 0.2
 
 
 class Fault(enum.StrEnum):
@@ -43,6 +56,8 @@ class Fault(enum.StrEnum):
     READ_ERROR = "read-error"
     HANG = "hang"
     HANG_READBACK = "hang-readback"
+    RATE_LIMITED = "rate-limited"
+    SLOW = "slow"
 
 
 TEST_ONLY = frozenset({Fault.HANG, Fault.HANG_READBACK})
@@ -96,6 +111,13 @@ class FaultyAdapter:
     def __init__(self, inner: CRMAdapter, faults: frozenset[Fault]) -> None:
         self.inner = inner
         self.faults = faults
+        self._quota = _Quota(RATE_LIMIT_REQUESTS, RATE_LIMIT_WINDOW)
+        #: write requests answered RateLimited (tests and the bench read it)
+        self.rate_limited = 0
+
+    def _slow(self) -> None:
+        if Fault.SLOW in self.faults:
+            time.sleep(SLOW_SECONDS)
 
     def write(self, record: CRMRecord, write_id: str) -> None:
         self._before_request()
@@ -103,10 +125,16 @@ class FaultyAdapter:
         self._after_request()
 
     def _before_request(self) -> None:
+        self._slow()
         if Fault.CRASH_BEFORE_WRITE in self.faults:
             crash("before the target write")
         if Fault.OUTAGE in self.faults:
             raise BeforeWriteError("simulated outage: the request was not sent")
+        if Fault.RATE_LIMITED in self.faults:
+            wait = self._quota.take()
+            if wait is not None:
+                self.rate_limited += 1
+                raise RateLimited("simulated quota: too many requests", retry_after=wait)
 
     def _after_request(self) -> None:
         if Fault.HANG in self.faults:
@@ -128,6 +156,7 @@ class FaultyAdapter:
         self._after_request()
 
     def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
+        self._slow()
         if Fault.HANG_READBACK in self.faults:
             hang("read_back")
         many = getattr(self.inner, "read_back_many", None)
@@ -146,11 +175,34 @@ class FaultyAdapter:
             inner(create)
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
+        self._slow()
         if Fault.HANG_READBACK in self.faults:
             hang("read_back")
         return self.inner.read_back(write_id)
 
     def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]:
+        self._slow()
         if Fault.READ_ERROR in self.faults:
             raise TargetReadError("simulated status read error")
         return self.inner.observe_status(write_ids)
+
+
+class _Quota:
+    """A fixed-window request quota, as a target keeps one: ``take`` answers None (the
+    request may go) or the seconds left in the window (it may not)."""
+
+    def __init__(self, requests: int, window: float) -> None:
+        self.requests, self.window = requests, window
+        self._lock = threading.Lock()
+        self._start = float("-inf")
+        self._used = 0
+
+    def take(self) -> float | None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._start >= self.window:
+                self._start, self._used = now, 0
+            if self._used < self.requests:
+                self._used += 1
+                return None
+            return self._start + self.window - now

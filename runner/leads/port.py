@@ -54,6 +54,7 @@ import anyio
 from runner import crashpoints
 from runner.errors import RunnerError
 from runner.leads.models import CRMRecord, LeadEvent
+from runner.leads.pacing import Pacer
 
 
 class TargetError(RunnerError):
@@ -80,6 +81,14 @@ class RateLimited(BeforeWriteError):
                  retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RejectedWrite(BeforeWriteError):
+    """The target refused the request as invalid and applied nothing (HTTP 400/422): the
+    records become failed-safe and are retried on the backoff schedule (the target or
+    its configuration may be fixed meanwhile); the message carries the target's reason."""
+
+    reason = "rejected"
 
 
 class AmbiguousWriteError(TargetError):
@@ -204,13 +213,30 @@ class SendResult:
 
     verdict: Literal["not_sent", "failed", "unproven"] | Readback
     error: str | None = None
+    #: ``not_sent`` by a ``RateLimited`` answer that said when to come back (seconds)
+    retry_after: float | None = None
 
 
 class CRMRecordPort:
-    """The bridge between validated events and an adapter (L9, L14)."""
+    """The bridge between validated events and an adapter (L9, L14).
 
-    def __init__(self, adapter: CRMAdapter) -> None:
+    Every request to the target goes through the port's :class:`Pacer` (issue 16): a
+    batch write, a readback, a status read each take a token of the target's quota, and
+    a ``RateLimited`` answer to any of them holds every later request until its
+    ``retry_after`` has passed.  A send's write token is taken by the caller
+    (``runner.tasks.deliver`` waits for it *before* the in-flight mark, so a wait never
+    holds a record in flight); the send's readback takes its own."""
+
+    def __init__(self, adapter: CRMAdapter, pacer: Pacer | None = None) -> None:
         self.adapter = adapter
+        self.pacer = pacer if pacer is not None else Pacer()
+
+    def _rate_limited(self, exc: BaseException) -> float | None:
+        """Let the pacer honour a RateLimited answer; its retry_after (None: not one)."""
+        if isinstance(exc, RateLimited):
+            self.pacer.hold(exc.retry_after)
+            return exc.retry_after
+        return None
 
     @staticmethod
     def map(event: LeadEvent) -> CRMRecord:
@@ -243,9 +269,37 @@ class CRMRecordPort:
                                        abandon_on_cancel=True)
 
     async def read_back(self, write_id: str) -> list[TargetRow]:
-        rows = await anyio.to_thread.run_sync(self.adapter.read_back, write_id,
-                                              abandon_on_cancel=True)
+        await self.pacer.take()
+        try:
+            rows = await anyio.to_thread.run_sync(self.adapter.read_back, write_id,
+                                                  abandon_on_cancel=True)
+        except RateLimited as exc:
+            self._rate_limited(exc)
+            raise
         return list(rows)
+
+    @property
+    def reads_many(self) -> bool:
+        """Whether the adapter reads many write_ids in one request (``read_back_many``)."""
+        return callable(getattr(self.adapter, "read_back_many", None))
+
+    async def read_back_many(self, write_ids: Sequence[str]) -> dict[str, list[TargetRow]]:
+        """One request (one token) for the rows of many write_ids, grouped by write_id
+        (an adapter without ``read_back_many``: one paced ``read_back`` each)."""
+        if not self.reads_many:
+            return {w: await self.read_back(w) for w in write_ids}
+        await self.pacer.take()
+        try:
+            rows = await anyio.to_thread.run_sync(self._read_back_many, list(write_ids),
+                                                  abandon_on_cancel=True)
+        except RateLimited as exc:
+            self._rate_limited(exc)
+            raise
+        by_id: dict[str, list[TargetRow]] = {w: [] for w in write_ids}
+        for row in rows:
+            if row.write_id in by_id:
+                by_id[row.write_id].append(row)
+        return by_id
 
     def send_blocking(self, event: LeadEvent, write_id: str) -> SendResult:
         """Write, then read back (the L5 protocol), blocking: called from the dispatch
@@ -258,14 +312,16 @@ class CRMRecordPort:
         record = self.map(event)
         try:
             self.adapter.write(record, write_id)
-        except BeforeWriteError:
-            return SendResult("not_sent")
+        except BeforeWriteError as exc:
+            return SendResult("not_sent", retry_after=self._rate_limited(exc))
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return SendResult("failed", type(exc).__name__)
         crashpoints.hit("dispatch.after-write")
         try:
+            self.pacer.take_blocking()
             rows = self.adapter.read_back(write_id)
         except Exception as exc:  # noqa: BLE001 - written, but not proven
+            self._rate_limited(exc)
             return SendResult("unproven", type(exc).__name__)
         return SendResult(classify_readback(rows, record, write_id))
 
@@ -290,14 +346,16 @@ class CRMRecordPort:
         write_batch = self.adapter.write_batch  # type: ignore[attr-defined]
         try:
             write_batch(records)
-        except BeforeWriteError:
-            return [SendResult("not_sent")] * n
+        except BeforeWriteError as exc:
+            return [SendResult("not_sent", retry_after=self._rate_limited(exc))] * n
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return [SendResult("failed", type(exc).__name__)] * n
         crashpoints.hit("dispatch.after-write")
         try:
+            self.pacer.take_blocking()
             rows = self._read_back_many([write_id for _, write_id in records])
         except Exception as exc:  # noqa: BLE001 - written, but not proven
+            self._rate_limited(exc)
             return [SendResult("unproven", type(exc).__name__)] * n
         by_id: dict[str, list[TargetRow]] = {}
         for row in rows:
@@ -316,6 +374,11 @@ class CRMRecordPort:
         return classify_readback(await self.read_back(write_id), self.map(event), write_id)
 
     async def observe_status(self, write_ids: Sequence[str]) -> dict[str, Observation]:
-        found = await anyio.to_thread.run_sync(self.adapter.observe_status, list(write_ids),
-                                               abandon_on_cancel=True)
+        await self.pacer.take()
+        try:
+            found = await anyio.to_thread.run_sync(self.adapter.observe_status,
+                                                   list(write_ids), abandon_on_cancel=True)
+        except RateLimited as exc:
+            self._rate_limited(exc)
+            raise
         return {w: found.get(w, ReadFailure("no answer for this record")) for w in write_ids}

@@ -1,5 +1,6 @@
-"""The write/reconcile cycle (SPEC L5-L8): recover, reconcile every uncertain record, then
-dispatch prepared and failed-safe records in accept order.
+"""The write/reconcile cycle (SPEC L5-L8, E1, E2): recover, reconcile every uncertain
+record, then dispatch prepared records and failed-safe ones whose backoff is over, in
+accept order, every target request paced by the target's quota.
 
 The recovery policy of this work is *mark uncertain and reconcile only* (K5): an external
 write whose outcome is unknown is never retried.  The whole file is built around three
@@ -24,14 +25,17 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Protocol
 
 import anyio
 
 from runner import crashpoints
-from runner.clock import Clock
+from runner.clock import Clock, to_text
 from runner.errors import StoreError
-from runner.leads.port import CRMRecordPort, readback_in_words
+from runner.ids import WriteId
+from runner.leads.pacing import Backoff
+from runner.leads.port import CRMRecordPort, SendResult, classify_readback, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
 from runner.store import DeliveryStore, DispatchSteps, LeadWork
 from runner.tasks import target
@@ -107,43 +111,79 @@ async def recover(store: DeliveryStore, clock: Clock) -> int:
 
 
 async def reconcile_all(
-    store: DeliveryStore, port: CRMRecordPort, clock: Clock, guard: SendGuard | None = None
+    store: DeliveryStore, port: CRMRecordPort, clock: Clock, guard: SendGuard | None = None,
+    batch_size: int = 1,
 ) -> int:
-    """Read back every uncertain record once; returns how many were confirmed."""
-    confirmed, after = 0, 0
-    while page := await store.uncertain_page(after, PAGE):
-        for work in page:
-            if guard is not None and guard.stopping:
-                return confirmed
-            after = work.seq
-            confirmed += await reconcile_one(store, port, clock, work)
+    """Read back every uncertain record once; returns how many were confirmed.
+
+    The pass reads its keys first (``reconcile_order``: oldest reconcile attempt first,
+    then accept order), then reads the records back ``batch_size`` at a time, each chunk
+    in one target request (``read_back_many``; paced by the target's quota like every
+    request) whose verdicts are recorded in one commit.  An adapter that cannot read many
+    write_ids at once is read one record per request.  A stop ends the pass between
+    chunks; the next pass starts with the records this one did not reach (they are now
+    the oldest).  Every call of the pass has returned when it returns: dispatch starts
+    only then (L8)."""
+    order = await store.reconcile_order()
+    size = batch_size if port.reads_many else 1  # else one request per record, as before
+    confirmed = 0
+    for start in range(0, len(order), size):
+        if guard is not None and guard.stopping:
+            return confirmed
+        chunk = await store.uncertain_by_seqs(order[start : start + size])
+        if chunk:
+            confirmed += await reconcile_chunk(store, port, clock, chunk)
     return confirmed
 
 
-async def reconcile_one(
-    store: DeliveryStore, port: CRMRecordPort, clock: Clock, work: LeadWork
+async def reconcile_chunk(
+    store: DeliveryStore, port: CRMRecordPort, clock: Clock, chunk: list[LeadWork]
 ) -> int:
+    """Read a chunk of uncertain records back in one request and record every verdict in
+    one commit; returns how many were confirmed.  Each record's verdict is what
+    ``classify_readback`` makes of its own rows; a failed read leaves every record of the
+    chunk uncertain (``read_failed``), as it proves nothing either way (L6)."""
+    verdicts: list[str]
     try:
-        verdict: str = await port.confirm(work.event, work.write_id)
+        rows = await port.read_back_many([work.write_id for work in chunk])
+        verdicts = [classify_readback(rows.get(work.write_id, []), port.map(work.event),
+                                      work.write_id) for work in chunk]
     except Exception as exc:  # noqa: BLE001 - a failed read proves nothing either way (L6)
-        verdict = "read_failed"
-        log.warning("readback failed: %s", type(exc).__name__,
-                    extra={"action": "lead.reconcile_failed", "key": work.source_lead_id})
-    ok = verdict == "match"
-    note = verdict if verdict in ("ambiguous", "mismatch") else None
+        verdicts = ["read_failed"] * len(chunk)
+        log.warning("readback failed: %s", type(exc).__name__, extra={
+            "action": "lead.reconcile_failed", "key": chunk[0].source_lead_id,
+            "count": len(chunk)})
     crashpoints.hit("reconcile.before-commit")
-    await store.record_reconcile(work.write_id, confirmed=ok, note=note, now=clock.now(),
-                                 outcome=None if ok else verdict)
+    await store.record_reconcile_batch(
+        [(work.write_id, None if verdict == "match" else verdict,
+          verdict if verdict in ("ambiguous", "mismatch") else None)
+         for work, verdict in zip(chunk, verdicts, strict=True)], clock.now())
     crashpoints.hit("reconcile.after-commit")
-    if ok:
-        log.info("confirmed by readback", extra={
-            "action": "lead.reconciled", "key": work.source_lead_id,
+    confirmed = [work.source_lead_id for work, v in zip(chunk, verdicts, strict=True)
+                 if v == "match"]
+    if len(chunk) == 1:  # the lines of a single readback
+        if confirmed:
+            log.info("confirmed by readback", extra={
+                "action": "lead.reconciled", "key": chunk[0].source_lead_id,
+                "from_state": "uncertain", "to_state": "confirmed"})
+        else:
+            log.warning("still uncertain: %s", readback_in_words(verdicts[0]), extra={
+                "action": "lead.still_uncertain", "key": chunk[0].source_lead_id,
+                "reason": verdicts[0]})
+        return len(confirmed)
+    if confirmed:
+        log.info("%d confirmed by readback", len(confirmed), extra={
+            "action": "batch.reconciled", "count": len(confirmed), "keys": confirmed,
             "from_state": "uncertain", "to_state": "confirmed"})
-    else:
-        log.warning("still uncertain: %s", readback_in_words(verdict),
-                    extra={"action": "lead.still_uncertain", "key": work.source_lead_id,
-                           "reason": verdict})
-    return int(ok)
+    by_verdict: dict[str, list[str]] = {}
+    for work, verdict in zip(chunk, verdicts, strict=True):
+        if verdict != "match":
+            by_verdict.setdefault(verdict, []).append(work.source_lead_id)
+    for verdict, keys in by_verdict.items():  # a line per verdict, not per record
+        log.warning("%d still uncertain: %s", len(keys), readback_in_words(verdict), extra={
+            "action": "batch.still_uncertain", "count": len(keys), "keys": keys,
+            "reason": verdict})
+    return len(confirmed)
 
 
 async def dispatch_all(
@@ -155,8 +195,10 @@ async def dispatch_all(
     guard: SendGuard,
     limit: int | None = None,
     batch_size: int = 1,
+    backoff: Backoff | None = None,
 ) -> None:
-    """Send prepared and failed-safe records in accept order, each at most once here.
+    """Send prepared records, and failed-safe ones whose backoff is over, in accept order,
+    each at most once here.
 
     Two commits per record instead of three: a send's outcome is committed in the same
     statement as the next record's in-flight mark.  Every guarantee holds: the in-flight
@@ -169,6 +211,12 @@ async def dispatch_all(
     whole batch in flight, one request sends it, one readback reads every row of it, and
     one commit records every outcome together with the next batch's mark.
 
+    Pacing (issue 16): each request waits for a token of the port's :class:`Pacer`
+    *before* its records are marked in flight (so a wait never holds a record in flight,
+    and a stop during it sends nothing); outcomes still pending are committed first when
+    there is a wait.  A failed-safe outcome is due again at a time ``backoff`` draws (the
+    target's ``retry_after`` when it said one), stored with the record.
+
     Each page of records runs in one worker thread (:class:`_PageRun`): commit, send,
     commit, send, with no hop to the event loop in between, which would cost more than
     the commit.  The page runs in the guard's shield: a graceful stop lets the send in
@@ -176,10 +224,12 @@ async def dispatch_all(
     nothing more) and the records in flight are recorded uncertain.  The last outcomes are
     committed on the way out, also after a stop (then within a short shielded window).
     """
+    backoff = backoff or Backoff()
     batch = batch_size if port.batches else 1
     size = max(PAGE, batch)
     after = 0
-    page = await store.dispatchable_page(after, size) if not guard.stopping else []
+    page = (await store.dispatchable_page(after, size, clock.now())
+            if not guard.stopping else [])
     if not page:
         return
     pending: list[Pending] = []  # outcomes not yet committed
@@ -187,9 +237,11 @@ async def dispatch_all(
         async with store.dispatch_steps() as steps:
             while page:
                 run: _PageRun | _BatchRun = (
-                    _PageRun(steps, port, clock, summary, guard, limit, page, pending)
+                    _PageRun(steps, port, clock, summary, guard, limit, page, pending,
+                             backoff)
                     if batch == 1 else
-                    _BatchRun(steps, port, clock, summary, guard, limit, page, pending, batch))
+                    _BatchRun(steps, port, clock, summary, guard, limit, page, pending,
+                              backoff, batch))
                 try:
                     with guard.shield():
                         await anyio.to_thread.run_sync(run.run, abandon_on_cancel=True)
@@ -198,7 +250,7 @@ async def dispatch_all(
                 if run.ended or guard.stopping:
                     return
                 after = page[-1].seq
-                page = await store.dispatchable_page(after, size)
+                page = await store.dispatchable_page(after, size, clock.now())
     finally:
         if pending:
             # recorded whatever happened; after a cancellation only within a short window
@@ -213,10 +265,11 @@ async def _record_last(
     crashpoints.hit("dispatch.before-confirm")
     try:
         if len(pending) == 1:
-            await store.finish_send(pending[0][0].write_id, pending[0][1], clock.now())
+            await store.finish_send(pending[0][0].write_id, pending[0][1], clock.now(),
+                                    _retry_at(pending))
         else:
-            await store.finish_and_mark_batch(
-                [(work.write_id, outcome) for work, outcome in pending], [], clock.now())
+            await store.finish_and_mark_batch(_done(pending), [], clock.now(),
+                                              _retry_at(pending))
     except IllegalTransition:
         # no longer in flight: the combined statement that marks the next record committed
         # these outcomes, then failed or was cancelled before it answered; the error on its
@@ -226,28 +279,39 @@ async def _record_last(
     _counted(summary, pending)
 
 
-#: a sent record and its outcome, not committed yet (uncertain until the send says more)
-Pending = tuple[LeadWork, LeadState]
+#: a sent record, its outcome (uncertain until the send says more) and, failed safe, when
+#: it is due again; not committed yet
+Pending = tuple[LeadWork, LeadState, datetime | None]
+
+
+def _done(pending: list[Pending]) -> list[tuple[WriteId, LeadState]]:
+    return [(work.write_id, outcome) for work, outcome, _ in pending]
+
+
+def _retry_at(pending: list[Pending]) -> datetime | None:
+    """The step's retry time: its outcomes are one request's, so they share one."""
+    return next((at for _, _, at in pending if at is not None), None)
 
 
 class _PageRun:
     """One page of dispatch in one worker thread.
 
-    For each record: commit the previous record's outcome together with this record's
-    in-flight mark (``DispatchSteps.finish_and_mark``), then send.  Before each record the
-    thread checks the guard (a graceful stop, the dispatch limit).  The event loop only
-    waits; when the wait ends — the page is done, it failed, or a hard stop abandoned the
-    thread — :meth:`take_over` stops the thread before its next step and hands the loop
-    the outcome not yet committed.  An abandoned thread never starts another commit or
-    send; one already under way finishes, and every transition is guarded by the state it
+    For each record: wait for the request's token (:meth:`_paced`), commit the previous
+    record's outcome together with this record's in-flight mark
+    (``DispatchSteps.finish_and_mark``), then send.  Before each record the thread checks
+    the guard (a graceful stop, the dispatch limit).  The event loop only waits; when the
+    wait ends — the page is done, it failed, or a hard stop abandoned the thread —
+    :meth:`take_over` stops the thread before its next step and hands the loop the
+    outcome not yet committed.  An abandoned thread never starts another commit or send;
+    one already under way finishes, and every transition is guarded by the state it
     expects, so a late one changes nothing the loop has recorded.
     """
 
     def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
                  summary: CycleSummary, guard: SendGuard, limit: int | None,
-                 page: list[LeadWork], pending: list[Pending]) -> None:
+                 page: list[LeadWork], pending: list[Pending], backoff: Backoff) -> None:
         self.steps, self.port, self.clock, self.summary = steps, port, clock, summary
-        self.guard, self.limit, self.page = guard, limit, page
+        self.guard, self.limit, self.page, self.backoff = guard, limit, page, backoff
         self.ended = False  # stopped or at the limit: no next page
         self._pending: list[Pending] = pending
         self._abandoned = False
@@ -279,23 +343,70 @@ class _PageRun:
             crashpoints.hit("dispatch.after-confirm")
         _counted(self.summary, pending)
 
+    def _stop(self) -> bool:
+        with self._lock:
+            return self._abandoned or self.guard.stopping
+
+    def _paced(self) -> list[Pending] | None:
+        """Wait for the next request's token (the target's quota, a RateLimited hold).
+        With a wait, the outcomes still pending are committed first (they do not wait on
+        the quota).  Returns what is still pending; None if the run must end here (a stop
+        during the wait, or abandoned): then nothing more is sent."""
+        with self._lock:
+            if self._abandoned:
+                return None
+            pending = self._pending
+        pacer = self.port.pacer
+        wait = pacer.reserve()
+        if wait <= 0:
+            return pending
+        if pending:
+            crashpoints.hit("dispatch.before-confirm")
+            self.steps.finish_and_mark_batch(_done(pending), [], self.clock.now(),
+                                             _retry_at(pending))
+            alive = self._go_on([])
+            self._committed(pending)
+            if not alive:
+                return None
+            pending = []
+        if not pacer.pause(wait, self._stop):
+            self.ended = True
+            return None
+        return pending
+
+    def _outcome(self, result: SendResult, work: LeadWork,
+                 attempts: int) -> tuple[LeadState, datetime | None]:
+        """A send's outcome (L5): only a typed "not sent" is failed-safe (due again after
+        its backoff), only an exact readback is confirmed; everything else — another
+        error, a failed or inexact readback — is uncertain."""
+        if result.verdict == "not_sent":
+            return LeadState.FAILED_SAFE, self.backoff.next_attempt(
+                attempts, self.clock.now(), result.retry_after)
+        if result.verdict == "match":
+            return LeadState.CONFIRMED, None
+        if result.error is not None:
+            log.warning("send %s: %s", result.verdict, result.error, extra={
+                "action": "lead.send_failed", "key": work.source_lead_id,
+                "error": result.error})
+        return LeadState.UNCERTAIN, None
+
     def run(self) -> None:
         summary = self.summary
         for work in self.page:
             if not self._room():
                 self.ended = True
                 return
-            with self._lock:
-                if self._abandoned:
-                    return
-                pending = self._pending
+            pending = self._paced()
+            if pending is None:
+                return
             done = (pending[0][0].write_id, pending[0][1]) if pending else None
             if done is not None:
                 crashpoints.hit("dispatch.before-confirm")
-            attempts = self.steps.finish_and_mark(done, work.write_id, self.clock.now())
+            attempts = self.steps.finish_and_mark(done, work.write_id, self.clock.now(),
+                                                  _retry_at(pending))
             # the previous outcome is in; this record is in flight (uncertain until its
             # send says more)
-            self._go_on([(work, LeadState.UNCERTAIN)] if attempts is not None else [])
+            self._go_on([(work, LeadState.UNCERTAIN, None)] if attempts is not None else [])
             self._committed(pending)
             if attempts is None:
                 continue  # no longer dispatchable: someone else's state
@@ -306,8 +417,10 @@ class _PageRun:
                     return
             log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
                                        "attempts": attempts})
-            outcome = _attempt(self.port, work)
-            if not self._go_on([(work, outcome)]):
+            # blocking, in this thread: a hard stop abandons it (the loop records uncertain)
+            outcome, retry = self._outcome(
+                self.port.send_blocking(work.event, work.write_id), work, attempts)
+            if not self._go_on([(work, outcome, retry)]):
                 return  # abandoned while out: the loop has recorded it uncertain
 
 
@@ -315,18 +428,20 @@ class _BatchRun(_PageRun):
     """One page of batched dispatch in one worker thread (issue 16): as :class:`_PageRun`,
     a batch of up to ``batch`` records at a time.
 
-    For each batch: commit the previous batch's outcomes together with this batch's
-    in-flight mark (``DispatchSteps.finish_and_mark_batch``: on PostgreSQL fenced by the
-    worker lock), then one request (``CRMRecordPort.send_batch_blocking``: the batch write
-    and the exact readback of every row of it).  Each record's outcome is its own: a
-    ``BeforeWriteError`` makes the whole batch failed-safe, any other failure or an
-    incomplete answer leaves every record not proven by its readback uncertain.
+    For each batch: wait for the request's token, commit the previous batch's outcomes
+    together with this batch's in-flight mark (``DispatchSteps.finish_and_mark_batch``:
+    on PostgreSQL fenced by the worker lock), then one request
+    (``CRMRecordPort.send_batch_blocking``: the batch write and the exact readback of
+    every row of it).  Each record's outcome is its own: a ``BeforeWriteError`` makes the
+    whole batch failed-safe, any other failure or an incomplete answer leaves every record
+    not proven by its readback uncertain.
     """
 
     def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
                  summary: CycleSummary, guard: SendGuard, limit: int | None,
-                 page: list[LeadWork], pending: list[Pending], batch: int) -> None:
-        super().__init__(steps, port, clock, summary, guard, limit, page, pending)
+                 page: list[LeadWork], pending: list[Pending], backoff: Backoff,
+                 batch: int) -> None:
+        super().__init__(steps, port, clock, summary, guard, limit, page, pending, backoff)
         self.batch = batch
 
     def run(self) -> None:
@@ -339,19 +454,18 @@ class _BatchRun(_PageRun):
                 return
             chunk = self.page[start : start + min(self.batch, room)]
             start += len(chunk)
-            with self._lock:
-                if self._abandoned:
-                    return
-                pending = self._pending
+            pending = self._paced()
+            if pending is None:
+                return
             if pending:
                 crashpoints.hit("dispatch.before-confirm")
             marked = self.steps.finish_and_mark_batch(
-                [(work.write_id, outcome) for work, outcome in pending],
-                [work.write_id for work in chunk], self.clock.now())
+                _done(pending), [work.write_id for work in chunk], self.clock.now(),
+                _retry_at(pending))
             sent = [work for work in chunk if work.write_id in marked]
             # the previous outcomes are in; this batch is in flight (uncertain until the
             # request says more)
-            self._go_on([(work, LeadState.UNCERTAIN) for work in sent])
+            self._go_on([(work, LeadState.UNCERTAIN, None) for work in sent])
             self._committed(pending)
             if not sent:
                 continue  # none dispatchable any more: someone else's state
@@ -368,8 +482,13 @@ class _BatchRun(_PageRun):
                 log.info("sending a batch of %d", len(sent), extra={
                     "action": "batch.in_flight", "count": len(sent),
                     "keys": [work.source_lead_id for work in sent]})
-            outcomes = _attempt_batch(self.port, sent)
-            if not self._go_on(list(zip(sent, outcomes, strict=True))):
+            results = self.port.send_batch_blocking([(work.event, work.write_id)
+                                                     for work in sent])
+            attempts = max(marked[work.write_id] for work in sent)
+            outcomes: list[Pending] = [
+                (work, *self._outcome(result, work, attempts))
+                for work, result in zip(sent, results, strict=True)]
+            if not self._go_on(outcomes):
                 return  # abandoned while out: the loop has recorded them uncertain
 
 
@@ -382,65 +501,36 @@ def _count(summary: CycleSummary, outcome: LeadState) -> None:
         summary.uncertain += 1
 
 
-def _attempt(port: CRMRecordPort, work: LeadWork) -> LeadState:
-    """One send (L5): only a typed "not sent" is failed-safe, only an exact readback is
-    confirmed; everything else — another error, a failed or inexact readback — is
-    uncertain.  Blocking, in the page's thread: a hard stop abandons it (the loop records
-    uncertain)."""
-    result = port.send_blocking(work.event, work.write_id)
-    if result.verdict == "not_sent":
-        return LeadState.FAILED_SAFE
-    if result.verdict == "match":
-        return LeadState.CONFIRMED
-    if result.error is not None:
-        log.warning("send %s: %s", result.verdict, result.error, extra={
-            "action": "lead.send_failed", "key": work.source_lead_id, "error": result.error})
-    return LeadState.UNCERTAIN
-
-
-def _attempt_batch(port: CRMRecordPort, batch: list[LeadWork]) -> list[LeadState]:
-    """One batch request: each record's outcome by the rules of :func:`_attempt`."""
-    results = port.send_batch_blocking([(work.event, work.write_id) for work in batch])
-    outcomes = []
-    for work, result in zip(batch, results, strict=True):
-        if result.verdict == "not_sent":
-            outcomes.append(LeadState.FAILED_SAFE)
-        elif result.verdict == "match":
-            outcomes.append(LeadState.CONFIRMED)
-        else:
-            if result.error is not None:
-                log.warning("send %s: %s", result.verdict, result.error, extra={
-                    "action": "lead.send_failed", "key": work.source_lead_id,
-                    "error": result.error})
-            outcomes.append(LeadState.UNCERTAIN)
-    return outcomes
-
-
 def _counted(summary: CycleSummary, pending: list[Pending]) -> None:
     """Count and log outcomes just committed.  A batch's confirmations are one line (the
     keys listed): a line per record costs more than its commit does; every other outcome
     is a line of its own, as it needs a look."""
-    for _, outcome in pending:
+    for _, outcome, _ in pending:
         _count(summary, outcome)
     if len(pending) == 1:
         _log_outcome(*pending[0])
         return
-    confirmed = [work.source_lead_id for work, outcome in pending
+    confirmed = [work.source_lead_id for work, outcome, _ in pending
                  if outcome is LeadState.CONFIRMED]
     if confirmed:
         log.info("%d confirmed", len(confirmed), extra={
             "action": "batch.confirmed", "count": len(confirmed), "keys": confirmed,
             "from_state": "in_flight", "to_state": "confirmed"})
-    for work, outcome in pending:
+    for work, outcome, retry_at in pending:
         if outcome is not LeadState.CONFIRMED:
-            _log_outcome(work, outcome)
+            _log_outcome(work, outcome, retry_at)
 
 
-def _log_outcome(work: LeadWork, outcome: LeadState) -> None:
+def _log_outcome(work: LeadWork, outcome: LeadState, retry_at: datetime | None) -> None:
     level = logging.INFO if outcome is LeadState.CONFIRMED else logging.WARNING
-    log.log(level, "%s", outcome.value, extra={
-        "action": f"lead.{outcome.value}", "key": work.source_lead_id,
-        "from_state": "in_flight", "to_state": outcome.value})
+    extra = {"action": f"lead.{outcome.value}", "key": work.source_lead_id,
+             "from_state": "in_flight", "to_state": outcome.value}
+    if retry_at is None:
+        log.log(level, "%s", outcome.value, extra=extra)
+        return
+    extra["next_attempt_at"] = to_text(retry_at)
+    log.log(level, "%s: not sent, next attempt at %s", outcome.value, extra["next_attempt_at"],
+            extra=extra)
 
 
 @asynccontextmanager
@@ -468,18 +558,21 @@ async def run_cycle(
     dispatch_limit: int | None = None,
     summary: CycleSummary | None = None,
     batch_size: int = 1,
+    backoff: Backoff | None = None,
 ) -> CycleSummary:
     """reconcile every uncertain record -> dispatch (L8), ``batch_size`` records per target
-    request.  The caller holds the worker lock (``holding_lock``, which recovered
+    request (a readback of ``batch_size`` records per request in the reconcile pass), every
+    request paced by the port's pacer; failed-safe records wait out their ``backoff``.
+    The caller holds the worker lock (``holding_lock``, which recovered
     in-flight records when it took it).  ``summary`` is filled as the cycle goes, so a
     cycle interrupted by a stop still reports what it did, and how many records were
     left uncertain."""
     guard = guard or NoGuard()
     summary = summary if summary is not None else CycleSummary()
     try:
-        summary.reconciled += await reconcile_all(store, port, clock, guard)
+        summary.reconciled += await reconcile_all(store, port, clock, guard, batch_size)
         await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit,
-                           batch_size=batch_size)
+                           batch_size=batch_size, backoff=backoff)
     except anyio.get_cancelled_exc_class():
         # stopped: still counted, within a short shielded window; a store that cannot
         # answer then leaves it unknown (the stop is what is reported)

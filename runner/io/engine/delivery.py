@@ -18,6 +18,12 @@ hops back to the event loop, :class:`LoopDispatchSteps`).
 Batched dispatch (issue 16) has the same step for many records: ``finish_and_mark_batch``
 records the outcomes of the batch that finished and marks the next batch in flight, in one
 statement; PostgreSQL fences it like the single mark (``_marking_batch``).
+
+Backoff (issue 16, v12): a step's failed_safe outcomes carry ``retry_at``, the time they
+are due again (``next_attempt_at``); ``dispatchable_page`` skips a record not due.  A
+reconcile pass reads its keys once (``reconcile_order``), then its records a chunk at a
+time (``uncertain_by_seqs``) and records a chunk's verdicts in one statement
+(``record_reconcile_batch``).
 """
 
 from __future__ import annotations
@@ -41,14 +47,17 @@ if TYPE_CHECKING:
 Done = tuple[WriteId, LeadState] | None
 
 
-def step_params(done: Done, next_write_id: WriteId | None, now: datetime) -> dict[str, Any]:
+def step_params(done: Done, next_write_id: WriteId | None, now: datetime,
+                retry_at: datetime | None = None) -> dict[str, Any]:
     """The ``finish_and_mark`` parameters of a step; refuses an outcome that is not a
-    transition out of in_flight."""
+    transition out of in_flight.  ``retry_at``: when a failed_safe outcome is due again
+    (None: at once)."""
     if done is not None:
         check_transition(LeadState.IN_FLIGHT, done[1])
     return {"now": to_text(now), "next": next_write_id,
             "done": None if done is None else done[0],
-            "outcome": None if done is None else done[1].value}
+            "outcome": None if done is None else done[1].value,
+            "retry_at": None if retry_at is None else to_text(retry_at)}
 
 
 def step_result(rows: Sequence[Row], done: Done, next_write_id: WriteId | None) -> int | None:
@@ -64,13 +73,16 @@ def step_result(rows: Sequence[Row], done: Done, next_write_id: WriteId | None) 
 Outcomes = Sequence[tuple[WriteId, LeadState]]
 
 
-def batch_params(done: Outcomes, next_ids: Sequence[WriteId], now: datetime) -> dict[str, Any]:
+def batch_params(done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+                 retry_at: datetime | None = None) -> dict[str, Any]:
     """The ``finish_and_mark_batch`` parameters; refuses an outcome that is not a
-    transition out of in_flight."""
+    transition out of in_flight.  ``retry_at``: when the failed_safe outcomes are due
+    again (None: at once); one time for the step, as its outcomes are one request's."""
     for _, outcome in done:
         check_transition(LeadState.IN_FLIGHT, outcome)
     return {"now": to_text(now), "done": [str(w) for w, _ in done],
-            "outcomes": [o.value for _, o in done], "next": [str(w) for w in next_ids]}
+            "outcomes": [o.value for _, o in done], "next": [str(w) for w in next_ids],
+            "retry_at": None if retry_at is None else to_text(retry_at)}
 
 
 def batch_result(
@@ -88,11 +100,13 @@ def batch_result(
 
 class _Finishing(Protocol):
     async def finish_and_mark(
-        self, done: Done, next_write_id: WriteId, now: datetime
+        self, done: Done, next_write_id: WriteId, now: datetime,
+        retry_at: datetime | None = None,
     ) -> int | None: ...
 
     async def finish_and_mark_batch(
-        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None,
     ) -> dict[WriteId, int]: ...
 
 
@@ -105,13 +119,17 @@ class LoopDispatchSteps:
     def __init__(self, store: _Finishing) -> None:
         self._store = store
 
-    def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime) -> int | None:
-        return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now)
+    def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime,
+                        retry_at: datetime | None = None) -> int | None:
+        return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now,
+                                     retry_at)
 
     def finish_and_mark_batch(
-        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None,
     ) -> dict[WriteId, int]:
-        return anyio.from_thread.run(self._store.finish_and_mark_batch, done, next_ids, now)
+        return anyio.from_thread.run(self._store.finish_and_mark_batch, done, next_ids, now,
+                                     retry_at)
 
 
 @asynccontextmanager
@@ -149,21 +167,41 @@ class DeliveryOps(Db):
         rows = await self.fetch("uncertain_page", after_seq=after_seq, limit=limit)
         return [lead_work(r) for r in rows]
 
-    async def dispatchable_page(self, after_seq: int, limit: int) -> list[LeadWork]:
-        rows = await self.fetch("dispatchable_page", after_seq=after_seq, limit=limit)
+    async def reconcile_order(self) -> list[int]:
+        """The seqs of the uncertain records in reconcile order (oldest reconcile attempt
+        first, then accept order): a pass's keys, read once before it starts, so a record
+        it reads back (which moves to the end of the order) is not read again."""
+        return [int(r[0]) for r in await self.fetch("reconcile_order")]
+
+    async def uncertain_by_seqs(self, seqs: Sequence[int]) -> list[LeadWork]:
+        """The records among ``seqs`` still uncertain, in the order of ``seqs``."""
+        rows = await self.fetch("uncertain_by_seqs", seqs=list(seqs))
+        found = {int(r[0]): r for r in rows}
+        return [lead_work(found[seq]) for seq in seqs if seq in found]
+
+    async def dispatchable_page(
+        self, after_seq: int, limit: int, now: datetime | None = None
+    ) -> list[LeadWork]:
+        """Prepared records and failed_safe ones due at ``now`` (None: the records'
+        backoff is not looked at, every failed_safe record is due)."""
+        due = to_text(now) if now is not None else "9999"
+        rows = await self.fetch("dispatchable_page", after_seq=after_seq, limit=limit,
+                                now=due)
         return [lead_work(r) for r in rows]
 
-    async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime) -> None:
+    async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime,
+                          retry_at: datetime | None = None) -> None:
         # marks nothing, so it is not fenced: an outcome is recorded also after the worker
         # lock's session has ended
         done = (write_id, outcome)
-        rows = await self.fetch("finish_and_mark", **step_params(done, None, now))
+        rows = await self.fetch("finish_and_mark", **step_params(done, None, now, retry_at))
         step_result(rows, done, None)
 
     async def finish_and_mark(
-        self, done: Done, next_write_id: WriteId, now: datetime
+        self, done: Done, next_write_id: WriteId, now: datetime,
+        retry_at: datetime | None = None,
     ) -> int | None:
-        rows = await self._marking(step_params(done, next_write_id, now))
+        rows = await self._marking(step_params(done, next_write_id, now, retry_at))
         return step_result(rows, done, next_write_id)
 
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
@@ -171,9 +209,10 @@ class DeliveryOps(Db):
         return await self.fetch("finish_and_mark", **params)
 
     async def finish_and_mark_batch(
-        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None,
     ) -> dict[WriteId, int]:
-        params = batch_params(done, next_ids, now)
+        params = batch_params(done, next_ids, now, retry_at)
         if next_ids:
             rows = await self._marking_batch(params)
         else:  # marks nothing, so not fenced (as finish_send)
@@ -201,3 +240,15 @@ class DeliveryOps(Db):
                                 note=note, outcome=outcome, now=to_text(now))
         if not rows:
             raise IllegalTransition(f"record {write_id} was not uncertain")
+
+    async def record_reconcile_batch(
+        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime
+    ) -> set[WriteId]:
+        """``record_reconcile`` for a chunk read back in one request, in one statement:
+        per record ``(write_id, outcome, note)``, ``outcome`` None when its readback
+        matched (confirmed).  Returns the write_ids that were still uncertain (changed)."""
+        rows = await self.fetch(
+            "record_reconcile_batch", write_ids=[str(w) for w, _, _ in verdicts],
+            outcomes=[o for _, o, _ in verdicts], notes=[n for _, _, n in verdicts],
+            now=to_text(now))
+        return {WriteId(str(r[0])) for r in rows}

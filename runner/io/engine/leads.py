@@ -161,6 +161,7 @@ class LeadOps(Db):
             poll_health=json.loads(row[3]),
             outbox_pruned=pruned,
             decisions=json.loads(row[4]),
+            retries=json.loads(row[5]),
         )
 
 

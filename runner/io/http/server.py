@@ -34,7 +34,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,9 +44,11 @@ from uvicorn import Config, Server
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from runner.errors import UsageError
-from runner.io.http.app import RunnerApp
 
 log = logging.getLogger("runner.http")
+
+#: an ASGI 3 application (runner's intake app, the reference target server)
+ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -182,10 +184,13 @@ class HttpServer:
     """One listening socket served by uvicorn until :meth:`stop` (drain) or cancellation
     (at once)."""
 
-    def __init__(self, app: RunnerApp, sock: socket.socket, *, grace: float = 30.0,
-                 limits: ServerLimits | None = None) -> None:
+    def __init__(self, app: ASGIApp, sock: socket.socket, *, grace: float = 30.0,
+                 limits: ServerLimits | None = None,
+                 protocol: type[_HeaderTimeoutProtocol] | None = None) -> None:
         self.app, self.sock, self.grace = app, sock, grace
         self.limits = limits or ServerLimits()
+        #: the HTTP protocol class (a subclass may add to what the app sees)
+        self.protocol = protocol or _HeaderTimeoutProtocol
         self._server: _Server | None = None
         self._stop_asked = False
         #: the port listened on (kept: the socket closes when the server stops)
@@ -200,7 +205,7 @@ class HttpServer:
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                     ) -> None:
         limits = self.limits
-        protocol = type("HeaderTimeoutProtocol", (_HeaderTimeoutProtocol,), {
+        protocol = type("HeaderTimeoutProtocol", (self.protocol,), {
             "header_timeout": limits.header_timeout, "header_bytes": limits.header_bytes})
         config = Config(
             self.app, http=protocol, ws="none", lifespan="off", interface="asgi3",

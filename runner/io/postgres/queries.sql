@@ -96,7 +96,9 @@ SELECT
   (SELECT coalesce(json_agg(d ORDER BY d.id DESC), '[]')::text
    FROM (SELECT id, source_lead_id, write_id, decision, reason, readback, attempts,
                 decided_at AS at
-         FROM {s}.operator_decisions ORDER BY id DESC LIMIT :shown) AS d)
+         FROM {s}.operator_decisions ORDER BY id DESC LIMIT :shown) AS d),
+  (SELECT json_build_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at))::text
+   FROM {s}.leads WHERE state = 'failed_safe' AND next_attempt_at IS NOT NULL)
 
 -- poll (runner.io.engine.observe): confirmed records, never polled first
 -- name: poll_page
@@ -236,9 +238,23 @@ WHERE state = 'in_flight' RETURNING source_lead_id
 SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
 WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit
 
+-- the order of a reconcile pass (issue 16): oldest reconcile attempt first (never read
+-- back in this uncertain episode first), then accept order; the pass's keys only
+-- name: reconcile_order
+SELECT seq FROM {s}.leads WHERE state = 'uncertain'
+ORDER BY last_reconcile_at NULLS FIRST, seq
+
+-- the records of a reconcile chunk that are still uncertain
+-- name: uncertain_by_seqs
+SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
+WHERE seq = ANY(:seqs::bigint[]) AND state = 'uncertain'
+
+-- prepared records, and failed_safe ones whose backoff is over (next_attempt_at, v12):
+-- a record not due is not even read, so its retry writes nothing before it happens
 -- name: dispatchable_page
 SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
 WHERE state IN ('prepared', 'failed_safe') AND seq > :after_seq
+  AND (next_attempt_at IS NULL OR next_attempt_at <= :now::text)
 ORDER BY seq LIMIT :limit
 
 -- name: finish_and_mark
@@ -250,7 +266,9 @@ ORDER BY seq LIMIT :limit
 UPDATE {s}.leads SET
     state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END,
     attempts = attempts + CASE WHEN write_id = :next THEN 1 ELSE 0 END,
-    updated_at = :now
+    updated_at = :now,
+    next_attempt_at = CASE WHEN write_id IS DISTINCT FROM :next
+                            AND :outcome = 'failed_safe' THEN :retry_at::text END
 WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
 RETURNING write_id, attempts
@@ -271,7 +289,9 @@ changed AS (
     UPDATE {s}.leads SET
         state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END,
         attempts = attempts + CASE WHEN write_id = :next THEN 1 ELSE 0 END,
-        updated_at = :now
+        updated_at = :now,
+        next_attempt_at = CASE WHEN write_id IS DISTINCT FROM :next
+                                AND :outcome = 'failed_safe' THEN :retry_at::text END
     WHERE (SELECT held FROM fence)
       AND ((write_id = :done AND state = 'in_flight')
            OR (write_id = :next AND state IN ('prepared', 'failed_safe')))
@@ -287,7 +307,8 @@ SELECT fence.held, changed.write_id, changed.attempts FROM fence LEFT JOIN chang
 UPDATE {s}.leads AS l SET
     state = coalesce(s.outcome, 'in_flight'),
     attempts = l.attempts + CASE WHEN s.outcome IS NULL THEN 1 ELSE 0 END,
-    updated_at = :now
+    updated_at = :now,
+    next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at::text END
 FROM (SELECT d.write_id, d.outcome
       FROM unnest(:done::text[], :outcomes::text[]) AS d(write_id, outcome)
       UNION ALL
@@ -313,7 +334,8 @@ changed AS (
     UPDATE {s}.leads AS l SET
         state = coalesce(s.outcome, 'in_flight'),
         attempts = l.attempts + CASE WHEN s.outcome IS NULL THEN 1 ELSE 0 END,
-        updated_at = :now
+        updated_at = :now,
+        next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at::text END
     FROM (SELECT d.write_id, d.outcome
           FROM unnest(:done::text[], :outcomes::text[]) AS d(write_id, outcome)
           UNION ALL
@@ -334,6 +356,21 @@ UPDATE {s}.leads SET reconcile_attempts = reconcile_attempts + 1,
     last_reconcile_at = CASE WHEN :outcome::text IS NULL THEN last_reconcile_at ELSE :now END,
     updated_at = :now
 WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq
+
+-- record_reconcile for a chunk read back in one request (issue 16), one statement: per
+-- record (:write_ids[i]) its verdict (:outcomes[i], NULL: confirmed) and note (:notes[i]);
+-- only records still uncertain change
+-- name: record_reconcile_batch
+UPDATE {s}.leads AS l SET reconcile_attempts = l.reconcile_attempts + 1,
+    state = CASE WHEN s.outcome IS NULL THEN 'confirmed' ELSE l.state END,
+    reconcile_note = coalesce(s.note, l.reconcile_note),
+    last_reconcile = coalesce(s.outcome, l.last_reconcile),
+    last_reconcile_at = CASE WHEN s.outcome IS NULL THEN l.last_reconcile_at
+                             ELSE :now::text END,
+    updated_at = :now
+FROM unnest(:write_ids::text[], :outcomes::text[], :notes::text[]) AS s(write_id, outcome, note)
+WHERE l.write_id = s.write_id AND l.state = 'uncertain'
+RETURNING l.write_id
 
 -- ==== (end delivery) ==================================================================
 

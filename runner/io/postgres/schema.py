@@ -446,6 +446,122 @@ END $$;
 """
 ).replace("{transitions}", transition_list(V9_TRANSITIONS))
 
+#: v11, set-based outbox numbering (issue 21): the events of a whole INSERT or UPDATE of
+#: ``leads`` are numbered by one statement-level trigger each, which moves the counter once
+#: by the number of events (one row lock, one update) instead of once per event.  The
+#: numbers stay gap-free and in commit order (the same counter row, locked until commit),
+#: and within a statement follow the lead's ``seq`` and, for one lead, the order the row
+#: triggers had (``state_changed``, ``status_changed``, ``target_ambiguous``).  The counter
+#: still moves by exactly one when written directly; only a trigger may move it by more.
+#: The kept counts per state move once per statement as well.
+V11 = (
+    """
+CREATE OR REPLACE FUNCTION {s}.counter_step() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.last_seq <= OLD.last_seq
+       OR (pg_trigger_depth() < 2 AND NEW.last_seq <> OLD.last_seq + 1) THEN
+        RAISE EXCEPTION 'the outbox counter only ever moves by one'
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION {s}.leads_accepted_all() RETURNS trigger LANGUAGE plpgsql
+SET jit = off AS $$
+DECLARE
+    n bigint;
+    first bigint;
+BEGIN
+    SELECT count(*) INTO n FROM added;
+    IF n > 0 THEN
+        UPDATE {s}.outbox_counter SET last_seq = last_seq + n RETURNING last_seq - n INTO first;
+        INSERT INTO {s}.outbox (seq, kind, subject, payload, at)
+        SELECT first + row_number() OVER (ORDER BY a.seq), 'accepted', a.source_lead_id,
+               jsonb_build_object('tenant_id', a.tenant_id, 'write_id', a.write_id,
+                                  'state', a.state),
+               a.accepted_at
+        FROM added a;
+    END IF;
+    RETURN NULL;
+END $$;
+DROP TRIGGER leads_accepted ON {s}.leads;
+DROP FUNCTION {s}.leads_accepted();
+CREATE TRIGGER leads_accepted AFTER INSERT ON {s}.leads
+REFERENCING NEW TABLE AS added FOR EACH STATEMENT
+EXECUTE FUNCTION {s}.leads_accepted_all();
+
+CREATE FUNCTION {s}.leads_updated() RETURNS trigger LANGUAGE plpgsql
+SET jit = off AS $$
+DECLARE
+    n bigint;
+    first bigint;
+BEGIN
+    -- most updates (a poll's timestamps) write no event: they leave the counter alone
+    IF NOT EXISTS (
+        SELECT 1 FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+        WHERE p.state IS DISTINCT FROM o.state OR p.snapshot IS DISTINCT FROM o.snapshot
+           OR (p.reconcile_note IS NOT NULL
+               AND p.reconcile_note IS DISTINCT FROM o.reconcile_note)) THEN
+        RETURN NULL;
+    END IF;
+    SELECT last_seq INTO first FROM {s}.outbox_counter FOR UPDATE;
+    INSERT INTO {s}.outbox (seq, kind, subject, payload, at)
+    SELECT first + row_number() OVER (ORDER BY ev.seq, ev.k), ev.kind, ev.subject,
+           ev.payload, ev.at
+    FROM (
+        SELECT p.seq, 1 AS k, 'state_changed' AS kind, p.source_lead_id AS subject,
+               jsonb_build_object('tenant_id', p.tenant_id, 'write_id', p.write_id,
+                                  'from', o.state, 'to', p.state,
+                                  'attempts', p.attempts,
+                                  'reconcile_attempts', p.reconcile_attempts) AS payload,
+               p.updated_at AS at
+        FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+        WHERE p.state IS DISTINCT FROM o.state
+        UNION ALL
+        SELECT p.seq, 2, 'status_changed', p.source_lead_id,
+               jsonb_build_object('tenant_id', p.tenant_id, 'write_id', p.write_id,
+                                  'snapshot', p.snapshot::jsonb,
+                                  'previous', o.snapshot::jsonb),
+               p.updated_at
+        FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+        WHERE p.snapshot IS DISTINCT FROM o.snapshot
+        UNION ALL
+        SELECT p.seq, 3, 'target_ambiguous', p.source_lead_id,
+               jsonb_build_object('tenant_id', p.tenant_id, 'write_id', p.write_id,
+                                  'reason', p.reconcile_note,
+                                  'reconcile_attempts', p.reconcile_attempts),
+               p.updated_at
+        FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+        WHERE p.reconcile_note IS NOT NULL AND p.reconcile_note IS DISTINCT FROM o.reconcile_note
+    ) ev;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE {s}.outbox_counter SET last_seq = last_seq + n;
+
+    UPDATE {s}.lead_counts c SET n = c.n + d.k
+    FROM (SELECT m.state, sum(m.k) AS k FROM (
+              SELECT p.state, 1 AS k FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+              WHERE p.state IS DISTINCT FROM o.state
+              UNION ALL
+              SELECT o.state, -1 FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+              WHERE p.state IS DISTINCT FROM o.state) m
+          GROUP BY m.state) d
+    WHERE c.state = d.state AND d.k <> 0;
+    RETURN NULL;
+END $$;
+DROP TRIGGER leads_state_changed ON {s}.leads;
+DROP TRIGGER leads_status_changed ON {s}.leads;
+DROP TRIGGER leads_target_ambiguous ON {s}.leads;
+DROP TRIGGER lead_counts_state ON {s}.leads;
+DROP FUNCTION {s}.leads_state_changed();
+DROP FUNCTION {s}.leads_status_changed();
+DROP FUNCTION {s}.leads_target_ambiguous();
+DROP FUNCTION {s}.lead_counts_moved();
+CREATE TRIGGER leads_updated AFTER UPDATE ON {s}.leads
+REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT
+EXECUTE FUNCTION {s}.leads_updated();
+"""
+)
+
 #: a new store's schema (only when it does not exist yet: CREATE SCHEMA needs the CREATE
 #: privilege on the database even with IF NOT EXISTS, and a DBA may have made the schema
 #: for runner's role beforehand, ``CREATE SCHEMA runner AUTHORIZATION runner``)
@@ -459,9 +575,19 @@ CREATE TABLE {s}.schema_migrations (
 );
 """
 
+#: v12, pacing and backoff (issue 16, E2): as SQLite's v12 (``next_attempt_at``, the
+#: records waiting, the reconcile order)
+V12 = """
+ALTER TABLE {s}.leads ADD COLUMN next_attempt_at text COLLATE "C";
+CREATE INDEX leads_retry_waiting ON {s}.leads (next_attempt_at) WHERE state = 'failed_safe';
+CREATE INDEX leads_reconcile_order ON {s}.leads (last_reconcile_at NULLS FIRST, seq)
+WHERE state = 'uncertain';
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
-                              7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10}
+                              7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
+                              11: V11, 12: V12}
 LATEST = max(MIGRATIONS)
 
 

@@ -93,7 +93,9 @@ SELECT
             'id', id, 'source_lead_id', source_lead_id, 'write_id', write_id,
             'decision', decision, 'reason', reason, 'readback', readback,
             'attempts', attempts, 'at', decided_at))
-   FROM (SELECT * FROM operator_decisions ORDER BY id DESC LIMIT :shown))
+   FROM (SELECT * FROM operator_decisions ORDER BY id DESC LIMIT :shown)),
+  (SELECT json_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at))
+   FROM leads WHERE state = 'failed_safe' AND next_attempt_at IS NOT NULL)
 
 -- poll (runner.io.engine.observe): confirmed records, never polled first
 -- name: poll_page
@@ -228,18 +230,35 @@ WHERE state = 'in_flight' RETURNING source_lead_id
 SELECT seq, source_lead_id, write_id, state, canonical FROM leads
 WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit
 
+-- the order of a reconcile pass (issue 16): oldest reconcile attempt first (never read
+-- back in this uncertain episode first), then accept order; the pass's keys only
+-- name: reconcile_order
+SELECT seq FROM leads WHERE state = 'uncertain' ORDER BY last_reconcile_at, seq
+
+-- the records of a reconcile chunk that are still uncertain (:seqs: JSON list)
+-- name: uncertain_by_seqs
+SELECT seq, source_lead_id, write_id, state, canonical FROM leads
+WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'uncertain'
+
+-- prepared records, and failed_safe ones whose backoff is over (next_attempt_at, v12):
+-- a record not due is not even read, so its retry writes nothing before it happens
 -- name: dispatchable_page
 SELECT seq, source_lead_id, write_id, state, canonical FROM leads
-WHERE state IN ('prepared', 'failed_safe') AND seq > :after_seq ORDER BY seq LIMIT :limit
+WHERE state IN ('prepared', 'failed_safe') AND seq > :after_seq
+  AND (next_attempt_at IS NULL OR next_attempt_at <= :now)
+ORDER BY seq LIMIT :limit
 
 -- name: finish_and_mark
 -- one statement, so one commit, for both rows: the outcome of the send that finished
 -- (:done, in_flight -> :outcome) and the in-flight mark of the next one (:next); either
 -- may be NULL; each row is guarded by the state it must be in, and the triggers write
 -- both state_changed events.  Also run by the blocking dispatch steps (delivery.py)
+-- a failed_safe outcome waits until :retry_at (its backoff); every other change clears it
 UPDATE leads SET
     state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END,
-    attempts = attempts + (write_id IS :next), updated_at = :now
+    attempts = attempts + (write_id IS :next), updated_at = :now,
+    next_attempt_at = CASE WHEN write_id IS NOT :next AND :outcome = 'failed_safe'
+                           THEN :retry_at END
 WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
 RETURNING write_id, attempts
@@ -251,7 +270,8 @@ RETURNING write_id, attempts
 -- is guarded by the state it must be in.  Also run by the blocking dispatch steps
 UPDATE leads SET
     state = coalesce(s.outcome, 'in_flight'),
-    attempts = attempts + (s.outcome IS NULL), updated_at = :now
+    attempts = attempts + (s.outcome IS NULL), updated_at = :now,
+    next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at END
 FROM (SELECT d.value AS write_id, o.value AS outcome
       FROM json_each(:done) AS d JOIN json_each(:outcomes) AS o ON o.key = d.key
       UNION ALL
@@ -269,6 +289,23 @@ UPDATE leads SET reconcile_attempts = reconcile_attempts + 1,
     last_reconcile_at = CASE WHEN :outcome IS NULL THEN last_reconcile_at ELSE :now END,
     updated_at = :now
 WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq
+
+-- record_reconcile for a chunk read back in one request (issue 16), one statement: per
+-- record (:write_ids[i]) its verdict (:outcomes[i], NULL: confirmed) and note (:notes[i]);
+-- lists are JSON text; only records still uncertain change
+-- name: record_reconcile_batch
+UPDATE leads SET reconcile_attempts = reconcile_attempts + 1,
+    state = CASE WHEN s.outcome IS NULL THEN 'confirmed' ELSE state END,
+    reconcile_note = coalesce(s.note, reconcile_note),
+    last_reconcile = coalesce(s.outcome, last_reconcile),
+    last_reconcile_at = CASE WHEN s.outcome IS NULL THEN last_reconcile_at ELSE :now END,
+    updated_at = :now
+FROM (SELECT w.value AS write_id, o.value AS outcome, n.value AS note
+      FROM json_each(:write_ids) AS w
+      JOIN json_each(:outcomes) AS o ON o.key = w.key
+      JOIN json_each(:notes) AS n ON n.key = w.key) AS s
+WHERE leads.write_id = s.write_id AND +leads.state = 'uncertain'  -- "+": by write_id
+RETURNING leads.write_id
 
 -- ==== (end delivery) ==================================================================
 

@@ -340,9 +340,27 @@ BEGIN
 END;
 """
 
+#: v11: PostgreSQL numbers a statement's outbox events set-wise (its schema module);
+#: SQLite's row triggers already cost little, so nothing changes here but the version,
+#: which means the same on both backends
+V11 = "SELECT 1;"
+
+#: v12, pacing and backoff (issue 16, E2): ``next_attempt_at``, when a ``failed_safe``
+#: record is due again (NULL: now; set with the failed_safe outcome, cleared by every
+#: other state change), so a restart keeps the backoff schedule; dispatch skips a record
+#: not due, so a retry that has not happened writes no outbox event.  A partial index of
+#: the records waiting (status: how many, the earliest).  (The reconcile order, oldest
+#: attempt first, is sorted from ``leads_by_state``: SQLite's planner prefers it to a
+#: partial index, and the sort of the uncertain records' keys is cheap.)
+V12 = """
+ALTER TABLE leads ADD COLUMN next_attempt_at TEXT;
+CREATE INDEX leads_retry_waiting ON leads (next_attempt_at) WHERE state = 'failed_safe';
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
-                              7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10}
+                              7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
+                              11: V11, 12: V12}
 LATEST = max(MIGRATIONS)
 
 

@@ -1,0 +1,215 @@
+"""HTTP dispatch against the reference server (issue 17): ``once --target http://…`` at the
+default batch size, against a bare httpx client posting the same batches to the same
+server (the HTTP floor), in interleaved rounds so both see the same machine weather.
+
+    python -m bench http-target           # full: 5,000 records, 5 rounds; writes
+                                          # bench/results/http-target-<UTC>.json
+    python -m bench http-target --quick   # small, for a look (writes nothing)
+
+runner's figure is from ``once``'s own log (first send to last confirmation), so process
+start-up is left out; for each batch it makes two commits to its store (the in-flight
+mark, the outcomes), one append request and one exact readback request.  The floors:
+``append only`` is the same append requests and nothing else (the issue's floor);
+``append + read`` adds the readback request runner needs to prove each row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from bench.common import ROOT, RUN, SCOPE, machine, run_child, workdir
+from bench.leads import _log_span, _prepare
+from bench.results import record
+from runner.io.targets.protocol import row_json
+from runner.leads.models import CRMRecord
+from runner.limits import DEFAULT_BATCH_SIZE
+
+_PORT = re.compile(rb"listening on port (\d+)")
+
+
+class Server:
+    """``runner target-serve`` as a child process for the whole bench."""
+
+    def __init__(self, store: Path, *extra: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, RUN, "target-serve", "--listen", "127.0.0.1:0", "--store",
+             str(store), *extra], stderr=subprocess.PIPE, cwd=ROOT)
+        assert self.proc.stderr is not None
+        line = self.proc.stderr.readline()
+        match = _PORT.search(line)
+        if not match:
+            raise RuntimeError(f"target-serve did not start: {line!r}")
+        self.url = f"http://127.0.0.1:{int(match.group(1))}/sheet"
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def _records(n: int, tag: str) -> list[tuple[CRMRecord, str]]:
+    return [(CRMRecord(tenant=SCOPE["tenant_id"], source="meta",
+                       source_lead_id=f"bench-{tag}-{i}", is_test=True,
+                       contact_alias=f"alias-{i}"), f"bare-{tag}-{i}") for i in range(n)]
+
+
+def bare(url: str, n: int, batch: int, tag: str, *, read: bool) -> float:
+    """A bare httpx client posting the same batches: records per second."""
+    items = _records(n, tag)
+    bodies = [{"rows": [row_json(r, w) for r, w in items[i : i + batch]]}
+              for i in range(0, n, batch)]
+    with httpx.Client(timeout=30) as client:
+        client.get(f"{url}/identity").raise_for_status()  # connect, as runner's check does
+        started = time.perf_counter()
+        for body in bodies:
+            answer = client.post(f"{url}/append", json=body)
+            answer.raise_for_status()
+            if read:
+                ids = [row["write_id"] for row in body["rows"]]
+                client.post(f"{url}/read", json={"write_ids": ids}).raise_for_status()
+        return n / (time.perf_counter() - started)
+
+
+def runner_rate(url: str, n: int, batch: int, d: Path, r: int) -> float:
+    """``once --target URL`` over ``n`` prepared records: records per second, from its
+    log (first send to last confirmation)."""
+    db = d / f"q{r}.db"
+    anyio.run(_prepare, db, None, n, False)
+    scope = d / "scope.json"
+    scope.write_text(json.dumps(SCOPE))
+    _, _, stdout, stderr = run_child(["once", "--db", str(db), "--scope", str(scope),
+                                      "--target", url, "--log-format", "json",
+                                      "--batch-size", str(batch)], with_stderr=True)
+    confirmed = json.loads(stdout)["confirmed"]
+    if confirmed != n:
+        raise RuntimeError(f"once confirmed {confirmed} of {n}")
+    return n / _log_span(stderr, ("lead.in_flight", "batch.in_flight"),
+                         ("lead.confirmed", "batch.confirmed"))
+
+
+def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
+    ours, floor, floor_read = [], [], []
+    with workdir() as d:
+        server = Server(d / "sheet.db")
+        try:
+            bare(server.url, batch, batch, "warm", read=True)
+            for r in range(rounds):
+                ours.append(runner_rate(server.url, n, batch, d, r))
+                floor.append(bare(server.url, n, batch, f"a{r}", read=False))
+                floor_read.append(bare(server.url, n, batch, f"b{r}", read=True))
+        finally:
+            server.stop()
+    return {
+        "batch_size": batch,
+        "runner_per_s": statistics.median(ours),
+        "bare_append_per_s": statistics.median(floor),
+        "bare_append_read_per_s": statistics.median(floor_read),
+        "ratio": statistics.median(o / f for o, f in zip(ours, floor, strict=True)),
+        "ratio_with_read": statistics.median(o / f for o, f in
+                                             zip(ours, floor_read, strict=True)),
+    }
+
+
+def sustained(seconds: float, quota: int = 60, batch: int = DEFAULT_BATCH_SIZE
+              ) -> dict[str, Any]:
+    """``start`` against ``target-serve --quota QUOTA/min`` for ``seconds``: confirmed
+    records per minute over the run's own span, against quota x batch size, and the
+    server's rows (a duplicate is a write_id with two rows).  runner's ``--target-rate``
+    counts every request and makes two per batch (the append and its readback), so it is
+    given twice the server's append quota."""
+    n = int(seconds / 60 * quota * batch * 1.5) + batch
+    with workdir() as d:
+        server = Server(d / "sheet.db", "--quota", f"{quota}/min")
+        try:
+            db, scope = d / "q.db", d / "scope.json"
+            anyio.run(_prepare, db, None, n, False)
+            scope.write_text(json.dumps(SCOPE))
+            log = d / "worker.log"
+            with open(log, "wb") as err:
+                worker = subprocess.Popen(
+                    [sys.executable, RUN, "start", "--db", str(db), "--scope", str(scope),
+                     "--target", server.url, "--log-format", "json", "--batch-size",
+                     str(batch), "--target-rate", f"{2 * quota}/min", "--interval", "0"],
+                    stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
+                time.sleep(seconds)  # a bench measures time: this is the measurement
+                worker.send_signal(signal.SIGTERM)
+                worker.wait(timeout=60)
+        finally:
+            server.stop()
+        events = [json.loads(line) for line in log.read_bytes().splitlines()
+                  if line.startswith(b"{")]
+        import sqlite3
+        with sqlite3.connect(d / "sheet.db") as conn:
+            rows, distinct = conn.execute(
+                "SELECT count(*), count(DISTINCT write_id) FROM sheet").fetchone()
+    from datetime import datetime
+
+    sends = [datetime.fromisoformat(e["ts"]) for e in events
+             if e.get("action") in ("batch.in_flight", "lead.in_flight")]
+    done = [(datetime.fromisoformat(e["ts"]), e.get("count", 1)) for e in events
+            if e.get("action") in ("batch.confirmed", "lead.confirmed")]
+    span = (max(t for t, _ in done) - min(sends)).total_seconds()
+    confirmed = sum(c for _, c in done)
+    rejected = sum(1 for e in events if "RateLimited" in json.dumps(e))
+    per_min = confirmed / span * 60
+    return {"seconds": seconds, "quota_per_min": quota, "batch_size": batch,
+            "confirmed": confirmed, "span_s": round(span, 1), "per_min": per_min,
+            "goal_per_min": quota * batch, "ratio_to_goal": per_min / (quota * batch),
+            "rows": rows, "duplicates": rows - distinct, "rate_limited_lines": rejected}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench http-target",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, writes nothing")
+    parser.add_argument("--quota-seconds", type=float, default=None,
+                        help="also run start against a 60/min server quota for this long "
+                             "(default: 150 s in a full run, none with --quick)")
+    args = parser.parse_args(argv)
+    n, rounds = (1000, 1) if args.quick else (5000, 5)
+    started = time.perf_counter()
+    found = measure(n, rounds)
+    quota_seconds = args.quota_seconds if args.quota_seconds is not None else (
+        0 if args.quick else 150)
+    if quota_seconds:
+        paced = sustained(quota_seconds)
+        found["quota"] = paced
+        print(f"with the server's quota at {paced['quota_per_min']}/min, batches of "
+              f"{paced['batch_size']}: {paced['per_min']:,.0f} records/min over "
+              f"{paced['span_s']} s (goal quota x batch = {paced['goal_per_min']:,}; ratio "
+              f"{paced['ratio_to_goal']:.3f}, within 5%: "
+              f"{abs(paced['ratio_to_goal'] - 1) <= 0.05}); {paced['rows']:,} rows, "
+              f"{paced['duplicates']} duplicated; {paced['rate_limited_lines']} "
+              "rate-limited log lines\n")
+    seconds = time.perf_counter() - started
+    print(f"HTTP dispatch, batch size {found['batch_size']} ({n:,} records, {rounds} "
+          f"round(s); {machine()}; {seconds:.0f} s)\n")
+    print(f"runner once --target http://…   {found['runner_per_s']:>9,.0f} records/s")
+    print(f"bare httpx, append only         {found['bare_append_per_s']:>9,.0f} records/s"
+          f"   ratio {found['ratio']:.2f} (target >= 0.7)")
+    print(f"bare httpx, append + readback   {found['bare_append_read_per_s']:>9,.0f} "
+          f"records/s   ratio {found['ratio_with_read']:.2f}")
+    if not args.quick:
+        record("http-target", {"n": n, "rounds": rounds, "seconds": round(seconds, 1),
+                               "summary": machine(), **found},
+               script="-m bench http-target", argv=argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

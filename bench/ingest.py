@@ -1,0 +1,250 @@
+"""Ingest at the limit (issue 21): bulk accept on both backends, side by side with the
+floors and PgQueuer, on the same events in the same run.
+
+    python -m bench ingest                # full: 100,000 events, 3 rounds; writes
+                                          # bench/results/ingest-<UTC>.json
+    python -m bench ingest --quick        # 10,000 events, 1 round (writes nothing)
+
+Every contender takes the same NDJSON events (synthetic, distinct keys) and makes each one
+durable, de-duplicated by its key, before it counts:
+
+* **runner SQLite / PostgreSQL**: ``runner accept --records -`` in a child process, the
+  events on stdin, one JSON answer per event on stdout after its commit (process start-up
+  included);
+* **stdlib floor**: the same work with the standard library only, in this process: parse
+  each line, canonical JSON, an id, ``INSERT OR IGNORE`` into a SQLite table keyed by
+  (tenant, lead), 1,000 rows per transaction, one answer line per row;
+* **PostgreSQL floor**: the same per-row work, then one ``unnest`` insert of 1,000 rows per
+  transaction into a bare table keyed the same way (``ON CONFLICT DO NOTHING``);
+* **PgQueuer** (from the optional ``.[bench]`` extra; skipped, saying so, when it is not
+  installed): ``Queries.enqueue`` in batches of 1,000 with ``dedupe_key`` = the lead key,
+  on the same server, in a schema of its own.
+
+Rounds are interleaved (each contender once per round) so that all of them see the same
+disk and server weather; each figure is the median over the rounds and each ratio the
+median of the per-round ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sqlite3
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import SCOPE, event, machine, run_child, workdir
+from bench.results import record
+
+PG_DSN = "postgresql://root@127.0.0.1:5432/test"
+PER_TXN = 1000
+
+
+def _lines(n: int, first: int) -> list[bytes]:
+    return [json.dumps(event(first + i)).encode() for i in range(n)]
+
+
+def _prepare_rows(lines: list[bytes]) -> list[tuple[str, str, str, str]]:
+    """The floor's per-row work: parse, canonical JSON, an id."""
+    rows = []
+    for line in lines:
+        doc = json.loads(line)
+        canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        rows.append((doc["tenant_id"], doc["source_lead_id"], canonical, str(uuid.uuid4())))
+    return rows
+
+
+def stdlib_floor(directory: Path, lines: list[bytes]) -> float:
+    conn = sqlite3.connect(directory / "floor.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE leads (tenant_id TEXT NOT NULL, source_lead_id TEXT NOT NULL, "
+                 "canonical TEXT NOT NULL, write_id TEXT NOT NULL, "
+                 "PRIMARY KEY (tenant_id, source_lead_id))")
+    with open(directory / "floor.answers", "w", encoding="utf-8") as out:
+        started = time.perf_counter()
+        for start in range(0, len(lines), PER_TXN):
+            rows = _prepare_rows(lines[start:start + PER_TXN])
+            conn.execute("BEGIN")
+            conn.executemany("INSERT OR IGNORE INTO leads VALUES (?, ?, ?, ?)", rows)
+            conn.execute("COMMIT")
+            for _, key, _, write_id in rows:
+                out.write(json.dumps({"result": "accepted", "source_lead_id": key,
+                                      "write_id": write_id}) + "\n")
+        out.flush()
+        elapsed = time.perf_counter() - started
+    conn.close()
+    return len(lines) / elapsed
+
+
+async def _pg_floor(lines: list[bytes]) -> float:
+    import asyncpg
+
+    schema = "bench_floor_" + uuid.uuid4().hex[:8]
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.leads ("
+                           "tenant_id text NOT NULL, source_lead_id text NOT NULL, "
+                           "canonical text NOT NULL, write_id text NOT NULL, "
+                           "PRIMARY KEY (tenant_id, source_lead_id))")
+        insert = (f"INSERT INTO {schema}.leads SELECT * FROM unnest($1::text[], $2::text[], "
+                  "$3::text[], $4::text[]) ON CONFLICT DO NOTHING")
+        answers = []
+        started = time.perf_counter()
+        for start in range(0, len(lines), PER_TXN):
+            rows = _prepare_rows(lines[start:start + PER_TXN])
+            columns = [list(c) for c in zip(*rows, strict=True)]
+            await conn.execute(insert, *columns)
+            answers += [json.dumps({"result": "accepted", "source_lead_id": key,
+                                    "write_id": write_id}) for _, key, _, write_id in rows]
+        elapsed = time.perf_counter() - started
+        assert len(answers) == len(lines)
+        return len(lines) / elapsed
+    finally:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await conn.close()
+
+
+async def _pgqueuer(lines: list[bytes]) -> float:
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    schema = "bench_pgq_" + uuid.uuid4().hex[:8]
+    admin = await asyncpg.connect(PG_DSN)
+    await admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        conn = await asyncpg.connect(PG_DSN, server_settings={"search_path": schema})
+        try:
+            queries = Queries(AsyncpgDriver(conn))
+            await queries.install()
+            started = time.perf_counter()
+            for start in range(0, len(lines), PER_TXN):
+                chunk = lines[start:start + PER_TXN]
+                keys = [json.loads(line)["source_lead_id"] for line in chunk]
+                await queries.enqueue(["ingest"] * len(chunk), list(chunk), [0] * len(chunk),
+                                      dedupe_key=list(keys))
+            elapsed = time.perf_counter() - started
+            queued = await conn.fetchval(f"SELECT count(*) FROM {schema}.pgqueuer")
+            assert queued == len(lines), queued
+            return len(lines) / elapsed
+        finally:
+            await conn.close()
+    finally:
+        await admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await admin.close()
+
+
+def _runner(directory: Path, db: str, lines: list[bytes]) -> float:
+    scope = directory / "scope.json"
+    scope.write_text(json.dumps(SCOPE))
+    wall, _, stdout, _ = run_child(["accept", "--db", db, "--scope", str(scope),
+                                    "--records", "-"], stdin=b"\n".join(lines) + b"\n")
+    answers = stdout.count(b"\n")
+    if answers != len(lines) or stdout.count(b'"accepted"') != len(lines):
+        raise RuntimeError(f"runner answered {answers} of {len(lines)}")
+    return len(lines) / wall
+
+
+def _drop_pg(schema: str) -> None:
+    async def drop() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(PG_DSN)
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await conn.close()
+
+    asyncio.run(drop())
+
+
+def _runner_pg(directory: Path, lines: list[bytes]) -> float:
+    schema = "bench_runner_" + uuid.uuid4().hex[:8]
+    try:
+        return _runner(directory, f"{PG_DSN}?schema={schema}", lines)
+    finally:
+        _drop_pg(schema)
+
+
+def _have_pgqueuer() -> bool:
+    try:
+        import pgqueuer  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def measure(n: int, rounds: int) -> dict[str, Any]:
+    contenders: dict[str, Callable[[Path, list[bytes]], float]] = {
+        "stdlib floor": stdlib_floor,
+        "runner SQLite": lambda d, lines: _runner(d, str(d / "runner.db"), lines),
+        "PostgreSQL floor": lambda d, lines: asyncio.run(_pg_floor(lines)),
+        "runner PostgreSQL": _runner_pg,
+    }
+    skipped = []
+    if _have_pgqueuer():
+        contenders["PgQueuer"] = lambda d, lines: asyncio.run(_pgqueuer(lines))
+    else:
+        skipped.append("PgQueuer: not installed (pip install -e '.[bench]')")
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    for r in range(rounds):
+        lines = _lines(n, r * n)
+        for name, run in contenders.items():
+            with workdir() as d:
+                rates[name].append(run(d, lines))
+
+    def ratio(mine: str, other: str) -> float | None:
+        if other not in rates:
+            return None
+        return statistics.median(a / b for a, b in zip(rates[mine], rates[other],
+                                                           strict=True))
+
+    return {
+        "n": n, "rounds": rounds, "skipped": skipped,
+        "rates": {name: statistics.median(found) for name, found in rates.items()},
+        "ratios": {
+            "runner SQLite / stdlib floor": ratio("runner SQLite", "stdlib floor"),
+            "runner SQLite / PgQueuer": ratio("runner SQLite", "PgQueuer"),
+            "runner PostgreSQL / PgQueuer": ratio("runner PostgreSQL", "PgQueuer"),
+            "runner PostgreSQL / PostgreSQL floor": ratio("runner PostgreSQL",
+                                                          "PostgreSQL floor"),
+        },
+        "goals": {"runner SQLite / stdlib floor": 0.95, "runner SQLite / PgQueuer": 1.1,
+                  "runner PostgreSQL / PgQueuer": 1.0},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench ingest",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10,000 events, writes nothing")
+    args = parser.parse_args(argv)
+    n, rounds = (10_000, 1) if args.quick else (100_000, 3)
+    started = time.perf_counter()
+    doc = measure(n, rounds)
+    seconds = time.perf_counter() - started
+    print(f"bulk accept, {n:,} events, {rounds} round(s); {machine()}; {seconds:.0f} s\n")
+    for name, rate in doc["rates"].items():
+        print(f"  {name:<20} {rate:>10,.0f} rows/s")
+    for note in doc["skipped"]:
+        print(f"  skipped: {note}")
+    print()
+    for name, value in doc["ratios"].items():
+        goal = doc["goals"].get(name)
+        shown = "n/a" if value is None else f"{value:.2f}"
+        verdict = "" if goal is None or value is None else (
+            f"  goal >= {goal}: {'met' if value >= goal else 'NOT met'}")
+        print(f"  {name:<38} {shown:>6}{verdict}")
+    if not args.quick:
+        record("ingest", {**doc, "seconds": round(seconds, 1), "summary": machine()},
+               script="-m bench ingest", argv=argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""``runner target-serve``: the reference HTTP target server (issue 17).
+
+A remote target to deliver to over real HTTP, with a quota and faults on demand
+(``runner.io.targets.server``; the protocol: docs/reference/http-target.md).  It stores
+rows in a SQLite sheet of the synthetic target's shape, and runs until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from runner import logs
+from runner.commands.common import MAX_SECONDS, number
+from runner.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
+    serve = sub.add_parser(
+        "target-serve",
+        help="run the reference HTTP target server (the protocol of --target http://…), "
+             "with a quota and faults on demand, until SIGINT/SIGTERM")
+    serve.add_argument("--listen", required=True, metavar="HOST:PORT",
+                       help="where to listen (host 127.0.0.1 unless given; port 0 picks a "
+                            "free port, printed as 'listening on port N' on stderr)")
+    serve.add_argument("--store", required=True, metavar="PATH",
+                       help="the sheet: a SQLite file of the synthetic target's shape "
+                            "(created if absent)")
+    serve.add_argument("--token-file", metavar="PATH",
+                       help="the bearer token every request must carry; else "
+                            "$RUNNER_TARGET_TOKEN; with neither, no token is asked "
+                            "(loopback only)")
+    serve.add_argument("--quota", metavar="N/min",
+                       help="append requests allowed per minute (N/min) or second (N/s); "
+                            "beyond it: 429 with Retry-After, nothing applied")
+    serve.add_argument("--fault", action="append", metavar="KIND[:S][@P]",
+                       help="inject a fault with probability P (default 1): latency:S, "
+                            "error-before, unavailable, throttle, reject, drop-after-apply, "
+                            "slow-after-apply:S, refuse (repeatable)")
+    serve.add_argument("--fault-seed", type=number(int, 0, 2**63), metavar="N",
+                       help="seed the fault draws (repeatable runs)")
+    serve.add_argument("--grace", type=number(float, 0, MAX_SECONDS), default=5.0,
+                       metavar="S", help="seconds to answer requests in flight after the "
+                                         "first signal (default 5)")
+    serve.add_argument("--log-format", choices=["text", "json"], default="text")
+    serve.add_argument("--log-level", choices=logs.LEVELS, default="info")
+    serve.set_defaults(handler=cmd_target_serve)
+
+
+async def cmd_target_serve(args: argparse.Namespace) -> int:
+    import logging
+    import random
+    import signal
+
+    import anyio
+
+    from runner.io.http.server import HttpServer, ServerLimits, bind, parse_address
+    from runner.io.targets.compose import read_token
+    from runner.io.targets.server import (
+        DropProtocol,
+        FaultPlan,
+        TargetServerApp,
+        open_sheet,
+        parse_fault,
+        parse_quota,
+    )
+
+    log = logging.getLogger("runner.target_server")
+    address = parse_address(args.listen)
+    token = read_token(args.token_file)
+    if token is None and not address.loopback:
+        raise UsageError(f"--listen {address} is not a loopback address: a token is required "
+                         "(--token-file or $RUNNER_TARGET_TOKEN)")
+    quota = parse_quota(args.quota) if args.quota else None
+    faults = [parse_fault(text) for text in args.fault or ()]
+    plan = FaultPlan(faults, random.Random(args.fault_seed))
+    sheet = open_sheet(args.store)
+    try:
+        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            if plan.has("refuse"):
+                return await _refuse(address, signals, log)
+            app = TargetServerApp(sheet, token=token, quota=quota, faults=plan)
+            server = HttpServer(app, bind(address), grace=args.grace,
+                                limits=ServerLimits(max_concurrency=1024),
+                                protocol=DropProtocol)
+            hard: list[int] = []
+            async with anyio.create_task_group() as tg:
+                async def watch() -> None:
+                    stopping = False
+                    async for signum in signals:
+                        if stopping:
+                            hard.append(signum)
+                            tg.cancel_scope.cancel()
+                            return
+                        stopping = True
+                        server.stop()
+
+                tg.start_soon(watch)
+                await server.serve()
+                tg.cancel_scope.cancel()
+            c = app.counters
+            log.info("stopped: %d appends, %d rows, %d throttled, %d dropped",
+                     c.appends, c.rows, c.throttled, c.dropped,
+                     extra={"action": "target_server.stopped", "count": c.rows})
+            return 128 + hard[0] if hard else 0
+    finally:
+        sheet.close()
+
+
+async def _refuse(address: Any, signals: Any, log: Any) -> int:
+    """``--fault refuse``: hold the port without listening, so every connection is
+    refused (ECONNREFUSED), until a signal."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in address.host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address.host, address.port))
+        except OSError as exc:
+            raise UsageError(f"--listen {address}: {exc.strerror or exc}") from None
+        port = sock.getsockname()[1]
+        log.info("refusing connections on port %s", port,
+                 extra={"action": "target_server.refusing", "count": port})
+        async for _ in signals:
+            return 0
+        return 0
+    finally:
+        sock.close()

@@ -1,0 +1,216 @@
+"""The HTTP target adapter (issue 17): runner's target port over the documented protocol
+(docs/reference/http-target.md), on httpx.
+
+Blocking, like every adapter (runner calls it in a worker thread): one ``httpx.Client``
+for the run, so connections are reused, with explicit connect, read, write and pool
+timeouts.  What each outcome means is decided in one pure function
+(:mod:`runner.io.targets.protocol`); this module only does the I/O and raises what it
+returns.
+
+The bearer token is held in the client's default headers and nowhere else: it is never
+logged, never part of an error message, and ``repr`` does not show it.  A URL with a user
+name or password is refused (the token has its own file or variable).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from runner.errors import TargetUnavailable, UsageError
+from runner.io.targets.protocol import (
+    BadAnswer,
+    classify_append,
+    classify_exception,
+    parse_rows,
+    parse_statuses,
+    row_json,
+)
+from runner.leads.models import CRMRecord
+from runner.leads.port import (
+    Missing,
+    Observation,
+    RateLimited,
+    ReadFailure,
+    RejectedWrite,
+    Snapshot,
+    TargetReadError,
+    TargetRow,
+)
+
+log = logging.getLogger("runner.target")
+
+#: write_ids per read or status request (a batch readback of a big reconcile is chunked)
+READ_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds: to connect, to read an answer, to write a request, to wait for a pooled
+    connection."""
+
+    connect: float = 5.0
+    read: float = 10.0
+    write: float = 10.0
+    pool: float = 5.0
+
+
+def check_url(url: str) -> str:
+    """The base URL without a trailing slash; refuses what is not ``http(s)://HOST…`` or
+    carries credentials."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise UsageError(f"--target: not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError("--target: expected http://HOST[:PORT]/PATH or https://…")
+    if parts.username is not None or parts.password is not None:
+        raise UsageError("--target: a URL must not carry a user name or password; put the "
+                         "token in --target-token-file or $RUNNER_TARGET_TOKEN")
+    if parts.query or parts.fragment:
+        raise UsageError("--target: the base URL takes no query or fragment")
+    del port
+    return url.rstrip("/")
+
+
+class HttpTarget:
+    """A CRM adapter over the HTTP target protocol."""
+
+    def __init__(self, url: str, *, token: bytes | None = None,
+                 timeouts: Timeouts | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        self.url = check_url(url)
+        self.timeouts = timeouts or Timeouts()
+        t = self.timeouts
+        headers = {"accept": "application/json", "user-agent": "runner-http-target/1"}
+        if token is not None:
+            headers["authorization"] = "Bearer " + token.decode("ascii")
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+            # below the reference server's keep-alive (5 s): a connection the server is
+            # about to close is not reused (its close would look like a drop after sending)
+            limits=httpx.Limits(max_connections=8, max_keepalive_connections=4,
+                                keepalive_expiry=2.0),
+            headers=headers, follow_redirects=False, transport=transport)
+
+    def __repr__(self) -> str:
+        return f"HttpTarget({self.url!r})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- calls --------------------------------------------------------------------------
+
+    def _post(self, path: str, doc: Any) -> httpx.Response:
+        return self._client.post(f"{self.url}/{path}", json=doc)
+
+    def _read(self, path: str, doc: Any) -> Any:
+        """A read call's JSON answer; any failure is TargetReadError."""
+        try:
+            answer = self._post(path, doc)
+        except httpx.HTTPError as exc:
+            raise TargetReadError(f"target {path} failed: {type(exc).__name__}") from None
+        if answer.status_code != 200:
+            # a quota answer to a read is the pacer's business too (it holds every later
+            # request until retry_after); it proves nothing about the rows either way
+            error = classify_append(answer.status_code, answer.headers, answer.content, 0,
+                                    datetime.now(UTC))
+            if isinstance(error, RateLimited):
+                raise RateLimited(f"target {path} answered {answer.status_code} (rate "
+                                  "limited)", retry_after=error.retry_after)
+            raise TargetReadError(f"target {path} answered {answer.status_code}")
+        try:
+            return answer.json()
+        except ValueError:
+            raise TargetReadError(f"target {path} answered something not JSON") from None
+
+    # -- the port -----------------------------------------------------------------------
+
+    def write(self, record: CRMRecord, write_id: str) -> None:
+        self.write_batch([(record, write_id)])
+
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
+        """One append request for the whole batch (applied atomically by the target)."""
+        body = {"rows": [row_json(record, write_id) for record, write_id in items]}
+        try:
+            answer = self._post("append", body)
+        except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent" is safe
+            raise classify_exception(exc) from None
+        error = classify_append(answer.status_code, answer.headers, answer.content,
+                                len(items), datetime.now(UTC))
+        if isinstance(error, RejectedWrite):
+            # the records become failed-safe and are retried on the backoff schedule: the
+            # target's reason is said once per request, so a person can fix the cause
+            log.warning("%s", error.message, extra={"action": "target.rejected",
+                                                    "count": len(items)})
+        if error is not None:
+            raise error
+
+    def read_back(self, write_id: str) -> Sequence[TargetRow]:
+        return self.read_back_many([write_id])
+
+    def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
+        rows: list[TargetRow] = []
+        for start in range(0, len(write_ids), READ_CHUNK):
+            chunk = list(write_ids[start : start + READ_CHUNK])
+            doc = self._read("read", {"write_ids": chunk})
+            try:
+                rows.extend(parse_rows(doc))
+            except BadAnswer as exc:
+                raise TargetReadError(f"target read answered badly: {exc}") from None
+        return rows
+
+    def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]:
+        out: dict[str, Observation] = {}
+        for start in range(0, len(write_ids), READ_CHUNK):
+            chunk = list(write_ids[start : start + READ_CHUNK])
+            doc = self._read("status", {"write_ids": chunk})
+            try:
+                found = parse_statuses(doc, chunk)
+            except BadAnswer as exc:
+                raise TargetReadError(f"target status answered badly: {exc}") from None
+            for write_id in chunk:
+                statuses = found.get(write_id)
+                if statuses is None:
+                    out[write_id] = ReadFailure("no answer for this record")
+                elif not statuses:
+                    out[write_id] = Missing()
+                elif len(statuses) > 1:
+                    out[write_id] = ReadFailure(f"ambiguous: {len(statuses)} rows")
+                else:
+                    out[write_id] = Snapshot({"status": statuses[0]})
+        return out
+
+    # -- identity and the check before writes ------------------------------------------
+
+    def target_id(self) -> str:
+        """The server's identity (``GET BASE/identity``)."""
+        try:
+            answer = self._client.get(f"{self.url}/identity")
+        except httpx.HTTPError as exc:
+            raise TargetUnavailable(f"the HTTP target {self.url} cannot be reached "
+                                    f"({type(exc).__name__})") from None
+        if answer.status_code != 200:
+            raise TargetUnavailable(f"the HTTP target {self.url} answered "
+                                    f"{answer.status_code} to its identity request")
+        try:
+            doc = answer.json()
+        except ValueError:
+            doc = None
+        found = doc.get("target_id") if isinstance(doc, dict) else None
+        if not isinstance(found, str) or not found:
+            raise TargetUnavailable(f"the HTTP target {self.url} gave no identity")
+        return found
+
+    def prepare_writes(self, create: bool) -> None:
+        """The server answers its identity with this token: writes can start.  A remote
+        target is never created from here, whatever ``create`` says."""
+        del create
+        self.target_id()
