@@ -455,6 +455,8 @@ def _render_soak(doc: dict[str, Any]) -> str:
                     f"`--before {doc.get('pipeline_keep', '')}`) | "
                     f"{_num(sum(removed.values()))} | - |")
     rows.append(f"| stderr (MiB a minute) | {doc['stderr_mib_per_min']:.3f} | - |")
+    if doc.get("violations"):
+        rows += ["", "Violations:", ""] + [f"* {_cell(v)}" for v in doc["violations"]]
     return "\n".join([
         head, "",
         f"**{verdict}.** {doc['minutes']:g} minutes on {doc['backend']}: {doc['rate']:g} leads/s "
