@@ -83,10 +83,15 @@ def _duration(text: str) -> float:
 
 def _rate_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-rate", type=_rate, metavar="N/min",
-                        help="the target's request quota, such as 60/min or 2/s: every "
-                             "request (a batch write, a readback, a status read) waits its "
-                             "turn, evenly spaced, so the quota is never exceeded (default: "
-                             "no quota; a rate-limited answer is honoured either way)")
+                        help="the target's write quota, such as 60/min or 2/s: every "
+                             "batch write waits its turn, evenly spaced, so the quota is "
+                             "never exceeded (default: no quota; a rate-limited answer is "
+                             "honoured either way)")
+    parser.add_argument("--target-read-rate", type=_rate, metavar="N/min",
+                        help="the target's read quota, apart from the write quota: every "
+                             "read (a batch's readback, a reconcile read, a status read) "
+                             "waits its turn (default: reads are not paced; a "
+                             "rate-limited answer still holds them)")
 
 
 def _retry_options(parser: argparse.ArgumentParser) -> None:
@@ -266,6 +271,7 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
             async with DurableWorker(
                     args.db, scope, port, clock=clock_from(args),
                     target_rate=getattr(args, "target_rate", None),
+                    target_read_rate=getattr(args, "target_read_rate", None),
                     retry_base=retry[0] if retry[0] is not None else DEFAULT_RETRY_BASE,
                     retry_cap=retry[1] if retry[1] is not None else DEFAULT_RETRY_CAP,
             ) as worker:
