@@ -217,7 +217,8 @@ async def test_a_failed_safe_record_waits_out_its_backoff_also_across_a_restart(
         assert (await worker.run_cycle()).failed_safe == 1
         status = await worker.status()
     first_retry = T0 + timedelta(seconds=10)
-    assert status["retries"] == {"waiting": 1, "next_attempt_at": to_text(first_retry)}
+    assert status["retries"] == {"waiting": 1, "next_attempt_at": to_text(first_retry),
+                                 "rejected": 0}
     events = status["outbox"]["count"]
 
     # a restart (a new worker on the same store): the schedule is the store's
@@ -241,7 +242,7 @@ async def test_a_failed_safe_record_waits_out_its_backoff_also_across_a_restart(
         assert (await worker.run_cycle()).confirmed == 1
         status = await worker.status()
     assert adapter.calls == 3 and len(sheet_rows(workdir / "t.db")) == 1
-    assert status["retries"] == {"waiting": 0, "next_attempt_at": None}
+    assert status["retries"] == {"waiting": 0, "next_attempt_at": None, "rejected": 0}
     assert status["records"][0]["attempts"] == 3
 
 
@@ -266,7 +267,7 @@ def test_the_cli_keeps_the_backoff_schedule_between_runs(cli_store: CliStore) ->
 
     late = s.once("--now", "2026-11-30T12:01:00Z")
     assert last_json(late.stdout)["confirmed"] == 1, late.stderr
-    assert s.status()["retries"] == {"waiting": 0, "next_attempt_at": None}
+    assert s.status()["retries"] == {"waiting": 0, "next_attempt_at": None, "rejected": 0}
     assert len(sheet_rows(s.target)) == 1
 
 

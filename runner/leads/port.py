@@ -212,9 +212,17 @@ class SendResult:
     """What a send proved: see :meth:`CRMRecordPort.send_blocking`."""
 
     verdict: Literal["not_sent", "failed", "unproven"] | Readback
+    #: ``failed``/``unproven``: the error's type; ``not_sent`` by a ``RejectedWrite``: the
+    #: target's reason (kept with the failed_safe record, ``last_error``); else None
     error: str | None = None
     #: ``not_sent`` by a ``RateLimited`` answer that said when to come back (seconds)
     retry_after: float | None = None
+
+
+def _not_sent(exc: BeforeWriteError, retry_after: float | None) -> SendResult:
+    """A send that certainly did not leave; a rejected one carries the target's reason."""
+    reason = exc.message if isinstance(exc, RejectedWrite) else None
+    return SendResult("not_sent", error=reason, retry_after=retry_after)
 
 
 class CRMRecordPort:
@@ -322,7 +330,7 @@ class CRMRecordPort:
         try:
             self.adapter.write(record, write_id)
         except BeforeWriteError as exc:
-            return SendResult("not_sent", retry_after=self._rate_limited(exc))
+            return _not_sent(exc, self._rate_limited(exc))
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return SendResult("failed", type(exc).__name__)
         crashpoints.hit("dispatch.after-write")
@@ -356,7 +364,7 @@ class CRMRecordPort:
         try:
             write_batch(records)
         except BeforeWriteError as exc:
-            return [SendResult("not_sent", retry_after=self._rate_limited(exc))] * n
+            return [_not_sent(exc, self._rate_limited(exc))] * n
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return [SendResult("failed", type(exc).__name__)] * n
         crashpoints.hit("dispatch.after-write")
