@@ -81,12 +81,15 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
-def _rate_option(parser: argparse.ArgumentParser) -> None:
+def _rate_option(parser: argparse.ArgumentParser, *, writes: bool = True) -> None:
     parser.add_argument("--target-rate", type=_rate, metavar="N/min",
                         help="the target's write quota, such as 60/min or 2/s: every "
                              "batch write waits its turn, evenly spaced, so the quota is "
                              "never exceeded (default: no quota; a rate-limited answer is "
-                             "honoured either way)")
+                             "honoured either way)" if writes else
+                             "the target's write quota; this command makes no writes, so "
+                             "it paces nothing here (give --target-read-rate to pace the "
+                             "status reads)")
     parser.add_argument("--target-read-rate", type=_rate, metavar="N/min",
                         help="the target's read quota, apart from the write quota: every "
                              "read (a batch's readback, a reconcile read, a status read) "
@@ -237,7 +240,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                                "takes 0.2 s more; or crash-at:POINT[@N] (a poll.* crash "
                                "point)")
     _poll_option(poll_status)
-    _rate_option(poll_status)
+    _rate_option(poll_status, writes=False)
     poll_status.set_defaults(handler=cmd_poll_status)
 
 
