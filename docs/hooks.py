@@ -333,7 +333,9 @@ def _render_reconcile(doc: dict[str, Any]) -> str:
         quota = ["| --batch-size | writes answered rate limited | read quota | leads "
                  "confirmed per minute | writes per minute | reads per minute | answered "
                  "rate limited | lost | duplicated |", "|---|---|---|---|---|---|---|---|---|"]
-        quota += [f"| {q['batch_size']} | {q['refuse_share']:.0%} (retry-after 2 s) | "
+        quota += [f"| {q['batch_size']} | "
+                  + (f"{q['refuse_share']:.0%} (retry-after 2 s)" if q["refuse_share"]
+                     else "none") + " | "
                   + ("not paced" if q["read_quota_per_min"] is None
                      else f"{q['read_quota_per_min']}/min")
                   + f" | **{_num(q['leads_per_min'])}** | {q['writes_per_min']:g} | "
