@@ -9,11 +9,13 @@ Two measurements, through the library, on the synthetic SQLite target:
    and in chunks (the default batch size: one ``read_back_many`` per chunk, one commit
    per chunk), in alternating rounds, on SQLite and on PostgreSQL.  What the pass would
    take under a quota of 60 requests a minute follows from its request count.
-2. **Sustained delivery under a 60 requests/minute quota** (``target_rate``, every
-   request a token: the batch write and its readback) with a target that also answers
-   "rate limited" (``RateLimited``, retry-after 2 s) to one write in ten, seeded: leads
-   confirmed per minute over a window, then every record delivered and counted in the
-   target (zero duplicates required).
+2. **Sustained delivery under a quota of 60 writes a minute** (``target_rate``: every
+   batch write takes a token; reads have a quota of their own, as Sheets keeps them):
+   batches of 100 with reads not paced, first with a target that answers every write,
+   then one that also answers "rate limited" (``RateLimited``, retry-after 2 s) to one
+   write in ten, seeded, then the same with reads on their own quota of 60 a minute
+   (``target_read_rate``): leads confirmed per minute over a window, then every record
+   delivered and counted in the target (zero duplicates required).
 
     python -m bench reconcile            # full: 10,000 records, 60 s windows; writes
                                          # bench/results/reconcile-<UTC>.json
@@ -170,16 +172,17 @@ class Deadline:
             yield scope
 
 
-async def _quota_run(db: str, target: Path, batch: int, window: float,
-                     seed: int) -> dict[str, Any]:
+async def _quota_run(db: str, target: Path, batch: int, window: float, seed: int,
+                     refuse: float, read_quota: int | None) -> dict[str, Any]:
     rate = QUOTA_PER_MIN / 60.0
-    # what the window can take at the quota (two requests a batch), and a fifth more
-    n = int(window * rate / 2 * batch * 1.2) + batch
-    adapter = Counting(target, refuse=0.1, seed=seed)
+    read_rate = read_quota / 60.0 if read_quota is not None else None
+    # what the window can take at the write quota (one write a batch), and a fifth more
+    n = int(window * rate * batch * 1.2) + batch
+    adapter = Counting(target, refuse=refuse, seed=seed)
     port = CRMRecordPort(adapter)
     try:
         async with DurableWorker(db, SCOPE, port, batch_size=batch, target_rate=rate,
-                                 retry_base=1.0) as worker:
+                                 target_read_rate=read_rate, retry_base=1.0) as worker:
             for start in range(0, n, 5000):
                 await worker.accept_many([event(i) for i in range(start, min(n, start + 5000))])
             started = time.monotonic()
@@ -190,7 +193,8 @@ async def _quota_run(db: str, target: Path, batch: int, window: float,
                 in_window += summary.confirmed
             measured = time.monotonic() - started
             refused_in_window = adapter.requests["refused"]
-            requests_in_window = sum(adapter.requests.values())
+            writes_in_window = adapter.requests["write"]
+            reads_in_window = adapter.requests["read"] + adapter.requests["status"]
             for _ in range(10_000):  # deliver the rest
                 if (await worker.status())["counts"]["confirmed"] >= n:
                     break
@@ -205,23 +209,36 @@ async def _quota_run(db: str, target: Path, batch: int, window: float,
             "SELECT count(*), count(DISTINCT write_id) FROM sheet").fetchone()
     finally:
         conn.close()
-    return {"batch_size": batch, "window_s": round(measured, 1), "accepted": n,
+    return {"batch_size": batch, "write_quota_per_min": QUOTA_PER_MIN,
+            "read_quota_per_min": read_quota, "refuse_share": refuse,
+            "window_s": round(measured, 1), "accepted": n,
             "confirmed_in_window": in_window,
             "leads_per_min": round(in_window / measured * 60),
-            "requests_per_min": round(requests_in_window / measured * 60, 1),
+            "writes_per_min": round(writes_in_window / measured * 60, 1),
+            "reads_per_min": round(reads_in_window / measured * 60, 1),
             "refused_in_window": refused_in_window,
             "confirmed": doc["counts"]["confirmed"], "rows": rows,
             "duplicated": rows - distinct, "lost": n - distinct,
             "uncertain": doc["counts"]["uncertain"]}
 
 
-def quota_runs(window: float, sizes: Sequence[int], seed: int) -> list[dict[str, Any]]:
+#: (refused share of writes, read quota per minute or None: reads not paced)
+QUOTA_RUNS: tuple[tuple[float, int | None], ...] = (
+    (0.0, None), (0.1, None), (0.1, QUOTA_PER_MIN))
+
+
+def quota_runs(window: float, batch: int, seed: int) -> list[dict[str, Any]]:
     out = []
-    for size in sizes:
+    for refuse, read_quota in QUOTA_RUNS:
         with workdir() as directory:
             out.append(anyio.run(_quota_run, str(directory / "q.db"),
-                                 directory / "target.db", size, window, seed))
+                                 directory / "target.db", batch, window, seed, refuse,
+                                 read_quota))
     return out
+
+
+def _reads(q: dict[str, Any]) -> str:
+    return "not paced" if q["read_quota_per_min"] is None else f"{q['read_quota_per_min']}/min"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     n, rounds, window = (2000, 1, 12.0) if args.quick else (10_000, 2, 60.0)
     started = time.perf_counter()
     costs = [reconcile_cost(b, n, rounds) for b in args.backends.split(",")]
-    quota = quota_runs(window, (DEFAULT_BATCH_SIZE, 2 * DEFAULT_BATCH_SIZE), args.seed)
+    quota = quota_runs(window, 100, args.seed)
     seconds = time.perf_counter() - started
     print(f"reconcile and quota ({machine()}; {seconds:.0f} s)\n")
     print(f"a cycle with {n:,} uncertain records (median of {rounds}):")
@@ -247,12 +264,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['seconds']:>8.2f} {r['quota_minutes']:>7.1f} min")
         print(f"{'':>9} before/after: {cost['request_ratio']:g}x fewer requests, "
               f"{cost['time_ratio']:g}x less time")
-    print(f"\ndelivery at {QUOTA_PER_MIN} requests/minute, one write in ten answered rate "
-          f"limited ({window:g} s window):")
-    print(f"{'batch':>6} {'leads/min':>10} {'requests/min':>13} {'refused':>8} "
-          f"{'lost':>5} {'duplicated':>11}")
+    print(f"\ndelivery at {QUOTA_PER_MIN} writes/minute ({window:g} s window):")
+    print(f"{'batch':>6} {'refused':>8} {'reads':>10} {'leads/min':>10} {'writes/min':>11} "
+          f"{'reads/min':>10} {'refused':>8} {'lost':>5} {'duplicated':>11}")
     for q in quota:
-        print(f"{q['batch_size']:>6} {q['leads_per_min']:>10,} {q['requests_per_min']:>13} "
+        print(f"{q['batch_size']:>6} {q['refuse_share']:>8.0%} {_reads(q):>10} "
+              f"{q['leads_per_min']:>10,} {q['writes_per_min']:>11} {q['reads_per_min']:>10} "
               f"{q['refused_in_window']:>8} {q['lost']:>5} {q['duplicated']:>11}")
     if not args.quick:
         record("reconcile", {"uncertain": n, "rounds": rounds, "window_s": window,

@@ -320,18 +320,35 @@ def _render_reconcile(doc: dict[str, Any]) -> str:
                         f"{r['seconds']:,.2f} s | {r['quota_minutes']:,.1f} min |")
         cost.append(f"| {c['backend']} | before / after | **{c['request_ratio']:g}x** fewer "
                     f"| **{c['time_ratio']:g}x** less | |")
-    quota = ["| --batch-size | leads confirmed per minute | target requests per minute | "
-             "answered rate limited | lost | duplicated |", "|---|---|---|---|---|---|"]
-    quota += [f"| {q['batch_size']} | {_num(q['leads_per_min'])} | {q['requests_per_min']:g} | "
-              f"{q['refused_in_window']} | {q['lost']} | {q['duplicated']} |"
-              for q in doc["quota"]]
+    if "write_quota_per_min" not in doc["quota"][0]:  # before the separate read quota
+        quota = ["| --batch-size | leads confirmed per minute | target requests per minute "
+                 "| answered rate limited | lost | duplicated |", "|---|---|---|---|---|---|"]
+        quota += [f"| {q['batch_size']} | {_num(q['leads_per_min'])} | "
+                  f"{q['requests_per_min']:g} | {q['refused_in_window']} | {q['lost']} | "
+                  f"{q['duplicated']} |" for q in doc["quota"]]
+        about = (f"Delivery at {doc['quota_per_min']} requests a minute (every request a "
+                 "token: a batch write and its readback), one write in ten answered rate "
+                 "limited (retry-after 2 s)")
+    else:
+        quota = ["| --batch-size | writes answered rate limited | read quota | leads "
+                 "confirmed per minute | writes per minute | reads per minute | answered "
+                 "rate limited | lost | duplicated |", "|---|---|---|---|---|---|---|---|---|"]
+        quota += [f"| {q['batch_size']} | "
+                  + (f"{q['refuse_share']:.0%} (retry-after 2 s)" if q["refuse_share"]
+                     else "none") + " | "
+                  + ("not paced" if q["read_quota_per_min"] is None
+                     else f"{q['read_quota_per_min']}/min")
+                  + f" | **{_num(q['leads_per_min'])}** | {q['writes_per_min']:g} | "
+                  f"{q['reads_per_min']:g} | {q['refused_in_window']} | {q['lost']} | "
+                  f"{q['duplicated']} |" for q in doc["quota"]]
+        about = (f"Delivery at {doc['quota_per_min']} writes a minute (`--target-rate "
+                 f"{doc['quota_per_min']}/min`: every batch write a token; reads not paced, "
+                 "or on a read quota of their own, `--target-read-rate`)")
     return "\n".join([
         _provenance(doc) + f" A cycle over {doc['uncertain']:,} uncertain records, median of "
         f"{doc['rounds']} alternating rounds:", "", *cost, "",
-        f"Delivery at {doc['quota_per_min']} requests a minute (every request a token: a "
-        f"batch write and its readback), one write in ten answered rate limited "
-        f"(retry-after 2 s), over a {doc['window_s']:g} s window; then every record "
-        "delivered and the target's rows counted:", "", *quota])
+        f"{about}, over a {doc['window_s']:g} s window; then every record delivered and "
+        "the target's rows counted:", "", *quota])
 
 
 def _render_sweep_explain(doc: dict[str, Any]) -> str:
@@ -569,9 +586,12 @@ def _render_http_target(doc: dict[str, Any]) -> str:
     if "quota" in doc:
         q = doc["quota"]
         within = abs(q["ratio_to_goal"] - 1) <= 0.05
+        paced = (f"`start --target-rate {q['target_rate_per_min']}/min`: the write quota"
+                 if "target_rate_per_min" in q else
+                 f"`start --target-rate {2 * q['quota_per_min']}/min`, measured when "
+                 "`--target-rate` still counted every request, two per batch")
         quota = ["", f"With the server's quota at {q['quota_per_min']} appends/minute and "
-                 f"batches of {q['batch_size']} (`start --target-rate "
-                 f"{2 * q['quota_per_min']}/min`: two requests per batch), over "
+                 f"batches of {q['batch_size']} ({paced}), over "
                  f"{q['span_s']} s: **{_num(q['per_min'])} records/minute** against quota &times; "
                  f"batch size = {_num(q['goal_per_min'])} (ratio {q['ratio_to_goal']:.3f}; "
                  f"within 5%: {'yes' if within else '**no**'}), {_num(q['rows'])} rows on "

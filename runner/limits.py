@@ -15,3 +15,7 @@ POLL_LIMIT_RANGE = (1, 1000)
 #: (the behaviour before batching).  The default is chosen from ``python -m bench``.
 DEFAULT_BATCH_SIZE = 100
 BATCH_SIZE_RANGE = (1, 1000)
+
+#: the longest reason a failed_safe record keeps (``last_error``, v13: the target's reason
+#: for refusing its write, HTTP 400/422), in characters; longer ones are cut
+MAX_LAST_ERROR = 300

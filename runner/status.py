@@ -27,6 +27,8 @@ def record_json(row: LeadRow) -> dict[str, Any]:
         "snapshot": row.snapshot,
         "last_polled_at": row.last_polled_at,
         "contact_alias_present": row.contact_alias_present,
+        # failed_safe by a rejected write (HTTP 400/422): the target's reason (issue 17)
+        "last_error": row.last_error,
     }
 
 
@@ -35,8 +37,9 @@ def head_json(summary: StoreSummary) -> dict[str, Any]:
         "scope": summary.scope,
         "schema_version": summary.schema_version,
         "counts": {state.value: n for state, n in summary.counts.items()},
-        # the failed_safe records waiting for their backoff, and the earliest next
-        # attempt among them (issue 16)
+        # the failed_safe records waiting for their backoff, the earliest next attempt
+        # among them (issue 16), and how many the target rejected, with a reason
+        # (``last_error`` on each record; issue 17)
         "retries": summary.retries,
     }
 

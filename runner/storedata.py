@@ -41,6 +41,8 @@ class LeadRow:
     last_polled_at: str | None
     #: whether the event carries a ``contact_alias``; never its value (K7)
     contact_alias_present: bool = False
+    #: failed_safe by a rejected write: the target's reason (v13; None otherwise)
+    last_error: str | None = None
 
 
 ObservationOutcome = Literal["changed", "unchanged", "missing", "failed"]
@@ -81,9 +83,10 @@ class StoreSummary:
     #: the most recent operator decisions, newest first (``runner resolve``)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     #: failed_safe records waiting for their backoff (issue 16): {"waiting": n,
-    #: "next_attempt_at": the earliest of their next attempts, or None}
+    #: "next_attempt_at": the earliest of their next attempts, or None, "rejected": how
+    #: many failed_safe records the target rejected, with its reason (v13)}
     retries: dict[str, Any] = field(
-        default_factory=lambda: {"waiting": 0, "next_attempt_at": None})
+        default_factory=lambda: {"waiting": 0, "next_attempt_at": None, "rejected": 0})
 
 
 def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:

@@ -9,7 +9,9 @@ plug in their own target adapter::
         print(await worker.status())
 
 ``port`` is a :class:`runner.CRMRecordPort` around an adapter (a bare adapter is wrapped).
-``target_rate`` (requests per second) paces every request to the target; ``retry_base``
+``target_rate`` (requests per second) paces the writes to the target (batch appends),
+``target_read_rate`` its reads (readbacks, reconcile reads, status reads; None: reads
+are not paced, only a ``RateLimited`` answer holds them); ``retry_base``
 and ``retry_cap`` (seconds) set the backoff of records that were not sent (issue 16).
 """
 
@@ -51,6 +53,7 @@ class DurableWorker:
         clock: Clock | None = None,
         batch_size: int = DEFAULT_BATCH_SIZE,
         target_rate: float | None = None,
+        target_read_rate: float | None = None,
         retry_base: float = DEFAULT_RETRY_BASE,
         retry_cap: float = DEFAULT_RETRY_CAP,
     ) -> None:
@@ -64,8 +67,11 @@ class DurableWorker:
         if port is not None and not isinstance(port, CRMRecordPort):
             port = CRMRecordPort(port)
         if port is not None and target_rate is not None:
-            # every request to the target (writes, readbacks, status reads) is paced
+            # the write quota: every batch write takes a token
             port.pacer = Pacer(target_rate, default_hold=max(retry_base, 0.1))
+        if port is not None and target_read_rate is not None:
+            # the read quota: readbacks, reconcile reads and status reads, apart
+            port.read_pacer = Pacer(target_read_rate, default_hold=max(retry_base, 0.1))
         self._port = port
         self.clock: Clock = clock or SystemClock()
         self._store: Store | None = None

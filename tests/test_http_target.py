@@ -239,6 +239,32 @@ def test_once_leaves_a_rejected_batch_failed_safe_and_a_refusing_target_changes_
     assert {r["state"] for r in cli_store.records().values()} == {"confirmed"}
 
 
+def test_status_shows_the_servers_reason_for_a_rejected_write_until_the_next_send(
+        cli_store: CliStore, workdir: Path) -> None:
+    cli_store.accept(1, 2, 3)
+    with target_server(workdir, "--fault", "reject") as server:
+        _target(cli_store, server.url)
+        # --retry-base 0: due again at once (the test waits for no backoff)
+        assert cli_store.cli("once", "--batch-size", "2", "--retry-base", "0")[
+            "failed_safe"] == 3
+    doc = cli_store.status()
+    assert doc["retries"]["rejected"] == 3 and doc["counts"]["failed_safe"] == 3
+    reasons = {r["source_lead_id"]: r["last_error"] for r in doc["records"]}
+    # the server's own words, per record (two requests: each record its request's reason)
+    assert set(reasons) == {"lead-1", "lead-2", "lead-3"}
+    assert all(reason is not None and "422" in reason and "fault reject" in reason
+               for reason in reasons.values()), reasons
+    # no personal data: the reason is the server's, never the record's fields
+    assert not any("alias" in reason for reason in reasons.values())
+    # the next state change clears it: a healthy target confirms the records
+    with target_server(workdir) as server:
+        _target(cli_store, server.url)
+        assert cli_store.cli("once")["confirmed"] == 3
+    doc = cli_store.status()
+    assert doc["retries"]["rejected"] == 0
+    assert [r["last_error"] for r in doc["records"]] == [None] * 3
+
+
 def test_start_with_an_http_target_delivers_reconciles_and_polls(
         cli_store: CliStore, workdir: Path) -> None:
     token_file = workdir / "token"

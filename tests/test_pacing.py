@@ -22,7 +22,7 @@ from runner import DurableWorker
 from runner.clock import to_text
 from runner.errors import UsageError
 from runner.ids import WriteId
-from runner.leads.models import CRMRecord
+from runner.leads.models import CRMRecord, LeadEvent
 from runner.leads.pacing import Backoff, Pacer, parse_duration, parse_rate
 from runner.leads.port import (
     AmbiguousWriteError,
@@ -154,6 +154,7 @@ def test_durations_are_read_with_their_unit() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--target-rate", "fast"], "--target-rate: rate 'fast'"),
+    (["--target-read-rate", "0/min"], "--target-read-rate: rate '0/min'"),
     (["--retry-base=-1s"], "--retry-base: duration '-1s'"),
     (["--retry-base", "10min", "--retry-cap", "1s"], "must not exceed --retry-cap"),
 ])
@@ -173,7 +174,11 @@ def test_the_pacing_options_come_from_the_configuration_file(
     config.write_text('target-rate = "fast"\n')
     out = cli_store.once("--config", config)
     assert out.returncode == 2 and "target-rate" in out.stderr and "fast" in out.stderr
-    config.write_text('target-rate = "600/min"\n[once]\nretry-base = "2s"\n')
+    config.write_text('target-read-rate = "often"\n')
+    out = cli_store.once("--config", config)
+    assert out.returncode == 2 and "target-read-rate" in out.stderr, out.stderr
+    config.write_text('target-rate = "600/min"\ntarget-read-rate = "600/min"\n'
+                      '[once]\nretry-base = "2s"\n')
     cli_store.accept(1)
     out = cli_store.once("--config", config)
     assert out.returncode == 0 and last_json(out.stdout)["confirmed"] == 1, out.stderr
@@ -212,7 +217,8 @@ async def test_a_failed_safe_record_waits_out_its_backoff_also_across_a_restart(
         assert (await worker.run_cycle()).failed_safe == 1
         status = await worker.status()
     first_retry = T0 + timedelta(seconds=10)
-    assert status["retries"] == {"waiting": 1, "next_attempt_at": to_text(first_retry)}
+    assert status["retries"] == {"waiting": 1, "next_attempt_at": to_text(first_retry),
+                                 "rejected": 0}
     events = status["outbox"]["count"]
 
     # a restart (a new worker on the same store): the schedule is the store's
@@ -236,7 +242,7 @@ async def test_a_failed_safe_record_waits_out_its_backoff_also_across_a_restart(
         assert (await worker.run_cycle()).confirmed == 1
         status = await worker.status()
     assert adapter.calls == 3 and len(sheet_rows(workdir / "t.db")) == 1
-    assert status["retries"] == {"waiting": 0, "next_attempt_at": None}
+    assert status["retries"] == {"waiting": 0, "next_attempt_at": None, "rejected": 0}
     assert status["records"][0]["attempts"] == 3
 
 
@@ -261,7 +267,7 @@ def test_the_cli_keeps_the_backoff_schedule_between_runs(cli_store: CliStore) ->
 
     late = s.once("--now", "2026-11-30T12:01:00Z")
     assert last_json(late.stdout)["confirmed"] == 1, late.stderr
-    assert s.status()["retries"] == {"waiting": 0, "next_attempt_at": None}
+    assert s.status()["retries"] == {"waiting": 0, "next_attempt_at": None, "rejected": 0}
     assert len(sheet_rows(s.target)) == 1
 
 
@@ -298,7 +304,8 @@ async def test_dispatch_keeps_the_quota_and_honours_retry_after(
 ) -> None:
     fake, clock = FakeTime(), StepClock()
     adapter = Timed(workdir / "t.db", fake, ["rate_limited"])
-    port = CRMRecordPort(adapter, fake.pacer(rate=1.0))  # 60 requests a minute
+    one = fake.pacer(rate=1.0)  # 60 requests a minute, reads and writes in one bucket
+    port = CRMRecordPort(adapter, one, one)
     async with DurableWorker(db_location, SCOPE, port, clock=clock, batch_size=2) as worker:
         for i in range(6):
             await worker.accept(event(i))
@@ -370,7 +377,8 @@ async def test_a_reconcile_pass_reads_the_oldest_attempt_first(db_location: str)
 async def test_poll_reads_take_tokens_too(db_location: str, workdir: Path) -> None:
     fake = FakeTime()
     adapter = Timed(workdir / "t.db", fake)
-    port = CRMRecordPort(adapter, fake.pacer(rate=0.5))  # one request every 2 s
+    one = fake.pacer(rate=0.5)  # one request every 2 s, reads and writes alike
+    port = CRMRecordPort(adapter, one, one)
     async with DurableWorker(db_location, SCOPE, port, batch_size=10) as worker:
         for i in range(3):
             await worker.accept(event(i))
@@ -378,6 +386,84 @@ async def test_poll_reads_take_tokens_too(db_location: str, workdir: Path) -> No
         before = fake.t
         await worker.poll(10)  # a status read: one more
     assert fake.t - before == 2.0 and port.pacer.taken == 3
+
+
+# -- separate read and write quotas ----------------------------------------------------
+
+
+def _gaps(times: Sequence[float]) -> list[float]:
+    return [round(b - a, 6) for a, b in itertools.pairwise(times)]
+
+
+async def test_reads_are_not_paced_by_the_write_quota(
+    db_location: str, workdir: Path
+) -> None:
+    fake = FakeTime()
+    adapter = Timed(workdir / "t.db", fake)
+    port = CRMRecordPort(adapter, fake.pacer(rate=1.0))  # 60 writes a minute, reads free
+    async with DurableWorker(db_location, SCOPE, port, batch_size=2) as worker:
+        for i in range(6):
+            await worker.accept(event(i))
+        summary = await worker.run_cycle()
+    assert summary.confirmed == 6
+    writes = [t for kind, t, _ in adapter.requests if kind == "write"]
+    reads = [t for kind, t, _ in adapter.requests if kind == "read"]
+    assert _gaps(writes) == [1.0, 1.0]  # a write a second: the quota, not two requests
+    assert reads == writes  # each readback at once after its write: no token to wait for
+    assert port.pacer.taken == 3 and port.read_pacer.taken == 3
+    assert len(sheet_rows(workdir / "t.db")) == 6
+
+
+async def test_reads_keep_a_quota_of_their_own(db_location: str, workdir: Path) -> None:
+    fake = FakeTime()
+    adapter = Timed(workdir / "t.db", fake)
+    # 60 writes a minute, 20 reads a minute: the reads bound the pace
+    port = CRMRecordPort(adapter, fake.pacer(rate=1.0), fake.pacer(rate=1 / 3))
+    async with DurableWorker(db_location, SCOPE, port, batch_size=2) as worker:
+        for i in range(6):
+            await worker.accept(event(i))
+        await worker.run_cycle()
+        before = fake.t
+        await worker.poll(10)  # a status read: a read token, 3 s after the last read
+    reads = [t for kind, t, _ in adapter.requests if kind == "read"]
+    assert _gaps(reads) == [3.0, 3.0] and fake.t - before == 3.0
+    assert port.pacer.taken == 3 and port.read_pacer.taken == 4
+
+
+class Refusing:
+    """A target answering every request "rate limited, come back in 30 s"."""
+
+    def _refuse(self, *_args: object) -> list[TargetRow]:
+        raise RateLimited("quota", retry_after=30.0)
+
+    write = write_batch = read_back = read_back_many = observe_status = _refuse
+
+
+@pytest.mark.parametrize("refused", ["write", "read"])
+async def test_a_rate_limited_answer_holds_reads_and_writes(refused: str) -> None:
+    fake = FakeTime()
+    port = CRMRecordPort(Refusing(), fake.pacer(rate=1.0), fake.pacer(rate=None))
+    if refused == "write":
+        results = port.send_batch_blocking([(LeadEvent.model_validate(event(i)), f"w-{i}")
+                                           for i in (1, 2)])
+        assert [r.verdict for r in results] == ["not_sent"] * 2
+        assert results[0].retry_after == 30.0
+    else:
+        with pytest.raises(RateLimited):
+            await port.read_back_many(["w-1"])
+    # every later request waits: the writes' and the (unpaced) reads' alike
+    assert port.pacer.reserve() == 30.0 and port.read_pacer.reserve() == 30.0
+    fake.t += 30.0
+    assert port.read_pacer.reserve() == 0.0  # reads free again; writes keep their quota
+
+
+def test_durable_worker_sets_the_read_quota_apart() -> None:
+    adapter = ScriptedAdapter.__new__(ScriptedAdapter)
+    worker = DurableWorker("unused.db", SCOPE, adapter, target_rate=1.0,
+                           target_read_rate=0.5)
+    assert (worker.port.pacer.rate, worker.port.read_pacer.rate) == (1.0, 0.5)
+    unpaced = DurableWorker("unused.db", SCOPE, adapter, target_rate=1.0)
+    assert (unpaced.port.pacer.rate, unpaced.port.read_pacer.rate) == (1.0, None)
 
 
 # -- a real process against a rate-limited target --------------------------------------

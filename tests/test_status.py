@@ -40,13 +40,13 @@ def test_status_shape(db: str, scope_file: Path) -> None:
     doc = json.loads(proc.stdout)
     assert list(doc) == ["scope", "schema_version", "counts", "retries", "records", "outbox",
                          "poll_health", "lifecycle", "pipeline", "funnel", "decisions"]
-    assert doc["retries"] == {"waiting": 0, "next_attempt_at": None}
+    assert doc["retries"] == {"waiting": 0, "next_attempt_at": None, "rejected": 0}
     assert doc["scope"] == SCOPE
     assert doc["schema_version"] >= 1
     assert doc["counts"] == {s.value: (3 if s is LeadState.PREPARED else 0) for s in LeadState}
     assert [set(r) for r in doc["records"]] == [{
         "source_lead_id", "state", "write_id", "attempts", "reconcile_attempts", "snapshot",
-        "last_polled_at", "contact_alias_present"}] * 3
+        "last_polled_at", "contact_alias_present", "last_error"}] * 3
     assert doc["records"][0]["state"] == "prepared" and doc["records"][0]["attempts"] == 0
     assert doc["outbox"] == {"count": 3, "last_seq": 3, "by_kind": {"accepted": 3}}
     assert doc["poll_health"] == []

@@ -354,3 +354,37 @@ async def test_a_batch_step_refuses_an_outcome_of_a_record_not_in_flight(
     with pytest.raises(IllegalTransition):  # not an outcome of a send
         await store.finish_and_mark_batch([(WriteId("w-1"), LeadState.PREPARED)], [], NOW)
     assert await store.uncertain_count() == 0
+
+
+# -- the reason of a rejected write (issue 17, v13) ------------------------------------
+
+
+async def test_a_failed_safe_outcome_keeps_its_reason_bounded_until_the_next_change(
+    store: Store, scope: Scope
+) -> None:
+    from runner.limits import MAX_LAST_ERROR
+
+    for i in range(3):
+        await accept(store, scope, i)
+    ids = [WriteId(f"w-{i}") for i in range(3)]
+    await store.finish_and_mark_batch([], ids[:2], NOW)
+    long_reason = "the target rejected the request (422):\n\tfield x " + "y" * 1000
+    await store.finish_and_mark_batch(
+        [(ids[0], LeadState.FAILED_SAFE), (ids[1], LeadState.CONFIRMED)], [ids[2]], NOW,
+        NOW, long_reason)
+    await store.finish_send(ids[2], LeadState.FAILED_SAFE, NOW, NOW)  # no reason given
+    errors = {r.write_id: r.last_error async for r in store.iter_records()}
+    kept = errors[ids[0]]
+    assert kept is not None and len(kept) == MAX_LAST_ERROR and kept.endswith("…")
+    assert kept.startswith("the target rejected the request (422): field x yyy")
+    assert errors[ids[1]] is None and errors[ids[2]] is None  # confirmed; no reason
+    assert (await store.summary()).retries["rejected"] == 1
+    doc = await status_document(store)
+    assert [r["last_error"] for r in doc["records"]] == [kept, None, None]
+    # the next state change clears it: sent again (in flight), then a single-step outcome
+    assert await store.finish_and_mark(None, ids[0], NOW) == 2
+    assert {r.write_id: r.last_error async for r in store.iter_records()}[ids[0]] is None
+    await store.finish_send(ids[0], LeadState.FAILED_SAFE, NOW, NOW, "rejected again")
+    assert (await store.summary()).retries["rejected"] == 1
+    found = {r.write_id: r.last_error async for r in store.iter_records()}
+    assert found[ids[0]] == "rejected again"

@@ -81,12 +81,20 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(exc.message) from None
 
 
-def _rate_option(parser: argparse.ArgumentParser) -> None:
+def _rate_option(parser: argparse.ArgumentParser, *, writes: bool = True) -> None:
     parser.add_argument("--target-rate", type=_rate, metavar="N/min",
-                        help="the target's request quota, such as 60/min or 2/s: every "
-                             "request (a batch write, a readback, a status read) waits its "
-                             "turn, evenly spaced, so the quota is never exceeded (default: "
-                             "no quota; a rate-limited answer is honoured either way)")
+                        help="the target's write quota, such as 60/min or 2/s: every "
+                             "batch write waits its turn, evenly spaced, so the quota is "
+                             "never exceeded (default: no quota; a rate-limited answer is "
+                             "honoured either way)" if writes else
+                             "the target's write quota; this command makes no writes, so "
+                             "it paces nothing here (give --target-read-rate to pace the "
+                             "status reads)")
+    parser.add_argument("--target-read-rate", type=_rate, metavar="N/min",
+                        help="the target's read quota, apart from the write quota: every "
+                             "read (a batch's readback, a reconcile read, a status read) "
+                             "waits its turn (default: reads are not paced; a "
+                             "rate-limited answer still holds them)")
 
 
 def _retry_options(parser: argparse.ArgumentParser) -> None:
@@ -232,7 +240,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                                "takes 0.2 s more; or crash-at:POINT[@N] (a poll.* crash "
                                "point)")
     _poll_option(poll_status)
-    _rate_option(poll_status)
+    _rate_option(poll_status, writes=False)
     poll_status.set_defaults(handler=cmd_poll_status)
 
 
@@ -266,6 +274,7 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
             async with DurableWorker(
                     args.db, scope, port, clock=clock_from(args),
                     target_rate=getattr(args, "target_rate", None),
+                    target_read_rate=getattr(args, "target_read_rate", None),
                     retry_base=retry[0] if retry[0] is not None else DEFAULT_RETRY_BASE,
                     retry_cap=retry[1] if retry[1] is not None else DEFAULT_RETRY_CAP,
             ) as worker:

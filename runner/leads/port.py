@@ -212,29 +212,46 @@ class SendResult:
     """What a send proved: see :meth:`CRMRecordPort.send_blocking`."""
 
     verdict: Literal["not_sent", "failed", "unproven"] | Readback
+    #: ``failed``/``unproven``: the error's type; ``not_sent`` by a ``RejectedWrite``: the
+    #: target's reason (kept with the failed_safe record, ``last_error``); else None
     error: str | None = None
     #: ``not_sent`` by a ``RateLimited`` answer that said when to come back (seconds)
     retry_after: float | None = None
 
 
+def _not_sent(exc: BeforeWriteError, retry_after: float | None) -> SendResult:
+    """A send that certainly did not leave; a rejected one carries the target's reason."""
+    reason = exc.message if isinstance(exc, RejectedWrite) else None
+    return SendResult("not_sent", error=reason, retry_after=retry_after)
+
+
 class CRMRecordPort:
     """The bridge between validated events and an adapter (L9, L14).
 
-    Every request to the target goes through the port's :class:`Pacer` (issue 16): a
-    batch write, a readback, a status read each take a token of the target's quota, and
-    a ``RateLimited`` answer to any of them holds every later request until its
-    ``retry_after`` has passed.  A send's write token is taken by the caller
-    (``runner.tasks.deliver`` waits for it *before* the in-flight mark, so a wait never
-    holds a record in flight); the send's readback takes its own."""
+    Every request to the target goes through one of the port's two :class:`Pacer` s
+    (issue 16; separate quotas as real spreadsheet APIs keep them): a batch write takes a
+    token of ``pacer`` (the write quota), a readback, a reconcile read or a status read a
+    token of ``read_pacer`` (the read quota; by default no quota: reads are not paced).
+    A ``RateLimited`` answer to any request holds *every* later request, reads and
+    writes, until its ``retry_after`` has passed.  A send's write token is taken by the
+    caller (``runner.tasks.deliver`` waits for it *before* the in-flight mark, so a wait
+    never holds a record in flight); the send's readback takes a read token."""
 
-    def __init__(self, adapter: CRMAdapter, pacer: Pacer | None = None) -> None:
+    def __init__(self, adapter: CRMAdapter, pacer: Pacer | None = None,
+                 read_pacer: Pacer | None = None) -> None:
         self.adapter = adapter
+        #: the write quota (batch writes)
         self.pacer = pacer if pacer is not None else Pacer()
+        #: the read quota (readbacks, reconcile reads, status reads); unset: not paced
+        self.read_pacer = read_pacer if read_pacer is not None else Pacer()
 
     def _rate_limited(self, exc: BaseException) -> float | None:
-        """Let the pacer honour a RateLimited answer; its retry_after (None: not one)."""
+        """Let both pacers honour a RateLimited answer (to a write or a read: every later
+        request waits); its retry_after (None: not one)."""
         if isinstance(exc, RateLimited):
             self.pacer.hold(exc.retry_after)
+            if self.read_pacer is not self.pacer:
+                self.read_pacer.hold(exc.retry_after)
             return exc.retry_after
         return None
 
@@ -269,7 +286,7 @@ class CRMRecordPort:
                                        abandon_on_cancel=True)
 
     async def read_back(self, write_id: str) -> list[TargetRow]:
-        await self.pacer.take()
+        await self.read_pacer.take()
         try:
             rows = await anyio.to_thread.run_sync(self.adapter.read_back, write_id,
                                                   abandon_on_cancel=True)
@@ -284,11 +301,11 @@ class CRMRecordPort:
         return callable(getattr(self.adapter, "read_back_many", None))
 
     async def read_back_many(self, write_ids: Sequence[str]) -> dict[str, list[TargetRow]]:
-        """One request (one token) for the rows of many write_ids, grouped by write_id
+        """One request (one read token) for the rows of many write_ids, grouped by write_id
         (an adapter without ``read_back_many``: one paced ``read_back`` each)."""
         if not self.reads_many:
             return {w: await self.read_back(w) for w in write_ids}
-        await self.pacer.take()
+        await self.read_pacer.take()
         try:
             rows = await anyio.to_thread.run_sync(self._read_back_many, list(write_ids),
                                                   abandon_on_cancel=True)
@@ -313,12 +330,12 @@ class CRMRecordPort:
         try:
             self.adapter.write(record, write_id)
         except BeforeWriteError as exc:
-            return SendResult("not_sent", retry_after=self._rate_limited(exc))
+            return _not_sent(exc, self._rate_limited(exc))
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return SendResult("failed", type(exc).__name__)
         crashpoints.hit("dispatch.after-write")
         try:
-            self.pacer.take_blocking()
+            self.read_pacer.take_blocking()
             rows = self.adapter.read_back(write_id)
         except Exception as exc:  # noqa: BLE001 - written, but not proven
             self._rate_limited(exc)
@@ -347,12 +364,12 @@ class CRMRecordPort:
         try:
             write_batch(records)
         except BeforeWriteError as exc:
-            return [SendResult("not_sent", retry_after=self._rate_limited(exc))] * n
+            return [_not_sent(exc, self._rate_limited(exc))] * n
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return [SendResult("failed", type(exc).__name__)] * n
         crashpoints.hit("dispatch.after-write")
         try:
-            self.pacer.take_blocking()
+            self.read_pacer.take_blocking()
             rows = self._read_back_many([write_id for _, write_id in records])
         except Exception as exc:  # noqa: BLE001 - written, but not proven
             self._rate_limited(exc)
@@ -374,7 +391,7 @@ class CRMRecordPort:
         return classify_readback(await self.read_back(write_id), self.map(event), write_id)
 
     async def observe_status(self, write_ids: Sequence[str]) -> dict[str, Observation]:
-        await self.pacer.take()
+        await self.read_pacer.take()
         try:
             found = await anyio.to_thread.run_sync(self.adapter.observe_status,
                                                    list(write_ids), abandon_on_cancel=True)

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import anyio
 
@@ -266,10 +266,10 @@ async def _record_last(
     try:
         if len(pending) == 1:
             await store.finish_send(pending[0][0].write_id, pending[0][1], clock.now(),
-                                    _retry_at(pending))
+                                    *_retry(pending))
         else:
             await store.finish_and_mark_batch(_done(pending), [], clock.now(),
-                                              _retry_at(pending))
+                                              *_retry(pending))
     except IllegalTransition:
         # no longer in flight: the combined statement that marks the next record committed
         # these outcomes, then failed or was cancelled before it answered; the error on its
@@ -279,18 +279,28 @@ async def _record_last(
     _counted(summary, pending)
 
 
-#: a sent record, its outcome (uncertain until the send says more) and, failed safe, when
-#: it is due again; not committed yet
-Pending = tuple[LeadWork, LeadState, datetime | None]
+class Retry(NamedTuple):
+    """A failed-safe outcome's retry: when it is due again, and the target's reason for
+    refusing the request (a ``RejectedWrite``; None: none given), kept as ``last_error``."""
+
+    at: datetime
+    reason: str | None = None
+
+
+#: a sent record, its outcome (uncertain until the send says more) and, failed safe, its
+#: retry; not committed yet
+Pending = tuple[LeadWork, LeadState, Retry | None]
 
 
 def _done(pending: list[Pending]) -> list[tuple[WriteId, LeadState]]:
     return [(work.write_id, outcome) for work, outcome, _ in pending]
 
 
-def _retry_at(pending: list[Pending]) -> datetime | None:
-    """The step's retry time: its outcomes are one request's, so they share one."""
-    return next((at for _, _, at in pending if at is not None), None)
+def _retry(pending: list[Pending]) -> tuple[datetime | None, str | None]:
+    """The step's retry time and reason: its outcomes are one request's, so they share
+    one."""
+    first = next((retry for _, _, retry in pending if retry is not None), None)
+    return (None, None) if first is None else (first.at, first.reason)
 
 
 class _PageRun:
@@ -363,7 +373,7 @@ class _PageRun:
         if pending:
             crashpoints.hit("dispatch.before-confirm")
             self.steps.finish_and_mark_batch(_done(pending), [], self.clock.now(),
-                                             _retry_at(pending))
+                                             *_retry(pending))
             alive = self._go_on([])
             self._committed(pending)
             if not alive:
@@ -375,13 +385,13 @@ class _PageRun:
         return pending
 
     def _outcome(self, result: SendResult, work: LeadWork,
-                 attempts: int) -> tuple[LeadState, datetime | None]:
+                 attempts: int) -> tuple[LeadState, Retry | None]:
         """A send's outcome (L5): only a typed "not sent" is failed-safe (due again after
         its backoff), only an exact readback is confirmed; everything else — another
         error, a failed or inexact readback — is uncertain."""
         if result.verdict == "not_sent":
-            return LeadState.FAILED_SAFE, self.backoff.next_attempt(
-                attempts, self.clock.now(), result.retry_after)
+            return LeadState.FAILED_SAFE, Retry(self.backoff.next_attempt(
+                attempts, self.clock.now(), result.retry_after), result.error)
         if result.verdict == "match":
             return LeadState.CONFIRMED, None
         if result.error is not None:
@@ -403,7 +413,7 @@ class _PageRun:
             if done is not None:
                 crashpoints.hit("dispatch.before-confirm")
             attempts = self.steps.finish_and_mark(done, work.write_id, self.clock.now(),
-                                                  _retry_at(pending))
+                                                  *_retry(pending))
             # the previous outcome is in; this record is in flight (uncertain until its
             # send says more)
             self._go_on([(work, LeadState.UNCERTAIN, None)] if attempts is not None else [])
@@ -461,7 +471,7 @@ class _BatchRun(_PageRun):
                 crashpoints.hit("dispatch.before-confirm")
             marked = self.steps.finish_and_mark_batch(
                 _done(pending), [work.write_id for work in chunk], self.clock.now(),
-                _retry_at(pending))
+                *_retry(pending))
             sent = [work for work in chunk if work.write_id in marked]
             # the previous outcomes are in; this batch is in flight (uncertain until the
             # request says more)
@@ -516,19 +526,21 @@ def _counted(summary: CycleSummary, pending: list[Pending]) -> None:
         log.info("%d confirmed", len(confirmed), extra={
             "action": "batch.confirmed", "count": len(confirmed), "keys": confirmed,
             "from_state": "in_flight", "to_state": "confirmed"})
-    for work, outcome, retry_at in pending:
+    for work, outcome, retry in pending:
         if outcome is not LeadState.CONFIRMED:
-            _log_outcome(work, outcome, retry_at)
+            _log_outcome(work, outcome, retry)
 
 
-def _log_outcome(work: LeadWork, outcome: LeadState, retry_at: datetime | None) -> None:
+def _log_outcome(work: LeadWork, outcome: LeadState, retry: Retry | None) -> None:
     level = logging.INFO if outcome is LeadState.CONFIRMED else logging.WARNING
     extra = {"action": f"lead.{outcome.value}", "key": work.source_lead_id,
              "from_state": "in_flight", "to_state": outcome.value}
-    if retry_at is None:
+    if retry is None:
         log.log(level, "%s", outcome.value, extra=extra)
         return
-    extra["next_attempt_at"] = to_text(retry_at)
+    extra["next_attempt_at"] = to_text(retry.at)
+    if retry.reason is not None:
+        extra["reason"] = retry.reason
     log.log(level, "%s: not sent, next attempt at %s", outcome.value, extra["next_attempt_at"],
             extra=extra)
 

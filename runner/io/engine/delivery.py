@@ -39,6 +39,7 @@ from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.engine.base import Db, Row
 from runner.leads.states import IllegalTransition, LeadState, check_transition
+from runner.limits import MAX_LAST_ERROR
 
 if TYPE_CHECKING:
     from runner.storedata import LeadWork
@@ -47,17 +48,30 @@ if TYPE_CHECKING:
 Done = tuple[WriteId, LeadState] | None
 
 
+def last_error(reason: str | None) -> str | None:
+    """A failed_safe outcome's reason as stored (``last_error``, v13): printable, at most
+    ``MAX_LAST_ERROR`` characters; None for none."""
+    if reason is None:
+        return None
+    text = " ".join("".join(c if c.isprintable() else " " for c in reason).split())
+    if len(text) > MAX_LAST_ERROR:
+        text = text[: MAX_LAST_ERROR - 1] + "…"
+    return text or None
+
+
 def step_params(done: Done, next_write_id: WriteId | None, now: datetime,
-                retry_at: datetime | None = None) -> dict[str, Any]:
+                retry_at: datetime | None = None,
+                reason: str | None = None) -> dict[str, Any]:
     """The ``finish_and_mark`` parameters of a step; refuses an outcome that is not a
     transition out of in_flight.  ``retry_at``: when a failed_safe outcome is due again
-    (None: at once)."""
+    (None: at once); ``reason``: the target's reason for refusing it (``last_error``)."""
     if done is not None:
         check_transition(LeadState.IN_FLIGHT, done[1])
     return {"now": to_text(now), "next": next_write_id,
             "done": None if done is None else done[0],
             "outcome": None if done is None else done[1].value,
-            "retry_at": None if retry_at is None else to_text(retry_at)}
+            "retry_at": None if retry_at is None else to_text(retry_at),
+            "reason": last_error(reason)}
 
 
 def step_result(rows: Sequence[Row], done: Done, next_write_id: WriteId | None) -> int | None:
@@ -74,15 +88,18 @@ Outcomes = Sequence[tuple[WriteId, LeadState]]
 
 
 def batch_params(done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
-                 retry_at: datetime | None = None) -> dict[str, Any]:
+                 retry_at: datetime | None = None,
+                 reason: str | None = None) -> dict[str, Any]:
     """The ``finish_and_mark_batch`` parameters; refuses an outcome that is not a
     transition out of in_flight.  ``retry_at``: when the failed_safe outcomes are due
-    again (None: at once); one time for the step, as its outcomes are one request's."""
+    again (None: at once), ``reason`` why the target refused them; one of each for the
+    step, as its outcomes are one request's."""
     for _, outcome in done:
         check_transition(LeadState.IN_FLIGHT, outcome)
     return {"now": to_text(now), "done": [str(w) for w, _ in done],
             "outcomes": [o.value for _, o in done], "next": [str(w) for w in next_ids],
-            "retry_at": None if retry_at is None else to_text(retry_at)}
+            "retry_at": None if retry_at is None else to_text(retry_at),
+            "reason": last_error(reason)}
 
 
 def batch_result(
@@ -101,12 +118,12 @@ def batch_result(
 class _Finishing(Protocol):
     async def finish_and_mark(
         self, done: Done, next_write_id: WriteId, now: datetime,
-        retry_at: datetime | None = None,
+        retry_at: datetime | None = None, reason: str | None = None,
     ) -> int | None: ...
 
     async def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
-        retry_at: datetime | None = None,
+        retry_at: datetime | None = None, reason: str | None = None,
     ) -> dict[WriteId, int]: ...
 
 
@@ -120,16 +137,17 @@ class LoopDispatchSteps:
         self._store = store
 
     def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime,
-                        retry_at: datetime | None = None) -> int | None:
+                        retry_at: datetime | None = None,
+                        reason: str | None = None) -> int | None:
         return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now,
-                                     retry_at)
+                                     retry_at, reason)
 
     def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
-        retry_at: datetime | None = None,
+        retry_at: datetime | None = None, reason: str | None = None,
     ) -> dict[WriteId, int]:
         return anyio.from_thread.run(self._store.finish_and_mark_batch, done, next_ids, now,
-                                     retry_at)
+                                     retry_at, reason)
 
 
 @asynccontextmanager
@@ -190,18 +208,20 @@ class DeliveryOps(Db):
         return [lead_work(r) for r in rows]
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime,
-                          retry_at: datetime | None = None) -> None:
+                          retry_at: datetime | None = None,
+                          reason: str | None = None) -> None:
         # marks nothing, so it is not fenced: an outcome is recorded also after the worker
         # lock's session has ended
         done = (write_id, outcome)
-        rows = await self.fetch("finish_and_mark", **step_params(done, None, now, retry_at))
+        rows = await self.fetch("finish_and_mark", **step_params(done, None, now, retry_at,
+                                                              reason))
         step_result(rows, done, None)
 
     async def finish_and_mark(
         self, done: Done, next_write_id: WriteId, now: datetime,
-        retry_at: datetime | None = None,
+        retry_at: datetime | None = None, reason: str | None = None,
     ) -> int | None:
-        rows = await self._marking(step_params(done, next_write_id, now, retry_at))
+        rows = await self._marking(step_params(done, next_write_id, now, retry_at, reason))
         return step_result(rows, done, next_write_id)
 
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
@@ -210,9 +230,9 @@ class DeliveryOps(Db):
 
     async def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
-        retry_at: datetime | None = None,
+        retry_at: datetime | None = None, reason: str | None = None,
     ) -> dict[WriteId, int]:
-        params = batch_params(done, next_ids, now, retry_at)
+        params = batch_params(done, next_ids, now, retry_at, reason)
         if next_ids:
             rows = await self._marking_batch(params)
         else:  # marks nothing, so not fenced (as finish_send)

@@ -62,6 +62,7 @@ def lead_row(row: Row) -> LeadRow:
         snapshot=json.loads(row[7]) if row[7] is not None else None,
         last_polled_at=row[8],
         contact_alias_present=bool(row[9]),
+        last_error=row[10],
     )
 
 

@@ -69,12 +69,12 @@ RETURNING write_id
 -- records and status
 -- name: record_page
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
-       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias'
+       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error
 FROM {s}.leads WHERE seq > :after_seq ORDER BY seq LIMIT :limit
 
 -- name: find_lead
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
-       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias'
+       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error
 FROM {s}.leads WHERE tenant_id = :tenant_id AND source_lead_id = :source_lead_id
 
 -- name: lead_snapshot
@@ -97,7 +97,10 @@ SELECT
    FROM (SELECT id, source_lead_id, write_id, decision, reason, readback, attempts,
                 decided_at AS at
          FROM {s}.operator_decisions ORDER BY id DESC LIMIT :shown) AS d),
-  (SELECT json_build_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at))::text
+  (SELECT json_build_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at),
+                            'rejected', (SELECT count(*) FROM {s}.leads
+                                         WHERE state = 'failed_safe'
+                                           AND last_error IS NOT NULL))::text
    FROM {s}.leads WHERE state = 'failed_safe' AND next_attempt_at IS NOT NULL)
 
 -- poll (runner.io.engine.observe): confirmed records, never polled first
@@ -268,7 +271,9 @@ UPDATE {s}.leads SET
     attempts = attempts + CASE WHEN write_id = :next THEN 1 ELSE 0 END,
     updated_at = :now,
     next_attempt_at = CASE WHEN write_id IS DISTINCT FROM :next
-                            AND :outcome = 'failed_safe' THEN :retry_at::text END
+                            AND :outcome = 'failed_safe' THEN :retry_at::text END,
+    last_error = CASE WHEN write_id IS DISTINCT FROM :next AND :outcome = 'failed_safe'
+                      THEN :reason::text END
 WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
 RETURNING write_id, attempts
@@ -291,7 +296,9 @@ changed AS (
         attempts = attempts + CASE WHEN write_id = :next THEN 1 ELSE 0 END,
         updated_at = :now,
         next_attempt_at = CASE WHEN write_id IS DISTINCT FROM :next
-                                AND :outcome = 'failed_safe' THEN :retry_at::text END
+                                AND :outcome = 'failed_safe' THEN :retry_at::text END,
+        last_error = CASE WHEN write_id IS DISTINCT FROM :next AND :outcome = 'failed_safe'
+                          THEN :reason::text END
     WHERE (SELECT held FROM fence)
       AND ((write_id = :done AND state = 'in_flight')
            OR (write_id = :next AND state IN ('prepared', 'failed_safe')))
@@ -308,7 +315,8 @@ UPDATE {s}.leads AS l SET
     state = coalesce(s.outcome, 'in_flight'),
     attempts = l.attempts + CASE WHEN s.outcome IS NULL THEN 1 ELSE 0 END,
     updated_at = :now,
-    next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at::text END
+    next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at::text END,
+    last_error = CASE WHEN s.outcome = 'failed_safe' THEN :reason::text END
 FROM (SELECT d.write_id, d.outcome
       FROM unnest(:done::text[], :outcomes::text[]) AS d(write_id, outcome)
       UNION ALL
@@ -335,7 +343,8 @@ changed AS (
         state = coalesce(s.outcome, 'in_flight'),
         attempts = l.attempts + CASE WHEN s.outcome IS NULL THEN 1 ELSE 0 END,
         updated_at = :now,
-        next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at::text END
+        next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at::text END,
+        last_error = CASE WHEN s.outcome = 'failed_safe' THEN :reason::text END
     FROM (SELECT d.write_id, d.outcome
           FROM unnest(:done::text[], :outcomes::text[]) AS d(write_id, outcome)
           UNION ALL

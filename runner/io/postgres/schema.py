@@ -584,10 +584,17 @@ CREATE INDEX leads_reconcile_order ON {s}.leads (last_reconcile_at NULLS FIRST, 
 WHERE state = 'uncertain';
 """
 
+#: v13, the reason of a rejected write (issue 17): as SQLite's v13 (``last_error``)
+V13 = """
+ALTER TABLE {s}.leads ADD COLUMN last_error text;
+CREATE INDEX leads_failed_with_reason ON {s}.leads (seq)
+WHERE state = 'failed_safe' AND last_error IS NOT NULL;
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
                               7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
-                              11: V11, 12: V12}
+                              11: V11, 12: V12, 13: V13}
 LATEST = max(MIGRATIONS)
 
 

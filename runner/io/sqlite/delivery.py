@@ -40,15 +40,17 @@ class BlockingDispatchSteps:
         self._busy = threading.Lock()
 
     def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime,
-                        retry_at: datetime | None = None) -> int | None:
-        rows = self._run(_STEP, step_params(done, next_write_id, now, retry_at))
+                        retry_at: datetime | None = None,
+                        reason: str | None = None) -> int | None:
+        rows = self._run(_STEP, step_params(done, next_write_id, now, retry_at, reason))
         return step_result(rows, done, next_write_id)
 
     def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
-        retry_at: datetime | None = None,
+        retry_at: datetime | None = None, reason: str | None = None,
     ) -> dict[WriteId, int]:
-        rows = self._run(_BATCH_STEP, bindable(batch_params(done, next_ids, now, retry_at)))
+        rows = self._run(_BATCH_STEP, bindable(batch_params(done, next_ids, now, retry_at,
+                                                            reason)))
         return batch_result(rows, done, next_ids)
 
     def _run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:

@@ -64,12 +64,14 @@ SELECT write_id FROM leads WHERE write_id IN (SELECT value FROM json_each(:write
 -- records and status
 -- name: record_page
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
-       snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL
+       snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
+       last_error
 FROM leads WHERE seq > :after_seq ORDER BY seq LIMIT :limit
 
 -- name: find_lead
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
-       snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL
+       snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
+       last_error
 FROM leads WHERE tenant_id = :tenant_id AND source_lead_id = :source_lead_id
 
 -- name: lead_snapshot
@@ -94,7 +96,9 @@ SELECT
             'decision', decision, 'reason', reason, 'readback', readback,
             'attempts', attempts, 'at', decided_at))
    FROM (SELECT * FROM operator_decisions ORDER BY id DESC LIMIT :shown)),
-  (SELECT json_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at))
+  (SELECT json_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at),
+                      'rejected', (SELECT count(*) FROM leads
+                                   WHERE state = 'failed_safe' AND last_error IS NOT NULL))
    FROM leads WHERE state = 'failed_safe' AND next_attempt_at IS NOT NULL)
 
 -- poll (runner.io.engine.observe): confirmed records, never polled first
@@ -258,7 +262,9 @@ UPDATE leads SET
     state = CASE WHEN write_id = :next THEN 'in_flight' ELSE :outcome END,
     attempts = attempts + (write_id IS :next), updated_at = :now,
     next_attempt_at = CASE WHEN write_id IS NOT :next AND :outcome = 'failed_safe'
-                           THEN :retry_at END
+                           THEN :retry_at END,
+    last_error = CASE WHEN write_id IS NOT :next AND :outcome = 'failed_safe'
+                      THEN :reason END
 WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
 RETURNING write_id, attempts
@@ -271,7 +277,8 @@ RETURNING write_id, attempts
 UPDATE leads SET
     state = coalesce(s.outcome, 'in_flight'),
     attempts = attempts + (s.outcome IS NULL), updated_at = :now,
-    next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at END
+    next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at END,
+    last_error = CASE WHEN s.outcome = 'failed_safe' THEN :reason END
 FROM (SELECT d.value AS write_id, o.value AS outcome
       FROM json_each(:done) AS d JOIN json_each(:outcomes) AS o ON o.key = d.key
       UNION ALL

@@ -357,10 +357,21 @@ ALTER TABLE leads ADD COLUMN next_attempt_at TEXT;
 CREATE INDEX leads_retry_waiting ON leads (next_attempt_at) WHERE state = 'failed_safe';
 """
 
+#: v13, the reason of a rejected write (issue 17): ``last_error``, the target's own reason
+#: for refusing the request that made the record ``failed_safe`` (HTTP 400/422:
+#: ``RejectedWrite``), bounded (``MAX_LAST_ERROR``), set with the failed_safe outcome and
+#: cleared by every other state change, as ``next_attempt_at``.  The server's words, never
+#: the record's data.  A partial index: status counts the failed_safe records with one.
+V13 = """
+ALTER TABLE leads ADD COLUMN last_error TEXT;
+CREATE INDEX leads_failed_with_reason ON leads (seq)
+WHERE state = 'failed_safe' AND last_error IS NOT NULL;
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
                               7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
-                              11: V11, 12: V12}
+                              11: V11, 12: V12, 13: V13}
 LATEST = max(MIGRATIONS)
 
 
