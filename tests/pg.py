@@ -138,9 +138,12 @@ def drop_later(names: list[str]) -> None:
     _left.extend(names)
 
 
-def drop_left(batch: int = 25) -> None:
+def drop_left(batch: int = 8) -> None:
     """Drop the schemas ``drop_later`` kept, a batch per transaction (each drop locks
-    every object of its schema: a bounded batch stays within the server's lock table)."""
+    every object of its schema, about 200: a batch of 8 stays far within the server's
+    shared lock table, 6,400 slots by default, even with every test process dropping at
+    once; batches of 25 exhausted it, "out of shared memory", for every other session of
+    the server)."""
     while _left:
         names = _left[:batch]
         drop_schemas(names)
