@@ -13,12 +13,13 @@ import random
 import resource
 import shutil
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,3 +151,62 @@ def print_table(rows: list[Row]) -> None:
 def machine() -> str:
     return (f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
             f"SQLite {sqlite3.sqlite_version}")
+
+
+def compare(contenders: dict[str, Callable[[Path, int], float]], n: int, rounds: int,
+            ratios: dict[str, tuple[str, str, float | None]],
+            skipped: list[str]) -> dict[str, Any]:
+    """Interleaved rounds of ``contenders`` (name -> run(workdir, n) -> rows/s), each in a
+    fresh directory; the median rate of each, and each ratio (name -> (mine, other, goal
+    or None)) as the median of its per-round ratios (None where ``other`` did not run)."""
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            with workdir() as d:
+                rates[name].append(run(d, n))
+
+    def ratio(mine: str, other: str) -> float | None:
+        if other not in rates:
+            return None
+        return statistics.median(a / b for a, b in zip(rates[mine], rates[other],
+                                                           strict=True))
+
+    return {"n": n, "rounds": rounds, "skipped": skipped,
+            "rates": {name: statistics.median(found) for name, found in rates.items()},
+            "ratios": {name: ratio(mine, other) for name, (mine, other, _) in ratios.items()},
+            "goals": {name: goal for name, (_, _, goal) in ratios.items() if goal is not None}}
+
+
+def comparison_main(argv: list[str] | None, kind: str, what: str, doc_line: str,
+                    sizes: tuple[tuple[int, int], tuple[int, int]],
+                    measure: Callable[[int, int], dict[str, Any]]) -> int:
+    """The command line of a ``compare`` benchmark: ``--quick`` (small, writes nothing), or
+    the full size, recorded as ``bench/results/KIND-<UTC>.json``."""
+    import argparse
+
+    from bench.results import record
+
+    parser = argparse.ArgumentParser(prog=f"python -m bench {kind}", description=doc_line)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{sizes[0][0]:,} events, one round, writes nothing")
+    args = parser.parse_args(argv)
+    n, rounds = sizes[0] if args.quick else sizes[1]
+    started = time.perf_counter()
+    doc = measure(n, rounds)
+    seconds = time.perf_counter() - started
+    print(f"{what}, {n:,} events, {rounds} round(s); {machine()}; {seconds:.0f} s\n")
+    for name, rate in doc["rates"].items():
+        print(f"  {name:<26} {rate:>10,.0f} rows/s")
+    for note in doc["skipped"]:
+        print(f"  skipped: {note}")
+    print()
+    for name, value in doc["ratios"].items():
+        goal = doc["goals"].get(name)
+        shown = "n/a" if value is None else f"{value:.2f}"
+        verdict = "" if goal is None or value is None else (
+            f"  goal >= {goal}: {'met' if value >= goal else 'NOT met'}")
+        print(f"  {name:<38} {shown:>6}{verdict}")
+    if not args.quick:
+        record(kind, {**doc, "seconds": round(seconds, 1), "summary": machine()},
+               script=f"-m bench {kind}", argv=argv)
+    return 0

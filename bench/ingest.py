@@ -27,11 +27,9 @@ median of the per-round ratios.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sqlite3
-import statistics
 import sys
 import time
 import uuid
@@ -39,8 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import SCOPE, event, machine, run_child, workdir
-from bench.results import record
+from bench.common import SCOPE, compare, comparison_main, event, run_child
 
 PG_DSN = "postgresql://root@127.0.0.1:5432/test"
 PER_TXN = 1000
@@ -180,70 +177,29 @@ def _have_pgqueuer() -> bool:
 
 
 def measure(n: int, rounds: int) -> dict[str, Any]:
-    contenders: dict[str, Callable[[Path, list[bytes]], float]] = {
-        "stdlib floor": stdlib_floor,
-        "runner SQLite": lambda d, lines: _runner(d, str(d / "runner.db"), lines),
-        "PostgreSQL floor": lambda d, lines: asyncio.run(_pg_floor(lines)),
-        "runner PostgreSQL": _runner_pg,
+    contenders: dict[str, Callable[[Path, int], float]] = {
+        "stdlib floor": lambda d, k: stdlib_floor(d, _lines(k, 0)),
+        "runner SQLite": lambda d, k: _runner(d, str(d / "runner.db"), _lines(k, 0)),
+        "PostgreSQL floor": lambda d, k: asyncio.run(_pg_floor(_lines(k, 0))),
+        "runner PostgreSQL": lambda d, k: _runner_pg(d, _lines(k, 0)),
     }
     skipped = []
     if _have_pgqueuer():
-        contenders["PgQueuer"] = lambda d, lines: asyncio.run(_pgqueuer(lines))
+        contenders["PgQueuer"] = lambda d, k: asyncio.run(_pgqueuer(_lines(k, 0)))
     else:
         skipped.append("PgQueuer: not installed (pip install -e '.[bench]')")
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
-    for r in range(rounds):
-        lines = _lines(n, r * n)
-        for name, run in contenders.items():
-            with workdir() as d:
-                rates[name].append(run(d, lines))
-
-    def ratio(mine: str, other: str) -> float | None:
-        if other not in rates:
-            return None
-        return statistics.median(a / b for a, b in zip(rates[mine], rates[other],
-                                                           strict=True))
-
-    return {
-        "n": n, "rounds": rounds, "skipped": skipped,
-        "rates": {name: statistics.median(found) for name, found in rates.items()},
-        "ratios": {
-            "runner SQLite / stdlib floor": ratio("runner SQLite", "stdlib floor"),
-            "runner SQLite / PgQueuer": ratio("runner SQLite", "PgQueuer"),
-            "runner PostgreSQL / PgQueuer": ratio("runner PostgreSQL", "PgQueuer"),
-            "runner PostgreSQL / PostgreSQL floor": ratio("runner PostgreSQL",
-                                                          "PostgreSQL floor"),
-        },
-        "goals": {"runner SQLite / stdlib floor": 0.95, "runner SQLite / PgQueuer": 1.1,
-                  "runner PostgreSQL / PgQueuer": 1.0},
-    }
+    return compare(contenders, n, rounds, {
+        "runner SQLite / stdlib floor": ("runner SQLite", "stdlib floor", 0.95),
+        "runner SQLite / PgQueuer": ("runner SQLite", "PgQueuer", 1.1),
+        "runner PostgreSQL / PgQueuer": ("runner PostgreSQL", "PgQueuer", 1.0),
+        "runner PostgreSQL / PostgreSQL floor": ("runner PostgreSQL", "PostgreSQL floor",
+                                                 None),
+    }, skipped)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench ingest",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10,000 events, writes nothing")
-    args = parser.parse_args(argv)
-    n, rounds = (10_000, 1) if args.quick else (100_000, 3)
-    started = time.perf_counter()
-    doc = measure(n, rounds)
-    seconds = time.perf_counter() - started
-    print(f"bulk accept, {n:,} events, {rounds} round(s); {machine()}; {seconds:.0f} s\n")
-    for name, rate in doc["rates"].items():
-        print(f"  {name:<20} {rate:>10,.0f} rows/s")
-    for note in doc["skipped"]:
-        print(f"  skipped: {note}")
-    print()
-    for name, value in doc["ratios"].items():
-        goal = doc["goals"].get(name)
-        shown = "n/a" if value is None else f"{value:.2f}"
-        verdict = "" if goal is None or value is None else (
-            f"  goal >= {goal}: {'met' if value >= goal else 'NOT met'}")
-        print(f"  {name:<38} {shown:>6}{verdict}")
-    if not args.quick:
-        record("ingest", {**doc, "seconds": round(seconds, 1), "summary": machine()},
-               script="-m bench ingest", argv=argv)
-    return 0
+    return comparison_main(argv, "ingest", "bulk accept", __doc__.splitlines()[0],
+                           ((10_000, 1), (100_000, 3)), measure)
 
 
 if __name__ == "__main__":

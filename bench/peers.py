@@ -26,11 +26,9 @@ saying so. Rounds are interleaved; figures are medians, ratios medians of per-ro
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sqlite3
-import statistics
 import sys
 import time
 import uuid
@@ -39,8 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import SCOPE, event, machine, workdir
-from bench.results import record
+from bench.common import SCOPE, compare, comparison_main, event
 
 PG_DSN = "postgresql://root@127.0.0.1:5432/test"
 
@@ -190,55 +187,16 @@ def measure(n: int, rounds: int) -> dict[str, Any]:
             contenders[name] = run
         else:
             skipped.append(f"{name}: not installed (pip install -e '.[bench]')")
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(rounds):
-        for name, run in contenders.items():
-            with workdir() as d:
-                rates[name].append(run(d, n))
-
-    def ratio(mine: str, other: str) -> float | None:
-        if other not in rates:
-            return None
-        return statistics.median(a / b for a, b in zip(rates[mine], rates[other],
-                                                           strict=True))
-
-    return {
-        "n": n, "rounds": rounds, "skipped": skipped,
-        "rates": {name: statistics.median(found) for name, found in rates.items()},
-        "ratios": {"runner SQLite / huey": ratio("runner, SQLite store", "huey"),
-                   "runner SQLite / PgQueuer": ratio("runner, SQLite store", "PgQueuer"),
-                   "runner PostgreSQL / PgQueuer": ratio("runner, PostgreSQL store",
-                                                         "PgQueuer")},
-        "goals": {"runner SQLite / huey": 1.5, "runner SQLite / PgQueuer": 1.5,
-                  "runner PostgreSQL / PgQueuer": 1.0},
-    }
+    return compare(contenders, n, rounds, {
+        "runner SQLite / huey": ("runner, SQLite store", "huey", 1.5),
+        "runner SQLite / PgQueuer": ("runner, SQLite store", "PgQueuer", 1.5),
+        "runner PostgreSQL / PgQueuer": ("runner, PostgreSQL store", "PgQueuer", 1.0),
+    }, skipped)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench peers",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2,000 events, writes nothing")
-    args = parser.parse_args(argv)
-    n, rounds = (2_000, 1) if args.quick else (10_000, 3)
-    started = time.perf_counter()
-    doc = measure(n, rounds)
-    seconds = time.perf_counter() - started
-    print(f"delivery, {n:,} events, {rounds} round(s); {machine()}; {seconds:.0f} s\n")
-    for name, rate in doc["rates"].items():
-        print(f"  {name:<26} {rate:>9,.0f} rows/s")
-    for note in doc["skipped"]:
-        print(f"  skipped: {note}")
-    print()
-    for name, value in doc["ratios"].items():
-        goal = doc["goals"][name]
-        shown = "n/a" if value is None else f"{value:.2f}"
-        verdict = "" if value is None else f"  goal >= {goal}: " + (
-            "met" if value >= goal else "NOT met")
-        print(f"  {name:<30} {shown:>6}{verdict}")
-    if not args.quick:
-        record("peers", {**doc, "seconds": round(seconds, 1), "summary": machine()},
-               script="-m bench peers", argv=argv)
-    return 0
+    return comparison_main(argv, "peers", "delivery", __doc__.splitlines()[0],
+                           ((2_000, 1), (10_000, 3)), measure)
 
 
 if __name__ == "__main__":
