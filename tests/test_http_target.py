@@ -220,7 +220,7 @@ def test_once_leaves_a_rejected_batch_failed_safe_and_a_refusing_target_changes_
     cli_store.accept(1, 2)
     with target_server(workdir, "--fault", "reject") as server:
         _target(cli_store, server.url)
-        proc = cli_store.once()
+        proc = cli_store.once("--retry-base", "0")  # due again at once, not after a backoff
         summary = last_json(proc.stdout)
         assert (summary["dispatched"], summary["failed_safe"]) == (2, 2)
         assert "target.rejected" in proc.stderr and "fault reject" in proc.stderr
