@@ -74,7 +74,8 @@ def test_the_canary_never_leaves_through_a_whole_delivery_lifecycle(
         rec = write_json(workdir / f"e{i}.json", event(i, contact_alias=CANARY))
         run("accept", *base, "--record", rec, "--log-format", fmt)
     run("once", *worker, "--fault", "timeout", "--dispatch-limit", "1")   # uncertain
-    run("once", *worker, "--fault", "outage", "--dispatch-limit", "1")    # failed_safe
+    # failed_safe, due again at once (--retry-base 0) so that ``start`` below resends it
+    run("once", *worker, "--fault", "outage", "--dispatch-limit", "1", "--retry-base", "0")
     run("once", *worker, "--fault", "crash-after-write", code=73)         # crashed
     run("once", *worker, "--fault", "crash-at:reconcile.before-commit", code=73)
     run("start", *worker, "--cycles", "2", "--interval", "0")             # recovers all
