@@ -110,11 +110,11 @@ class _Rollback(Exception):
         self.proc = proc
 
 
-def test_status_of_a_missing_store_is_an_error_and_creates_nothing(db_location: str) -> None:
-    proc = run_main("status", "--db", db_location)
+def test_status_of_a_missing_store_is_an_error_and_creates_nothing(missing_location: str) -> None:
+    proc = run_main("status", "--db", missing_location)
     assert proc.returncode == 66 and "no " in proc.stderr and "store" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert not store_exists(db_location)
+    assert not store_exists(missing_location)
 
 
 def test_status_with_another_scope_exits_78(db: str, workdir: Path) -> None:
@@ -122,8 +122,8 @@ def test_status_with_another_scope_exits_78(db: str, workdir: Path) -> None:
     assert run_main("status", "--db", db, "--scope", other).returncode == 78
 
 
-def test_status_json_log_format_errors(db_location: str) -> None:
-    proc = run_main("status", "--db", db_location, "--log-format", "json")
+def test_status_json_log_format_errors(missing_location: str) -> None:
+    proc = run_main("status", "--db", missing_location, "--log-format", "json")
     line = json.loads(proc.stderr.strip())
     assert line["level"] == "error" and line["reason"] == "store_not_found"
 
