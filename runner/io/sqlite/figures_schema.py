@@ -25,3 +25,26 @@ BEGIN
     UPDATE lead_counts SET n = n + 1 WHERE state = NEW.state;
 END;
 """
+
+#: v14, outbox counts per kind kept by triggers (issue 21): ``status`` shows how many events
+#: of each kind the outbox keeps; counted from the table, that was a scan of every event
+#: (a million leads: at least a million rows).  A kind's row is made by its first event;
+#: a prune's deletes count down, so the figure stays the events kept (rows at 0 are not
+#: shown).
+V14 = """
+CREATE TABLE outbox_counts (
+    kind TEXT PRIMARY KEY,
+    n    INTEGER NOT NULL CHECK (n >= 0)
+) STRICT, WITHOUT ROWID;
+
+INSERT INTO outbox_counts (kind, n) SELECT kind, count(*) FROM outbox GROUP BY kind;
+
+CREATE TRIGGER outbox_counted AFTER INSERT ON outbox
+BEGIN
+    INSERT INTO outbox_counts (kind, n) VALUES (NEW.kind, 1)
+    ON CONFLICT (kind) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER outbox_uncounted AFTER DELETE ON outbox
+BEGIN UPDATE outbox_counts SET n = n - 1 WHERE kind = OLD.kind; END;
+"""
