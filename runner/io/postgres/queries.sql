@@ -633,6 +633,11 @@ WHERE o.seq > :after AND o.kind = ANY(:kinds::text[])
   AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_records r
                   WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)
 
+-- name: pipeline_raw_pending
+-- the same count from the kept counts (v14): the events of :kinds kept, less those ingested
+SELECT (SELECT coalesce(sum(n), 0) FROM {s}.outbox_counts WHERE kind = ANY(:kinds::text[]))
+     - (SELECT coalesce(sum(n), 0) FROM {s}.outbox_ingested WHERE kind = ANY(:kinds::text[]))
+
 -- name: save_pipeline_worker_config
 INSERT INTO {s}.pipeline_worker_config (worker, desired, effective, error, updated_at)
 VALUES (:worker, :desired, :effective, :error, :at)

@@ -564,6 +564,13 @@ WHERE o.seq > :after AND o.kind IN (SELECT value FROM json_each(:kinds))
   AND NOT EXISTS (SELECT 1 FROM pipeline_records r
                   WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)
 
+-- name: pipeline_raw_pending
+-- the same count from the kept counts (v14): the events of :kinds kept, less those ingested
+SELECT (SELECT coalesce(sum(n), 0) FROM outbox_counts
+        WHERE kind IN (SELECT value FROM json_each(:kinds)))
+     - (SELECT coalesce(sum(n), 0) FROM outbox_ingested
+        WHERE kind IN (SELECT value FROM json_each(:kinds)))
+
 -- name: save_pipeline_worker_config
 INSERT INTO pipeline_worker_config (worker, desired, effective, error, updated_at)
 VALUES (:worker, :desired, :effective, :error, :at)
