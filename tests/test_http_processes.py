@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from runner.cli import main
-from tests.helpers import CANARY, Child, dump_store, event, run_cli, store_exists
+from tests.helpers import CANARY, Child, dump_store, event, ndjson, run_cli, store_exists
 from tests.httpkit import SECRET, TOKEN, body_of, port_of, signed, wait_ready
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,9 +29,9 @@ def secret_env(workdir: Path) -> tuple[Path, dict[str, str]]:
 
 
 def stored(db: str) -> dict[str, Any]:
-    proc = run_cli("status", "--db", db)
+    proc = run_cli("status", "--db", db, "--records")
     assert proc.returncode == 0, proc.stderr
-    return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
+    return {r["source_lead_id"]: r for r in ndjson(proc.stdout)}
 
 
 def post(port: int, doc: Any, client: httpx.Client | None = None) -> httpx.Response:

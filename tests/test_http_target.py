@@ -233,7 +233,7 @@ def test_status_shows_the_servers_reason_for_a_rejected_write_until_the_next_sen
             "failed_safe"] == 3
     doc = cli_store.status()
     assert doc["retries"]["rejected"] == 3 and doc["counts"]["failed_safe"] == 3
-    reasons = {r["source_lead_id"]: r["last_error"] for r in doc["records"]}
+    reasons = {r["source_lead_id"]: r["last_error"] for r in cli_store.all_records()}
     # the server's own words, per record (two requests: each record its request's reason)
     assert set(reasons) == {"lead-1", "lead-2", "lead-3"}
     assert all(reason is not None and "422" in reason and "fault reject" in reason
@@ -246,7 +246,7 @@ def test_status_shows_the_servers_reason_for_a_rejected_write_until_the_next_sen
         assert cli_store.cli("once")["confirmed"] == 3
     doc = cli_store.status()
     assert doc["retries"]["rejected"] == 0
-    assert [r["last_error"] for r in doc["records"]] == [None] * 3
+    assert [r["last_error"] for r in cli_store.all_records()] == [None] * 3
 
 
 def test_start_with_an_http_target_delivers_reconciles_and_polls(
