@@ -23,8 +23,8 @@ can be replayed alone with ``--only RUN``:
 5. a restart that may itself be crashed at another random point, then a clean ``once``.
 
 ``--http-target`` (issue 17) runs the same episodes over real loopback HTTP: after the
-warm-up, ``runner target-serve`` serves the episode's sheet with two or three server
-faults drawn at random (apply-then-drop, 429 storms, 500 and 503 before applying,
+warm-up, ``runner target-serve`` serves the episode's sheet with apply-then-drop and one
+or two other server faults drawn at random (429 storms, 500 and 503 before applying,
 apply-then-answer-late, latency), and the crash run and the crashed restart deliver to it
 (``--retry-base 0``, a read timeout of 0.5 s; no runner-side target fault).  The clean restart
 meets the same sheet served without faults (the storm has passed), once every
@@ -81,10 +81,12 @@ from runner.crashpoints import POINTS  # noqa: E402
 TARGET_POINTS = ("dispatch.batch-applied", "dispatch.batch-mid-readback")
 #: the points an --http-target run deals: the worker's own, around its target calls
 HTTP_POINTS = tuple(p for p in WORKER_POINTS if p not in TARGET_POINTS)
-#: the server faults an --http-target episode draws from (two or three of them): those of
-#: ``bench/kill9.py``, more often, as an episode sends only a few batches
-CHAOS_HTTP_FAULTS = ("drop-after-apply@0.4", "throttle@0.5", "error-before@0.3",
-                     "unavailable@0.3", "slow-after-apply:1@0.2", "latency:0.01@0.5")
+#: the server faults of an --http-target episode: apply-then-drop always (the ambiguous
+#: case), and one or two of the others (those of ``bench/kill9.py``, more often, as an
+#: episode sends only a few batches)
+DROP_FAULT = "drop-after-apply@0.4"
+CHAOS_HTTP_FAULTS = ("throttle@0.5", "error-before@0.3", "unavailable@0.3",
+                     "slow-after-apply:1@0.2", "latency:0.01@0.5")
 #: the worker's read timeout over HTTP, below slow-after-apply's delay (which is then
 #: an ambiguous answer)
 HTTP_READ_TIMEOUT = "0.5"
@@ -239,7 +241,7 @@ def run_episode(seed: int, index: int, point: str, root: Path, pg_dsn: str | Non
     servers: list[TargetServer] = []
     try:
         if http:
-            ep.faults = rng.sample(CHAOS_HTTP_FAULTS, rng.randint(2, 3))
+            ep.faults = [DROP_FAULT, *rng.sample(CHAOS_HTTP_FAULTS, rng.randint(1, 2))]
             servers.append(TargetServer(lane.target, directory / "server.log", ep.faults,
                                         rng.randrange(2**32)))
             # the server of the clean restart, over the same sheet without faults, starts
