@@ -72,7 +72,7 @@ from bench.chaos_lane import (  # noqa: E402
     drop_postgres_schema,
     postgres_location,
 )
-from bench.kill9 import TargetServer  # noqa: E402
+from bench.common import TargetServer  # noqa: E402
 from bench.results import record  # noqa: E402
 from harness.invariants import query  # noqa: E402
 from runner.crashpoints import POINTS  # noqa: E402
@@ -242,11 +242,12 @@ def run_episode(seed: int, index: int, point: str, root: Path, pg_dsn: str | Non
     try:
         if http:
             ep.faults = [DROP_FAULT, *rng.sample(CHAOS_HTTP_FAULTS, rng.randint(1, 2))]
-            servers.append(TargetServer(lane.target, directory / "server.log", ep.faults,
-                                        rng.randrange(2**32)))
+            servers.append(TargetServer(
+                lane.target, directory / "server.log", "--fault-seed",
+                str(rng.randrange(2**32)), *[a for f in ep.faults for a in ("--fault", f)]))
             # the server of the clean restart, over the same sheet without faults, starts
             # now so that its start-up overlaps the crash run; nothing calls it before
-            servers.append(TargetServer(lane.target, directory / "clean-server.log", [], 0))
+            servers.append(TargetServer(lane.target, directory / "clean-server.log"))
             lane.target_arg = servers[0].url
         _crash_run(lane, point, index, rng, first_hit, http)
         if http:  # the storm passes: the same sheet, served without faults
