@@ -54,10 +54,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """In the main process: compact the server's catalogs if earlier runs left them
+    bloated (``pg.tidy_catalogs``)."""
+    if not hasattr(session.config, "workerinput") and pg.availability() is None:
+        pg.tidy_catalogs()
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Drop the PostgreSQL schemas this test process made, in batches (``pg.drop_later``)."""
+    """Drop the PostgreSQL schemas this test process made, in batches (``pg.drop_later``),
+    then, in the main process once every test process has dropped its own, compact the
+    catalogs those schemas churned."""
     pg.drop_pool()
     pg.drop_left()
+    if not hasattr(session.config, "workerinput") and pg.availability() is None:
+        pg.tidy_catalogs()
 
 
 @pytest.fixture
