@@ -69,8 +69,7 @@ class LeaseLost(RunnerError):
     reason = "lease_lost"
 
 
-@dataclass(frozen=True)
-class ProcessorRef:
+class ProcessorRef(NamedTuple):
     """A processor's identity as the store knows it."""
 
     name: str
@@ -91,8 +90,7 @@ def canonical(value: Any) -> str:
                       allow_nan=False)
 
 
-@dataclass(frozen=True)
-class WorkerConfigView:
+class WorkerConfigView(NamedTuple):
     """A worker's configuration as ``status`` shows it (P10: desired, effective, error)."""
 
     worker: str
@@ -104,6 +102,8 @@ class WorkerConfigView:
 
 @dataclass
 class LevelCounts:
+    """A level's record counts per revision and its history rows (``status``)."""
+
     records: dict[int, int] = field(default_factory=dict)
     history: int = 0
 
