@@ -36,20 +36,18 @@ event ever written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
 
 Bound = Literal["requested", "export_watermark", "raw_retriever", "newest_event"]
 
 
-@dataclass(frozen=True)
-class RetentionState:
+class RetentionState(NamedTuple):
     """The outbox's retention bookkeeping."""
 
-    floor: int = 0  # every event with seq <= floor has been pruned
-    export_watermark: int | None = None  # None: no export watermark recorded
-    pruned: int = 0
-    pruned_by_kind: dict[str, int] = field(default_factory=dict)
+    floor: int  # every event with seq <= floor has been pruned (0: none)
+    export_watermark: int | None  # None: no export watermark recorded
+    pruned: int
+    pruned_by_kind: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
         return {"floor": self.floor, "export_watermark": self.export_watermark,

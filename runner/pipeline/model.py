@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple
 
@@ -100,12 +100,12 @@ class WorkerConfigView(NamedTuple):
     updated_at: str
 
 
-@dataclass
-class LevelCounts:
-    """A level's record counts per revision and its history rows (``status``)."""
+class LevelCounts(NamedTuple):
+    """How many records each level holds (``{level: count}``) and how many history rows
+    (level 0), as ``status`` shows them."""
 
-    records: dict[int, int] = field(default_factory=dict)
-    history: int = 0
+    records: dict[int, int]
+    history: int
 
 
 def stage_of(name: str) -> Stage:
