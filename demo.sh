@@ -54,9 +54,11 @@ python3 -c "import sqlite3; c = sqlite3.connect('target.db'); \
 c.execute(\"UPDATE sheet SET status = 'qualified' WHERE source_lead_id = 'demo-lead-2'\"); c.commit()"
 show "$RUNNER" start --db queue.db --scope scope.json --target target.db --cycles 1
 echo
-echo "# 8. status: every state counted, records by key, the outbox (no contact fields)"
+echo "# 8. status: every state counted, the oldest uncertain records, the outbox (no contact"
+echo "#    fields); --records lists every record, one JSON line each (NDJSON)"
 printf '\n$ runner status --db queue.db --scope scope.json | python3 -m json.tool\n'
 "$RUNNER" status --db queue.db --scope scope.json | python3 -m json.tool --indent 2
+show "$RUNNER" status --db queue.db --records
 echo
 echo "# 9. staged processing: the backlog per stage, then the four workers (one cycle each)"
 echo "#    turn the outbox into D1 -> D2 -> D3 -> D4, and status shows the lead funnel"

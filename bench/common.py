@@ -12,6 +12,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -210,3 +211,39 @@ def comparison_main(argv: list[str] | None, kind: str, what: str, doc_line: str,
         record(kind, {**doc, "seconds": round(seconds, 1), "summary": machine()},
                script=f"-m bench {kind}", argv=argv)
     return 0
+
+
+class TargetServer:
+    """``runner target-serve`` over the sheet ``store``, as a child process whose log
+    goes to the file ``log`` (a pipe nobody drains would stall it); ``extra`` are its
+    further options (``--quota``, ``--fault``, ...).  :meth:`stop` sends SIGTERM."""
+
+    def __init__(self, store: Path, log: Path, *extra: str) -> None:
+        self.err = open(log, "a+", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        start = self.err.tell()
+        self.proc = subprocess.Popen(
+            [sys.executable, RUN, "target-serve", "--listen", "127.0.0.1:0", "--store",
+             str(store), "--grace", "0", *extra],
+            stdout=subprocess.DEVNULL, stderr=self.err, text=True, cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while True:
+            self.err.seek(start)
+            text = self.err.read()
+            if "listening on port " in text:
+                port = int(text.split("listening on port ", 1)[1].split()[0])
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"target-serve did not start: {text[-300:]}")
+            time.sleep(0.02)  # polling a child's log for its port, with a deadline
+        self.url = f"http://127.0.0.1:{port}/sheet"
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.err.close()

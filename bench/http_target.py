@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import signal
 import statistics
 import subprocess
@@ -29,37 +28,12 @@ from typing import Any
 import anyio
 import httpx
 
-from bench.common import ROOT, RUN, SCOPE, machine, run_child, workdir
+from bench.common import ROOT, RUN, SCOPE, TargetServer, machine, run_child, workdir
 from bench.leads import _log_span, _prepare
 from bench.results import record
 from runner.io.targets.protocol import row_json
 from runner.leads.models import CRMRecord
 from runner.limits import DEFAULT_BATCH_SIZE
-
-_PORT = re.compile(rb"listening on port (\d+)")
-
-
-class Server:
-    """``runner target-serve`` as a child process for the whole bench."""
-
-    def __init__(self, store: Path, *extra: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, RUN, "target-serve", "--listen", "127.0.0.1:0", "--store",
-             str(store), *extra], stderr=subprocess.PIPE, cwd=ROOT)
-        assert self.proc.stderr is not None
-        line = self.proc.stderr.readline()
-        match = _PORT.search(line)
-        if not match:
-            raise RuntimeError(f"target-serve did not start: {line!r}")
-        self.url = f"http://127.0.0.1:{int(match.group(1))}/sheet"
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
 
 
 def _records(n: int, tag: str) -> list[tuple[CRMRecord, str]]:
@@ -105,7 +79,7 @@ def runner_rate(url: str, n: int, batch: int, d: Path, r: int) -> float:
 def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
     ours, floor, floor_read = [], [], []
     with workdir() as d:
-        server = Server(d / "sheet.db")
+        server = TargetServer(d / "sheet.db", d / "server.log")
         try:
             bare(server.url, batch, batch, "warm", read=True)
             for r in range(rounds):
@@ -134,7 +108,7 @@ def sustained(seconds: float, quota: int = 60, batch: int = DEFAULT_BATCH_SIZE
     append quota."""
     n = int(seconds / 60 * quota * batch * 1.5) + batch
     with workdir() as d:
-        server = Server(d / "sheet.db", "--quota", f"{quota}/min")
+        server = TargetServer(d / "sheet.db", d / "server.log", "--quota", f"{quota}/min")
         try:
             db, scope = d / "q.db", d / "scope.json"
             anyio.run(_prepare, db, None, n, False)

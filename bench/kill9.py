@@ -58,6 +58,7 @@ from bench.chaos_lane import (  # noqa: E402
     drop_postgres_schema,
     postgres_location,
 )
+from bench.common import TargetServer  # noqa: E402
 from bench.results import record  # noqa: E402
 from harness.invariants import audit, query  # noqa: E402
 
@@ -87,40 +88,6 @@ class Result:
 #: the server faults a --http-target run draws from (``runner target-serve --fault``)
 HTTP_FAULTS = ("drop-after-apply@0.2", "throttle@0.3", "error-before@0.1",
                "unavailable@0.1", "slow-after-apply:2@0.05", "latency:0.01@0.3")
-
-
-class TargetServer:
-    """``runner target-serve`` over the run's sheet, as a child process."""
-
-    def __init__(self, sheet: Path, log: Path, faults: list[str], seed: int) -> None:
-        args = [a for f in faults for a in ("--fault", f)]
-        self.err = open(log, "a+", encoding="utf-8")  # noqa: SIM115 - closed in stop()
-        start = self.err.tell()
-        self.proc = subprocess.Popen(
-            [sys.executable, RUN, "target-serve", "--listen", "127.0.0.1:0", "--store",
-             str(sheet), "--fault-seed", str(seed), "--grace", "0", *args],
-            stdout=subprocess.DEVNULL, stderr=self.err, text=True)
-        deadline = time.monotonic() + 30
-        while True:
-            self.err.seek(start)
-            text = self.err.read()
-            if "listening on port " in text:
-                port = int(text.split("listening on port ", 1)[1].split()[0])
-                break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"target-serve did not start: {text[-300:]}")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{port}/sheet"
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.err.close()
 
 
 def _start(db: str, scope: Path, target: Path | str, log: Path,
@@ -158,7 +125,9 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
     if http:
         faults = rng.sample(HTTP_FAULTS, rng.randint(1, 3))
         result.faults = faults
-        server = TargetServer(target, work / "server.log", faults, rng.randrange(2**32))
+        server = TargetServer(target, work / "server.log", "--fault-seed",
+                              str(rng.randrange(2**32)),
+                              *[a for f in faults for a in ("--fault", f)])
     for _ in range(rng.randint(1, 3)):
         worker = _start(db, scope, server.url if server else target, log, "--interval",
                         "0.05", "--batch-size", str(rng.choice(BATCH_SIZES)))
@@ -174,7 +143,7 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
         result.violations += [f"after kill {result.kills}: {v}" for v in mid.violations]
     if server is not None:  # the storm passes: the same sheet, served without faults
         server.stop()
-        server = TargetServer(target, work / "server.log", [], 0)
+        server = TargetServer(target, work / "server.log")
     final = _start(db, scope, server.url if server else target, log, "--cycles", "1",
                    "--interval", "0", "--batch-size", str(rng.choice(BATCH_SIZES)))
     if final.wait(timeout=600) != 0:

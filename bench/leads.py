@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -101,7 +102,7 @@ def accept(n_single: int, n_bulk: int, n_concurrent: int, rng: random.Random) ->
     ]
 
 
-async def _prepare(db: Path, target: Path | None, n: int, confirm: bool) -> None:
+async def _prepare(db: Path | str, target: Path | None, n: int, confirm: bool) -> None:
     adapter = SyntheticTarget(str(target)) if target else None
     async with DurableWorker(str(db), SCOPE, adapter) as worker:
         for start in range(0, n, 5000):
@@ -251,20 +252,198 @@ def startup(repeat: int = 11) -> list[Row]:
 
 
 _PEAK = ("import resource, subprocess, sys, time; t = time.perf_counter(); "
-         "p = subprocess.run([sys.executable, *sys.argv[1:]], stdout=subprocess.DEVNULL); "
+         "p = subprocess.run([sys.executable, *sys.argv[1:]], stdout=subprocess.PIPE); "
          "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
-         " p.returncode)")
+         " p.returncode, p.stdout.count(b'\\n'), len(p.stdout))")
+
+#: where the PostgreSQL variant runs (a schema of its own, dropped afterwards)
+PG_DSN = "postgresql://root@127.0.0.1:5432/test"
+#: one record in this many is made uncertain, so the bounded list is cut at scale
+UNCERTAIN_EVERY = 500
 
 
-def scale(n: int) -> list[Row]:
-    with workdir() as d:
-        db = d / "big.db"
+def _peak(args: list[str]) -> tuple[float, float, int, int]:
+    """``python run.py ARGS`` in a child: (wall seconds, peak RSS in MB, lines, bytes)."""
+    out = subprocess.run([sys.executable, "-c", _PEAK, RUN, *args], capture_output=True,
+                         text=True, check=True, cwd=ROOT).stdout
+    seconds, peak_kib, code, lines, size = out.split()
+    if code != "0":
+        raise RuntimeError(f"{args[:2]} failed ({code})")
+    return float(seconds), int(peak_kib) / 1024, int(lines), int(size)
+
+
+async def _make_uncertain(db: str) -> None:
+    """Every ``UNCERTAIN_EVERY``-th record becomes uncertain (prepared -> in_flight ->
+    uncertain, the legal path; the schema's triggers write the events and keep counts)."""
+    move = [f"UPDATE {{s}}leads SET state = 'in_flight' WHERE seq % {UNCERTAIN_EVERY} = 0",
+            "UPDATE {s}leads SET state = 'uncertain' WHERE state = 'in_flight'"]
+    if db.startswith("postgresql://"):
+        import asyncpg
+
+        dsn, _, schema = db.partition("?schema=")
+        conn = await asyncpg.connect(dsn)
+        try:
+            for sql in move:
+                await conn.execute(sql.format(s=f"{schema}."))
+            await conn.execute(f"VACUUM ANALYZE {schema}.leads")
+        finally:
+            await conn.close()
+        return
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        for sql in move:
+            conn.execute(sql.format(s=""))
+    finally:
+        conn.close()
+
+
+async def _old_counts(db: str) -> float:
+    """The baseline: what ``status`` counted before the kept counts, row by row: the leads
+    by state, the outbox by kind and the raw ingestion backlog (every lead event probed
+    for its D1 record), one scan each (seconds)."""
+    queries = ["SELECT state, count(*) FROM {s}leads GROUP BY state",
+               "SELECT kind, count(*) FROM {s}outbox GROUP BY kind",
+               "SELECT count(*), min(o.seq) FROM {s}outbox o WHERE o.seq > 0"
+               " AND o.kind IN ('accepted', 'state_changed', 'status_changed')"
+               " AND NOT EXISTS (SELECT 1 FROM {s}pipeline_records r"
+               " WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)"]
+    if db.startswith("postgresql://"):
+        import asyncpg
+
+        dsn, _, schema = db.partition("?schema=")
+        conn = await asyncpg.connect(dsn)
+        try:
+            started = time.perf_counter()
+            for sql in queries:
+                await conn.fetch(sql.format(s=f"{schema}."))
+            return time.perf_counter() - started
+        finally:
+            await conn.close()
+    lite = sqlite3.connect(db)
+    try:
+        started = time.perf_counter()
+        for sql in queries:
+            lite.execute(sql.format(s="")).fetchall()
+        return time.perf_counter() - started
+    finally:
+        lite.close()
+
+
+async def _store_time(db: str) -> tuple[float, dict[str, Any]]:
+    """Seconds of store time for the default status document (the store opened first),
+    and the document's ``uncertain`` block."""
+    from runner.io.stores import open_store
+    from runner.status import status_document
+
+    async with await open_store(db, scope=None, create=False) as store:
+        started = time.perf_counter()
+        doc = await status_document(store)
+        elapsed = time.perf_counter() - started
+    block: dict[str, Any] = doc["uncertain"]
+    if block["truncated"] != (block["total"] > len(block["records"])):
+        raise RuntimeError("the uncertain list's truncated flag is wrong")
+    return elapsed, block
+
+
+def _status_once(db: str, rounds: int) -> tuple[float, float, dict[str, Any]]:
+    """Store time of the default status and of the old counting scans, interleaved
+    (``rounds`` pairs, medians; the first pair warms the caches and is dropped)."""
+    pairs = [(anyio.run(_store_time, db), anyio.run(_old_counts, db))
+             for _ in range(rounds + 1)][1:]
+    return (statistics.median(p[0][0] for p in pairs), statistics.median(p[1] for p in pairs),
+            pairs[-1][0][1])
+
+
+def _drop_schema(schema: str) -> None:
+    async def drop() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        finally:
+            await conn.close()
+
+    anyio.run(drop)
+
+
+def _scale_backend(backend: str, n: int, d: Path, rounds: int) -> list[Row]:
+    import uuid
+
+    if backend == "postgres":
+        schema = "bench_status_" + uuid.uuid4().hex[:8]
+        db, empty = f"{PG_DSN}?schema={schema}", f"{PG_DSN}?schema={schema}_empty"
+    else:
+        schema, db, empty = "", str(d / "big.db"), str(d / "empty.db")
+    try:
         anyio.run(_prepare, db, None, n, False)
-        out = subprocess.run([sys.executable, "-c", _PEAK, RUN, "status", "--db", str(db)],
-                             capture_output=True, text=True, check=True, cwd=ROOT).stdout
-        seconds, peak_kib, code = out.split()
-        if code != "0":
-            raise RuntimeError("status failed")
-    peak_mb = int(peak_kib) / 1024
-    return [Row(f"status, {n:,} records", peak_mb, "MB peak", 150, "MB limit", peak_mb / 150,
-                "<= 1", peak_mb <= 150, f"wall time {float(seconds):.2f} s, records streamed")]
+        anyio.run(_prepare, empty, None, 0, False)
+        anyio.run(_make_uncertain, db)
+        store_s, scan_s, block = _status_once(db, rounds)
+        wall, peak_mb, lines, size = _peak(["status", "--db", db])
+        _, empty_mb, _, _ = _peak(["status", "--db", empty])
+        all_wall, all_mb, all_lines, all_size = _peak(["status", "--db", db, "--records"])
+    finally:
+        if schema:
+            _drop_schema(schema)
+            _drop_schema(schema + "_empty")
+    if lines != 1 or all_lines != n:
+        raise RuntimeError(f"status printed {lines} lines, --records {all_lines} (n={n})")
+    cut = "truncated" if block["truncated"] else "all of them"
+    return [
+        Row(f"status store time, {n:,} ({backend})", store_s * 1000, "ms", scan_s * 1000,
+            "ms", store_s / scan_s, "< 1 s", store_s < 1.0,
+            f"default document, {block['total']:,} uncertain ({len(block['records'])} shown, "
+            f"{cut}); baseline: "
+            f"the scans status did before (leads by state, outbox by kind, raw backlog), "
+            f"interleaved, medians of {rounds}; CLI wall {wall:.2f} s, "
+            f"{size / 1024:.1f} KiB printed"),
+        Row(f"status peak RSS, {n:,} ({backend})", peak_mb, "MB", empty_mb, "MB",
+            peak_mb / empty_mb, "< 100 MB", peak_mb < 100,
+            "baseline: the same command on an empty store of the same backend"),
+        Row(f"status --records, {n:,} ({backend})", all_mb, "MB", peak_mb, "MB",
+            all_mb / peak_mb, "< 100 MB", all_mb < 100,
+            f"NDJSON, {all_lines:,} lines, {all_size / 2**20:,.0f} MiB in {all_wall:.1f} s; "
+            f"baseline: peak RSS of the default status above (constant memory)"),
+    ]
+
+
+def scale(n: int, backends: tuple[str, ...] = ("sqlite", "postgres"), rounds: int = 5
+          ) -> list[Row]:
+    """``status`` at ``n`` leads on each backend: the default document's store time (vs
+    the scans it no longer does) and peak RSS, and the full NDJSON list's peak RSS."""
+    rows: list[Row] = []
+    for backend in backends:
+        with workdir() as d:
+            rows += _scale_backend(backend, n, d, rounds)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench status [--quick] [--n N] [--backend B]``: status at scale only;
+    a full run writes ``bench/results/status-*.json``."""
+    import argparse
+    from dataclasses import asdict
+
+    from bench.common import machine, print_table
+    from bench.results import record
+
+    parser = argparse.ArgumentParser(description="status at scale (issue 21)")
+    parser.add_argument("--quick", action="store_true", help="100,000 leads, not 1,000,000")
+    parser.add_argument("--n", type=int, help="leads (overrides the size)")
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], action="append")
+    args = parser.parse_args(argv)
+    n = args.n or (100_000 if args.quick else 1_000_000)
+    backends = tuple(args.backend or ("sqlite", "postgres"))
+    started = time.perf_counter()
+    rows = scale(n, backends)
+    seconds = time.perf_counter() - started
+    print(f"status at scale ({n:,} leads; {machine()}; {seconds:.0f} s)\n")
+    print_table(rows)
+    print(json.dumps([asdict(r) for r in rows], separators=(",", ":")))
+    if not args.quick and args.n is None and args.backend is None:
+        record("status", {"mode": "full", "n": n, "seconds": round(seconds, 1),
+                          "summary": machine(),
+                          "rows": [asdict(r) for r in rows]},
+               script="-m bench status", argv=argv)
+    return 0

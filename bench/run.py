@@ -9,6 +9,7 @@
     python -m bench peers      # delivery beside huey and PgQueuer (bench/peers.py)
     python -m bench reconcile  # reconcile at scale, delivery under a quota (bench/reconcile.py)
     python -m bench http-target   # HTTP dispatch vs a bare httpx client (bench/http_target.py)
+    python -m bench status     # status at 1M leads on both backends (bench/leads.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -33,9 +34,9 @@ from bench.common import Row, machine, print_table
 from bench.results import record
 
 FULL = {"single": 3000, "bulk": 100_000, "concurrent": 10_000, "dispatch": 2000,
-        "sweep": 100_000, "scale": 100_000, "webhook": 20_000, "metrics": 1_000_000}
+        "sweep": 100_000, "scale": 1_000_000, "webhook": 20_000, "metrics": 1_000_000}
 QUICK = {"single": 300, "bulk": 5000, "concurrent": 1000, "dispatch": 300,
-         "sweep": 5000, "scale": 5000, "webhook": 1000, "metrics": 5000}
+         "sweep": 5000, "scale": 100_000, "webhook": 1000, "metrics": 5000}
 
 
 def sweep_row(n: int) -> list[Row]:
@@ -68,6 +69,7 @@ SUBCOMMANDS = {
     "reconcile": "bench.reconcile",  # reconcile at scale, delivery under a quota (issue 16)
     "http-target": "bench.http_target",  # HTTP dispatch vs a bare httpx client (issue 17)
     "peers": "bench.peers",    # delivery beside huey and PgQueuer (issue 16)
+    "status": "bench.leads",   # status at scale, both backends (issue 21)
 }
 
 

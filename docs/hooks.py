@@ -614,6 +614,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "kill9": _render_kill9,
     "soak": _render_soak,
     "http": _render_bench,
+    "status": _render_bench,
     "kill9-http": _render_kill9_http,
     "http-target": _render_http_target,
     "kill9-http-target": _render_kill9,

@@ -19,3 +19,9 @@ BATCH_SIZE_RANGE = (1, 1000)
 #: the longest reason a failed_safe record keeps (``last_error``, v13: the target's reason
 #: for refusing its write, HTTP 400/422), in characters; longer ones are cut
 MAX_LAST_ERROR = 300
+
+#: how many uncertain records ``status`` shows, oldest (first accepted) first, and the most
+#: a caller may ask for: the document stays small whatever the store's size (issue 21);
+#: every record is ``status --records``
+UNCERTAIN_SHOWN = 100
+MAX_SHOWN = 10_000

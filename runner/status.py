@@ -1,20 +1,30 @@
 """The ``status`` document (SPEC L13), built from one consistent read of the store.
 
-The record list is streamed: a store with 100,000 records is written out page by page,
-never held in memory as a whole.
+Why it stays small (issue 21): the document is the store's health at a glance, so its
+size must not grow with the store.  It carries the counts (per state, per outbox kind:
+kept by triggers, never counted row by row), the retries, poll health, decisions, the
+pipeline blocks, and the oldest uncertain records only, at most ``UNCERTAIN_SHOWN`` of
+them, with their total and a ``truncated`` flag.  A million leads answer in a few small
+reads.  The full record list is an explicit request (``runner status --records``,
+``DurableWorker.records()``): NDJSON, one record per line, read page by page by index,
+so its memory stays the same whatever the store's size.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from runner.candidates.results import SCHEDULE, CandidateSummary
+from runner.errors import UsageError
+from runner.leads.states import LeadState
+from runner.limits import MAX_SHOWN, UNCERTAIN_SHOWN
 from runner.storedata import LeadRow, StoreSummary
 
 if TYPE_CHECKING:
-    from runner.store import Store
+    from runner.store import StatusReader, Store
 
 
 def record_json(row: LeadRow) -> dict[str, Any]:
@@ -71,10 +81,6 @@ def lifecycle_json(summary: CandidateSummary) -> dict[str, Any]:
     }
 
 
-def _inner(doc: dict[str, Any]) -> str:
-    return _dumps(doc)[1:-1]
-
-
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -89,29 +95,84 @@ async def pipeline_blocks(store: Store) -> dict[str, Any]:
             "funnel": await store.funnel()}
 
 
-async def write_status(store: Store, write: Callable[[str], object]) -> None:
-    """Write the status document as one JSON line, streaming the records."""
+def uncertain_json(total: int, rows: list[LeadRow]) -> dict[str, Any]:
+    """The ``uncertain`` block: how many records are uncertain (``total``), the oldest
+    of them in accept order (``records``, at most the ``shown`` asked for), and whether
+    there are more than those (``truncated``)."""
+    return {"total": total, "truncated": total > len(rows),
+            "records": [record_json(row) for row in rows]}
+
+
+def check_shown(shown: int) -> None:
+    if isinstance(shown, bool) or not isinstance(shown, int) or not 0 <= shown <= MAX_SHOWN:
+        raise UsageError(f"shown must be a whole number between 0 and {MAX_SHOWN}, "
+                         f"got {shown!r}")
+
+
+async def _oldest_uncertain(store: StatusReader, shown: int) -> list[LeadRow]:
+    rows: list[LeadRow] = []
+    if shown == 0:
+        return rows
+    async with aclosing(store.iter_records(state=LeadState.UNCERTAIN, page=shown)) as page:
+        async for row in page:
+            rows.append(row)
+            if len(rows) == shown:
+                break
+    return rows
+
+
+async def status_document(store: Store, *, shown: int = UNCERTAIN_SHOWN) -> dict[str, Any]:
+    """The status document: counts, health, and the oldest ``shown`` uncertain records
+    (bounded: its size does not grow with the store)."""
+    check_shown(shown)
     async with store.reading():
         summary = await store.summary()
         lifecycle = await store.candidate_summary()
+        oldest = await _oldest_uncertain(store, shown)
         pipeline = await pipeline_blocks(store)
-        write("{" + _inner(head_json(summary)) + ',"records":[')
-        first = True
-        async for row in store.iter_records():
-            write(("" if first else ",") + _dumps(record_json(row)))
-            first = False
-        write("]," + _inner(tail_json(summary)) + ',"lifecycle":'
-              + _dumps(lifecycle_json(lifecycle)) + "," + _inner(pipeline)
-              + ',"decisions":' + _dumps(summary.decisions) + "}\n")
-
-
-async def status_document(store: Store) -> dict[str, Any]:
-    """The whole status document in memory (the library call; the CLI streams)."""
-    async with store.reading():
-        summary = await store.summary()
-        lifecycle = await store.candidate_summary()
-        records = [record_json(row) async for row in store.iter_records()]
-        pipeline = await pipeline_blocks(store)
-    return {**head_json(summary), "records": records, **tail_json(summary),
-            "lifecycle": lifecycle_json(lifecycle), **pipeline,
+    total = summary.counts.get(LeadState.UNCERTAIN, 0)
+    return {**head_json(summary), "uncertain": uncertain_json(total, oldest),
+            **tail_json(summary), "lifecycle": lifecycle_json(lifecycle), **pipeline,
             "decisions": summary.decisions}
+
+
+async def write_status(store: Store, write: Callable[[str], object], *,
+                       shown: int = UNCERTAIN_SHOWN) -> None:
+    """Write the status document as one JSON line."""
+    write(_dumps(await status_document(store, shown=shown)) + "\n")
+
+
+def record_state(value: LeadState | str | None) -> LeadState | None:
+    """A state to list the records of (``None`` or ``"all"``: every record); a name that
+    is no state is a ``UsageError`` naming the states."""
+    if value is None or isinstance(value, LeadState):
+        return value
+    if value == "all":
+        return None
+    try:
+        return LeadState(value)
+    except ValueError:
+        names = ", ".join(state.value for state in LeadState)
+        raise UsageError(f"{value!r} is not a record state; use all or one of: {names}"
+                         ) from None
+
+
+async def iter_record_json(store: StatusReader, *, state: LeadState | None = None
+                           ) -> AsyncGenerator[dict[str, Any], None]:
+    """Every record (or those in ``state``) in accept order, as the documents
+    ``write_records`` prints, from one consistent read, page by page."""
+    async with store.reading():
+        async for row in store.iter_records(state=state):
+            yield record_json(row)
+
+
+async def write_records(store: StatusReader, write: Callable[[str], object], *,
+                        state: LeadState | None = None) -> int:
+    """Write every record (or those in ``state``) as NDJSON, one record per line, in
+    accept order, from one consistent read; returns how many."""
+    n = 0
+    async with store.reading():
+        async for row in store.iter_records(state=state):
+            write(_dumps(record_json(row)) + "\n")
+            n += 1
+    return n

@@ -13,7 +13,7 @@ protocol itself.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
@@ -305,7 +305,9 @@ class StatusReader(Protocol):
         ...
 
     async def summary(self) -> StoreSummary:
-        """Counts, outbox figures and poll health, from one consistent read."""
+        """Counts, outbox figures and poll health, from one consistent read: the counts
+        per state and per outbox kind are kept by triggers, so this costs a few small
+        reads whatever the store's size."""
         ...
 
     async def lead_figures(self) -> LeadFigures:
@@ -313,8 +315,10 @@ class StatusReader(Protocol):
         poll-health run: a few small reads whatever the store's size (``/metrics``)."""
         ...
 
-    def iter_records(self, *, page: int = 1000) -> AsyncIterator[LeadRow]:
-        """Every lead record in accept order, streamed (never all in memory at once)."""
+    def iter_records(self, *, state: LeadState | None = None, page: int = 1000
+                     ) -> AsyncGenerator[LeadRow, None]:
+        """Every lead record (or those in ``state``) in accept order, streamed in pages
+        of ``page`` (never all in memory at once)."""
         ...
 
 

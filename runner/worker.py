@@ -17,7 +17,7 @@ and ``retry_cap`` (seconds) set the backoff of records that were not sent (issue
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -29,8 +29,8 @@ from runner.leads.models import LeadEvent, Scope, validate_scope
 from runner.leads.pacing import DEFAULT_RETRY_BASE, DEFAULT_RETRY_CAP, Backoff, Pacer
 from runner.leads.port import CRMAdapter, CRMRecordPort, Missing
 from runner.leads.states import LeadState
-from runner.limits import BATCH_SIZE_RANGE, DEFAULT_BATCH_SIZE
-from runner.status import status_document
+from runner.limits import BATCH_SIZE_RANGE, DEFAULT_BATCH_SIZE, UNCERTAIN_SHOWN
+from runner.status import iter_record_json, record_state, status_document
 from runner.store import Store
 from runner.tasks import deliver, poll, target
 
@@ -209,6 +209,20 @@ class DurableWorker:
         await self.store.apply_observations([write], self.clock.now())
         return write.outcome
 
-    async def status(self) -> dict[str, Any]:
-        """The status document of SPEC L13."""
-        return await status_document(self.store)
+    async def status(self, *, shown: int = UNCERTAIN_SHOWN) -> dict[str, Any]:
+        """The status document of SPEC L13: counts, health and the oldest ``shown``
+        uncertain records (``uncertain``: ``total``, ``truncated``, ``records``).  Its
+        size does not grow with the store; every record is ``records()``."""
+        return await status_document(self.store, shown=shown)
+
+    def records(self, state: LeadState | str | None = None
+                ) -> AsyncGenerator[dict[str, Any], None]:
+        """Every record (or those in ``state``) in accept order, one document at a time,
+        from one consistent read, read page by page (constant memory)::
+
+            async for record in worker.records():
+                ...
+
+        Leaving the loop early holds the read open until the generator is closed:
+        ``async with contextlib.aclosing(worker.records()) as records``."""
+        return iter_record_json(self.store, state=record_state(state))

@@ -56,6 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Drop the PostgreSQL schemas this test process made, in batches (``pg.drop_later``)."""
+    pg.drop_pool()
     pg.drop_left()
 
 
@@ -104,8 +105,23 @@ def new_location(backend: str, workdir: Path) -> Iterator[Callable[[str], str]]:
 
 
 @pytest.fixture
-def db_location(new_location: Callable[[str], str]) -> str:
-    """Where a fresh store lives, for each backend."""
+def db_location(backend: str, workdir: Path) -> Iterator[str]:
+    """Where a new store lives, for each backend: a file in ``workdir`` that does not
+    exist yet, or a PostgreSQL schema that holds an empty, migrated store with no scope
+    pinned yet (from this test process's pool, ``pg.pooled_schema``: a store's DDL costs
+    350 ms, emptying a used one a few).  A test of creating a store takes
+    ``new_location``."""
+    if backend == "sqlite":
+        yield str(workdir / "queue.db")
+        return
+    schema = pg.pooled_schema()
+    yield pg.location(schema)
+    pg.give_back(schema)
+
+
+@pytest.fixture
+def missing_location(new_location: Callable[[str], str]) -> str:
+    """Where no store is yet, for each backend: for tests that a command creates none."""
     return new_location("queue")
 
 

@@ -185,6 +185,24 @@ def last_json(stdout: str) -> Any:
     return json.loads(lines[-1])
 
 
+def ndjson(stdout: str) -> list[Any]:
+    """Every line of an NDJSON answer (``status --records``), parsed, in order."""
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def status_records(db: str | Path, *extra: str) -> list[dict[str, Any]]:
+    """Every record, in accept order, through ``runner status --records`` (NDJSON): the
+    full list the default ``status`` no longer carries (issue 21)."""
+    proc = run_main("status", "--db", db, "--records", *extra)
+    assert proc.returncode == 0, proc.stderr
+    return ndjson(proc.stdout)
+
+
+async def worker_records(worker: Any) -> list[dict[str, Any]]:
+    """Every record, in accept order, through ``DurableWorker.records()``."""
+    return [record async for record in worker.records()]
+
+
 def dump_store(location: str | Path) -> list[str]:
     """A logical dump of a store on either backend, to prove that nothing changed."""
     from tests import pg
@@ -368,8 +386,12 @@ class CliStore:
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
+    def all_records(self) -> list[dict[str, Any]]:
+        """Every record in accept order (``status --records``)."""
+        return status_records(self.db)
+
     def records(self) -> dict[str, Any]:
-        return {r["source_lead_id"]: r for r in self.status()["records"]}
+        return {r["source_lead_id"]: r for r in self.all_records()}
 
     def confirmed(self, n: int) -> None:
         """n confirmed records, made in process through the library."""

@@ -135,9 +135,9 @@ def test_each_answer_comes_after_its_commit_even_from_a_slow_pipe(
 
 
 def test_unreadable_records_file_changes_nothing(
-    workdir: Path, scope_file: Path, db_location: str
+    workdir: Path, scope_file: Path, missing_location: str
 ) -> None:
-    db = db_location
+    db = missing_location
     proc = run_main("accept", "--db", db, "--scope", scope_file, "--records", workdir / "none")
     assert proc.returncode == 65 and "cannot read" in proc.stderr
     assert dump_store(db) == ["<absent>"]

@@ -151,11 +151,11 @@ def test_refusals_in_json_log_format(db: str) -> None:
     assert (line["level"], line["reason"]) == ("error", "no_quorum")
 
 
-def test_a_t2_violation_does_not_even_create_the_store(db: str) -> None:
-    proc = cli(db, "candidate", "add", "--id", "c1", "--analysis-deadline",
+def test_a_t2_violation_does_not_even_create_the_store(missing_location: str) -> None:
+    proc = cli(missing_location, "candidate", "add", "--id", "c1", "--analysis-deadline",
                "2026-08-11T13:00:00Z", NOW, ok=False)
     assert proc.returncode == 65 and "analysis_deadline" in proc.stderr
-    assert not store_exists(db)
+    assert not store_exists(missing_location)
 
 
 @pytest.mark.parametrize("argv", [
@@ -167,10 +167,10 @@ def test_a_t2_violation_does_not_even_create_the_store(db: str) -> None:
     ("candidate", "promote", "--id", "c1", "--decision-id", "d", "--fault", "other"),
     ("candidate", "remove", "--id", "c1"),
 ])
-def test_usage_errors_exit_2(db: str, argv: tuple[str, ...]) -> None:
-    proc = cli(db, *argv, ok=False)
+def test_usage_errors_exit_2(missing_location: str, argv: tuple[str, ...]) -> None:
+    proc = cli(missing_location, *argv, ok=False)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
-    assert not store_exists(db)
+    assert not store_exists(missing_location)
 
 
 @pytest.mark.parametrize("argv", [
@@ -179,10 +179,11 @@ def test_usage_errors_exit_2(db: str, argv: tuple[str, ...]) -> None:
     ("candidate", "list"),
     ("sweep",),
 ])
-def test_commands_other_than_add_never_create_a_store(db: str, argv: tuple[str, ...]) -> None:
-    proc = cli(db, *argv, ok=False)
+def test_commands_other_than_add_never_create_a_store(missing_location: str,
+                                                      argv: tuple[str, ...]) -> None:
+    proc = cli(missing_location, *argv, ok=False)
     assert proc.returncode == 66 and "no store" in proc.stderr
-    assert not store_exists(db)
+    assert not store_exists(missing_location)
 
 
 def test_candidates_work_with_and_without_a_pinned_scope(

@@ -93,16 +93,16 @@ def test_every_bad_input_is_rejected_and_changes_nothing(
     assert dump_store(db) == before
 
 
-def test_unreadable_record_file(workdir: Path, db: str, scope_file: Path) -> None:
-    missing = accept(db, scope_file, workdir / "missing.json")
+def test_unreadable_record_file(workdir: Path, missing_location: str, scope_file: Path) -> None:
+    missing = accept(missing_location, scope_file, workdir / "missing.json")
     assert missing.returncode == 65 and last_json(missing.stdout)["reason"] == "unreadable"
     if os.geteuid() != 0:  # root reads anything
         locked = write_json(workdir / "locked.json", event(1))
         locked.chmod(0)
-        assert accept(db, scope_file, locked).returncode == 65
-    directory = accept(db, scope_file, workdir)
+        assert accept(missing_location, scope_file, locked).returncode == 65
+    directory = accept(missing_location, scope_file, workdir)
     assert directory.returncode == 65
-    assert not store_exists(db)
+    assert not store_exists(missing_location)
 
 
 def test_record_from_stdin(db: str, scope_file: Path) -> None:
@@ -111,12 +111,12 @@ def test_record_from_stdin(db: str, scope_file: Path) -> None:
     assert last_json(proc.stdout)["source_lead_id"] == "lead-5"
 
 
-def test_bad_scope_file_is_bad_input(workdir: Path, db: str) -> None:
+def test_bad_scope_file_is_bad_input(workdir: Path, missing_location: str) -> None:
     rec = write_json(workdir / "e.json", event(1))
     bad = write_json(workdir / "scope.json", {**SCOPE, "form_id": ""})
-    proc = accept(db, bad, rec)
+    proc = accept(missing_location, bad, rec)
     assert proc.returncode == 65 and last_json(proc.stdout)["reason"] == "invalid_scope"
-    assert not store_exists(db)
+    assert not store_exists(missing_location)
 
 
 def test_changed_database_scope_exits_78_and_changes_nothing(

@@ -31,7 +31,7 @@ from runner.pipeline.plugins import default_registry
 from runner.store import Store
 from runner.tasks.deliver import CycleSummary
 from tests.fakes import ScriptedAdapter
-from tests.helpers import SCOPE, event
+from tests.helpers import SCOPE, event, worker_records
 from tests.pipeline_fixtures import NOW, lead_history
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -55,9 +55,9 @@ async def test_records_polled_in_the_future_are_polled_again_after_the_clock_goe
         for step in range(3):
             clock.at = back + timedelta(seconds=step)
             await worker.poll(10)
-            polled_since |= {r["source_lead_id"] for r in (await worker.status())["records"]
+            polled_since |= {r["source_lead_id"] for r in await worker_records(worker)
                              if r["last_polled_at"] == _text(clock.at)}
-        records = (await worker.status())["records"]
+        records = await worker_records(worker)
     target.close()
     assert polled_since == {f"lead-{i}" for i in range(30)}  # nobody starved
     assert max(r["last_polled_at"] for r in records) <= _text(back + timedelta(seconds=2))

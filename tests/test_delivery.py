@@ -13,7 +13,7 @@ from runner import DurableWorker
 from runner.errors import LockHeld
 from runner.leads.models import CRMRecord, LeadEvent
 from tests.fakes import ScriptedAdapter, sheet_rows
-from tests.helpers import SCOPE, event
+from tests.helpers import SCOPE, event, worker_records
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def target(workdir: Path) -> Path:
 
 
 async def records(worker: DurableWorker) -> dict[str, dict]:
-    return {r["source_lead_id"]: r for r in (await worker.status())["records"]}
+    return {r["source_lead_id"]: r for r in await worker_records(worker)}
 
 
 async def test_confirmed_on_exact_readback(db_location: str, target: Path) -> None:
@@ -119,8 +119,10 @@ async def test_two_rows_stay_uncertain_with_one_ambiguous_event(
         for _ in range(3):
             await worker.run_cycle()
         doc = await worker.status()
-    rec = doc["records"][0]
+        records = await worker_records(worker)
+    rec = records[0]
     assert rec["state"] == "uncertain" and rec["reconcile_attempts"] == 3
+    assert doc["uncertain"] == {"total": 1, "truncated": False, "records": [rec]}
     assert doc["outbox"]["by_kind"].get("target_ambiguous") == 1
 
 

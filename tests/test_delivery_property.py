@@ -15,7 +15,7 @@ from runner import DurableWorker
 from runner.leads.states import LeadState
 from tests import pg
 from tests.fakes import BEHAVIOURS, ScriptedAdapter, sheet_rows
-from tests.helpers import SCOPE, event
+from tests.helpers import SCOPE, event, worker_records
 
 #: examples per backend: a PostgreSQL example pays for a schema of its own (create,
 #: migrate, drop), and the delivery logic under test is the same on both
@@ -63,7 +63,7 @@ def _scenario(
                 for c in range(cycles):
                     adapter.read_fails = read_failures[c % len(read_failures)]
                     await worker.run_cycle()
-                return {r["source_lead_id"]: r for r in (await worker.status())["records"]}
+                return {r["source_lead_id"]: r for r in await worker_records(worker)}
 
         records = anyio.run(scenario)
         rows = Counter(r[4] for r in sheet_rows(target))

@@ -26,7 +26,7 @@ from runner import DurableWorker
 from runner.errors import StoreFull
 from runner.io.sqlite.connection import MAX_PAGES_ENV
 from tests.fakes import ScriptedAdapter, sheet_rows
-from tests.helpers import ROOT, SCOPE, event
+from tests.helpers import ROOT, SCOPE, event, worker_records
 from tests.procs.disk_full import SLACKS
 
 MOUNT = 'mount -t tmpfs -o size=4m,mode=0700 tmpfs "$1" && shift && exec "$@"'
@@ -113,14 +113,14 @@ async def test_a_cycle_that_runs_out_of_space_never_sends_twice(
             seen.add("no failure")
         except StoreFull:
             async with DurableWorker(db, SCOPE) as worker:
-                states = {r["write_id"]: r["state"] for r in (await worker.status())["records"]}
+                states = {r["write_id"]: r["state"] for r in await worker_records(worker)}
             stuck = [w for w, s in states.items() if s == "in_flight"]
             seen.add("after a write" if set(stuck) & set(adapter.writes) else
                      "after an in-flight mark" if stuck else "before a send")
         monkeypatch.delenv(MAX_PAGES_ENV)
         async with DurableWorker(db, SCOPE, adapter) as worker:
             await worker.run_cycle()
-            records = (await worker.status())["records"]
+            records = await worker_records(worker)
         writes = Counter(adapter.writes)
         rows = Counter(r[4] for r in sheet_rows(work / "t.db"))
         assert all(count == 1 for count in writes.values()), writes  # never sent twice

@@ -15,7 +15,7 @@ from runner import DurableWorker
 from runner.cli import main
 from runner.io.synthetic_target import SyntheticTarget
 from runner.logs import TextFormatter, error_line, escape
-from tests.helpers import SCOPE, event, write_json
+from tests.helpers import SCOPE, event, ndjson, write_json
 
 
 async def _confirmed(db: str, target: Path, n: int) -> None:
@@ -43,9 +43,10 @@ def test_a_status_with_a_nul_is_a_failed_read_not_a_crash(
         assert main(["start", *common, "--cycles", "1"]) == 0
         summary = json.loads(capsys.readouterr().out.splitlines()[-1])
         assert summary["polled"] == 2
+    assert main(["status", "--db", db_location, "--records"]) == 0
+    records = {r["source_lead_id"]: r for r in ndjson(capsys.readouterr().out)}
     assert main(["status", "--db", db_location]) == 0
     doc = json.loads(capsys.readouterr().out)
-    records = {r["source_lead_id"]: r for r in doc["records"]}
     assert records["lead-1"]["state"] == "confirmed"
     assert records["lead-1"]["snapshot"] == {"status": "new"}  # the last good read kept
     assert [(h["failure"], h["passes"], h["open"]) for h in doc["poll_health"]] == [

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from runner.cli import main
-from tests.helpers import CANARY, Child, dump_store, event, run_cli, store_exists
+from tests.helpers import CANARY, Child, dump_store, event, ndjson, run_cli, store_exists
 from tests.httpkit import SECRET, TOKEN, body_of, port_of, signed, wait_ready
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,9 +29,9 @@ def secret_env(workdir: Path) -> tuple[Path, dict[str, str]]:
 
 
 def stored(db: str) -> dict[str, Any]:
-    proc = run_cli("status", "--db", db)
+    proc = run_cli("status", "--db", db, "--records")
     assert proc.returncode == 0, proc.stderr
-    return {r["source_lead_id"]: r for r in json.loads(proc.stdout)["records"]}
+    return {r["source_lead_id"]: r for r in ndjson(proc.stdout)}
 
 
 def post(port: int, doc: Any, client: httpx.Client | None = None) -> httpx.Response:
@@ -146,15 +146,15 @@ def test_a_stop_with_requests_in_flight_answers_200_only_for_stored_records(
     ["--listen", "127.0.0.1:0", "--webhook-secret-file", "/nonexistent/secret"],
 ])
 def test_a_refused_listener_exits_2_and_touches_nothing(
-        workdir: Path, scope_file: Path, db_location: str, extra: list[str],
+        workdir: Path, scope_file: Path, missing_location: str, extra: list[str],
         capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["serve", "--db", db_location, "--scope", str(scope_file), *extra])
+    code = main(["serve", "--db", missing_location, "--scope", str(scope_file), *extra])
     assert code == 2
-    assert not store_exists(db_location)
+    assert not store_exists(missing_location)
     err = capsys.readouterr().err
     assert "error" in err and len(err.strip().splitlines()) == 1
-    code = main(["start", "--db", db_location, "--scope", str(scope_file), "--target",
+    code = main(["start", "--db", missing_location, "--scope", str(scope_file), "--target",
                  str(workdir / "t.db"), *extra])
     assert code == 2
-    assert not store_exists(db_location)
-    assert dump_store(db_location) is not None
+    assert not store_exists(missing_location)
+    assert dump_store(missing_location) is not None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -23,7 +25,7 @@ from runner.leads.port import (
     Snapshot,
 )
 from tests.helpers import CANARY, Child, CliStore, last_json
-from tests.targetkit import target_server
+from tests.targetkit import TargetServer, target_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,80 +41,73 @@ def batch(*ids: int) -> list[tuple[CRMRecord, str]]:
     return [(record(i), f"w-{i}") for i in ids]
 
 
-def test_appends_read_back_exactly_and_statuses_come_back(workdir: Path) -> None:
-    with target_server(workdir) as server:
-        target = HttpTarget(server.url)
+@contextmanager
+def served_target(workdir: Path, *args: str | Path, timeouts: Timeouts | None = None
+                  ) -> Iterator[tuple[TargetServer, HttpTarget]]:
+    """A ``runner target-serve`` child (with ``args``) and an HTTP target client on it,
+    closed on the way out."""
+    with target_server(workdir, *args) as server:
+        target = HttpTarget(server.url, timeouts=timeouts)
         try:
-            target.write_batch(batch(1, 2, 3))
-            target.write(record(4), "w-4")
-            rows = target.read_back_many(["w-1", "w-4", "w-none"])
-            assert [(r.write_id, dict(r.fields)) for r in rows] == [
-                ("w-1", record(1).model_dump()), ("w-4", record(4).model_dump())]
-            assert target.read_back("w-none") == []
-            seen = target.observe_status(["w-2", "w-none"])
-            assert seen["w-2"] == Snapshot({"status": "new"})
-            assert seen["w-none"].kind == "missing"
-            again = HttpTarget(server.url + "/")
-            try:
-                assert target.target_id() == again.target_id()
-            finally:
-                again.close()
+            yield server, target
         finally:
             target.close()
+
+
+def test_appends_read_back_exactly_and_statuses_come_back(workdir: Path) -> None:
+    with served_target(workdir) as (server, target):
+        target.write_batch(batch(1, 2, 3))
+        target.write(record(4), "w-4")
+        rows = target.read_back_many(["w-1", "w-4", "w-none"])
+        assert [(r.write_id, dict(r.fields)) for r in rows] == [
+            ("w-1", record(1).model_dump()), ("w-4", record(4).model_dump())]
+        assert target.read_back("w-none") == []
+        seen = target.observe_status(["w-2", "w-none"])
+        assert seen["w-2"] == Snapshot({"status": "new"})
+        assert seen["w-none"].kind == "missing"
+        again = HttpTarget(server.url + "/")
+        try:
+            assert target.target_id() == again.target_id()
+        finally:
+            again.close()
         assert [w for w, _ in server.rows()] == ["w-1", "w-2", "w-3", "w-4"]
 
 
 def test_connection_refused_is_not_sent(workdir: Path) -> None:
-    with target_server(workdir, "--fault", "refuse") as server:
-        target = HttpTarget(server.url)
-        try:
-            with pytest.raises(BeforeWriteError) as caught:
-                target.write_batch(batch(1))
-            assert type(caught.value) is BeforeWriteError
-            assert "ConnectError" in caught.value.message
-            with pytest.raises(TargetUnavailable):
-                target.target_id()
-        finally:
-            target.close()
+    with served_target(workdir, "--fault", "refuse") as (_server, target):
+        with pytest.raises(BeforeWriteError) as caught:
+            target.write_batch(batch(1))
+        assert type(caught.value) is BeforeWriteError
+        assert "ConnectError" in caught.value.message
+        with pytest.raises(TargetUnavailable):
+            target.target_id()
 
 
 def test_429_from_the_quota_is_rate_limited_and_applies_nothing(workdir: Path) -> None:
-    with target_server(workdir, "--quota", "1/min") as server:
-        target = HttpTarget(server.url)
-        try:
-            target.write_batch(batch(1, 2))
-            target.write_batch(batch(3))  # the bucket holds two requests
-            with pytest.raises(RateLimited) as caught:
-                target.write_batch(batch(4, 5))
-            assert caught.value.retry_after is not None and caught.value.retry_after >= 1
-            # reads are not counted against the append quota
-            assert len(target.read_back_many(["w-1", "w-3", "w-4"])) == 2
-        finally:
-            target.close()
+    with served_target(workdir, "--quota", "1/min") as (server, target):
+        target.write_batch(batch(1, 2))
+        target.write_batch(batch(3))  # the bucket holds two requests
+        with pytest.raises(RateLimited) as caught:
+            target.write_batch(batch(4, 5))
+        assert caught.value.retry_after is not None and caught.value.retry_after >= 1
+        # reads are not counted against the append quota
+        assert len(target.read_back_many(["w-1", "w-3", "w-4"])) == 2
         assert [w for w, _ in server.rows()] == ["w-1", "w-2", "w-3"]
 
 
 def test_503_with_retry_after_is_rate_limited(workdir: Path) -> None:
-    with target_server(workdir, "--fault", "unavailable") as server:
-        target = HttpTarget(server.url)
-        try:
-            with pytest.raises(RateLimited) as caught:
-                target.write_batch(batch(1))
-            assert caught.value.retry_after == 1.0
-        finally:
-            target.close()
+    with served_target(workdir, "--fault", "unavailable") as (server, target):
+        with pytest.raises(RateLimited) as caught:
+            target.write_batch(batch(1))
+        assert caught.value.retry_after == 1.0
         assert server.rows() == []
 
 
 def test_400_and_422_are_rejected_with_the_servers_reason(workdir: Path) -> None:
-    with target_server(workdir, "--fault", "reject") as server:
-        target = HttpTarget(server.url)
-        try:
-            with pytest.raises(RejectedWrite) as caught:
-                target.write_batch(batch(1))
-            assert "rejected" in caught.value.message
-        finally:
-            target.close()
+    with served_target(workdir, "--fault", "reject") as (server, target):
+        with pytest.raises(RejectedWrite) as caught:
+            target.write_batch(batch(1))
+        assert "rejected" in caught.value.message
         assert server.rows() == []
     # the server's own validation, on the wire: an invalid row and a body not JSON
     with target_server(workdir, store=workdir / "other.db") as server:
@@ -137,38 +132,27 @@ def _now():
 
 
 def test_500_is_uncertain_even_when_nothing_was_applied(workdir: Path) -> None:
-    with target_server(workdir, "--fault", "error-before") as server:
-        target = HttpTarget(server.url)
-        try:
-            with pytest.raises(AmbiguousWriteError):
-                target.write_batch(batch(1))
-            assert target.read_back("w-1") == []  # readback is what tells
-        finally:
-            target.close()
+    with served_target(workdir, "--fault", "error-before") as (_server, target):
+        with pytest.raises(AmbiguousWriteError):
+            target.write_batch(batch(1))
+        assert target.read_back("w-1") == []  # readback is what tells
 
 
 def test_apply_then_drop_is_uncertain_and_readback_finds_the_rows(workdir: Path) -> None:
-    with target_server(workdir, "--fault", "drop-after-apply") as server:
-        target = HttpTarget(server.url)
-        try:
-            with pytest.raises(AmbiguousWriteError) as caught:
-                target.write_batch(batch(1, 2))
-            assert "RemoteProtocolError" in caught.value.message
-            assert [r.write_id for r in target.read_back_many(["w-1", "w-2"])] == ["w-1", "w-2"]
-        finally:
-            target.close()
+    with served_target(workdir, "--fault", "drop-after-apply") as (_server, target):
+        with pytest.raises(AmbiguousWriteError) as caught:
+            target.write_batch(batch(1, 2))
+        assert "RemoteProtocolError" in caught.value.message
+        assert [r.write_id for r in target.read_back_many(["w-1", "w-2"])] == ["w-1", "w-2"]
 
 
 def test_a_read_timeout_after_the_server_applied_is_uncertain(workdir: Path) -> None:
-    with target_server(workdir, "--fault", "slow-after-apply:60", "--grace", "0") as server:
-        target = HttpTarget(server.url, timeouts=Timeouts(read=0.5))
-        try:
-            with pytest.raises(AmbiguousWriteError) as caught:
-                target.write_batch(batch(1))
-            assert "ReadTimeout" in caught.value.message
-            assert [r.write_id for r in target.read_back_many(["w-1"])] == ["w-1"]
-        finally:
-            target.close()
+    with served_target(workdir, "--fault", "slow-after-apply:60", "--grace", "0",
+                       timeouts=Timeouts(read=0.5)) as (_, target):
+        with pytest.raises(AmbiguousWriteError) as caught:
+            target.write_batch(batch(1))
+        assert "ReadTimeout" in caught.value.message
+        assert [r.write_id for r in target.read_back_many(["w-1"])] == ["w-1"]
 
 
 def test_the_bearer_token_is_required_and_never_echoed(workdir: Path) -> None:
@@ -249,7 +233,7 @@ def test_status_shows_the_servers_reason_for_a_rejected_write_until_the_next_sen
             "failed_safe"] == 3
     doc = cli_store.status()
     assert doc["retries"]["rejected"] == 3 and doc["counts"]["failed_safe"] == 3
-    reasons = {r["source_lead_id"]: r["last_error"] for r in doc["records"]}
+    reasons = {r["source_lead_id"]: r["last_error"] for r in cli_store.all_records()}
     # the server's own words, per record (two requests: each record its request's reason)
     assert set(reasons) == {"lead-1", "lead-2", "lead-3"}
     assert all(reason is not None and "422" in reason and "fault reject" in reason
@@ -262,7 +246,7 @@ def test_status_shows_the_servers_reason_for_a_rejected_write_until_the_next_sen
         assert cli_store.cli("once")["confirmed"] == 3
     doc = cli_store.status()
     assert doc["retries"]["rejected"] == 0
-    assert [r["last_error"] for r in doc["records"]] == [None] * 3
+    assert [r["last_error"] for r in cli_store.all_records()] == [None] * 3
 
 
 def test_start_with_an_http_target_delivers_reconciles_and_polls(

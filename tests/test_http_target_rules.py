@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
+from runner.commands.common import read_target_token
 from runner.errors import UsageError
-from runner.io.targets.compose import load_factory, read_token
+from runner.io.targets.compose import load_factory
 from runner.io.targets.http import check_url
 from runner.io.targets.protocol import (
     BadAnswer,
@@ -185,24 +186,26 @@ def test_a_good_target_url_loses_its_trailing_slash() -> None:
     assert check_url("https://crm.example/api/v1/") == "https://crm.example/api/v1"
 
 
-def test_the_token_comes_from_a_file_or_the_environment(tmp_path) -> None:
+def test_the_token_comes_from_a_file_or_the_environment(tmp_path, monkeypatch) -> None:
     path = tmp_path / "token"
     path.write_bytes(b"s3cret-token\n")
-    assert read_token(str(path)) == b"s3cret-token"
-    assert read_token(None, {"RUNNER_TARGET_TOKEN": "from-env"}) == b"from-env"
-    assert read_token(None, {}) is None
+    monkeypatch.setenv("RUNNER_TARGET_TOKEN", "from-env")
+    assert read_target_token(str(path)) == b"s3cret-token"
+    assert read_target_token(None) == b"from-env"
+    monkeypatch.delenv("RUNNER_TARGET_TOKEN")
+    assert read_target_token(None) is None
     for bad in (b"", b"  \n", b"two words", b"x" * 5000):
         path.write_bytes(bad)
         with pytest.raises(UsageError) as caught:
-            read_token(str(path))
+            read_target_token(str(path))
         assert "two" not in caught.value.message
     with pytest.raises(UsageError):
-        read_token(str(tmp_path / "absent"))
+        read_target_token(str(tmp_path / "absent"))
 
 
 @pytest.mark.parametrize("spec", ["nocolon", ":f", "m:", "no_such_module_x:f",
                                   "runner.io.targets.compose:no_such",
-                                  "runner.io.targets.compose:TOKEN_ENV"])
+                                  "runner.io.targets.compose:__name__"])
 def test_a_bad_adapter_spec_is_a_usage_error(spec) -> None:
     with pytest.raises(UsageError):
         load_factory(spec)

@@ -18,7 +18,7 @@ from runner.commands import bulk
 from runner.commands.bulk import accept_records
 from runner.errors import StoreError
 from tests import pg
-from tests.helpers import SCOPE, event, write_json
+from tests.helpers import SCOPE, event, ndjson, write_json
 
 
 class FailingIntake:
@@ -94,9 +94,9 @@ def test_a_nul_in_one_record_rejects_that_record_and_the_stream_goes_on(
         out.err
     assert "contact_alias: must not contain the NUL character" in out.err
     assert "a\\x00b" not in out.err and "a\\u0000b" not in out.err
-    assert main(["status", "--db", db_location]) == 0
-    status = json.loads(capsys.readouterr().out)
-    assert sorted(r["source_lead_id"] for r in status["records"]) == ["lead-1", "lead-4"]
+    assert main(["status", "--db", db_location, "--records"]) == 0
+    records = ndjson(capsys.readouterr().out)
+    assert sorted(r["source_lead_id"] for r in records) == ["lead-1", "lead-4"]
 
 
 def test_a_scope_with_a_nul_is_refused(db_location: str, workdir: Path,

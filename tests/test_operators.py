@@ -21,7 +21,7 @@ from runner.cli import main
 from runner.leads.port import TargetRow
 from tests import pg
 from tests.fakes import ScriptedAdapter, sheet_rows
-from tests.helpers import SCOPE, Child, dump_store, event, run_cli, write_json
+from tests.helpers import SCOPE, Child, dump_store, event, ndjson, run_cli, write_json
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,6 +96,13 @@ def status(db: str) -> dict[str, Any]:
     proc = run_cli("status", "--db", db)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
+
+
+def records(db: str) -> list[dict[str, Any]]:
+    """Every record in accept order (``status --records``, NDJSON), from a process."""
+    proc = run_cli("status", "--db", db, "--records")
+    assert proc.returncode == 0, proc.stderr
+    return ndjson(proc.stdout)
 
 
 def outbox(db: str) -> list[tuple[str, dict[str, Any]]]:
@@ -234,7 +241,7 @@ def test_not_sent_after_a_readback_that_finds_no_row_makes_it_sendable_once(
                    "state": "failed_safe"}
 
     cycle(db, target)  # the next cycle sends it: one row in the target, attempts 2
-    rec = status(db)["records"][0]
+    rec = records(db)[0]
     assert rec["state"] == "confirmed" and rec["attempts"] == 2
     assert [r[1] for r in sheet_rows(target)] == [w]
 
@@ -332,7 +339,7 @@ def test_the_store_refuses_a_resend_without_a_decision_for_that_episode(
     assert code == 0
     # sent again, and uncertain again: the first decision does not authorise this episode
     cycle(db, target, "timeout_no_write")
-    assert status(db)["records"][0]["state"] == "uncertain"
+    assert records(db)[0]["state"] == "uncertain"
     with pytest.raises(Exception, match="illegal lead transition"):
         raw(db, move)
     with pytest.raises(Exception, match="kept as recorded"):
@@ -357,7 +364,7 @@ def test_resolve_is_refused_while_a_worker_holds_the_lock(
         assert proc.returncode == 75, proc.stderr
         assert f"pid {child.proc.pid}" in proc.stderr or "runner pid=" in proc.stderr
         doc = status(db)  # (the worker's sweep writes beside it: compare the records)
-        assert doc["decisions"] == [] and doc["records"][0]["state"] == "uncertain"
+        assert doc["decisions"] == [] and records(db)[0]["state"] == "uncertain"
         child.signal(signal.SIGTERM)
         assert child.finish() == 0
     finally:

@@ -33,7 +33,7 @@ from runner.leads.port import (
 )
 from runner.leads.states import LeadState
 from tests.fakes import ScriptedAdapter, sheet_rows
-from tests.helpers import SCOPE, Child, CliStore, event, last_json, run_main
+from tests.helpers import SCOPE, Child, CliStore, event, last_json, run_main, worker_records
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -241,9 +241,10 @@ async def test_a_failed_safe_record_waits_out_its_backoff_also_across_a_restart(
         clock.at = first_retry + timedelta(seconds=20)
         assert (await worker.run_cycle()).confirmed == 1
         status = await worker.status()
+        records = await worker_records(worker)
     assert adapter.calls == 3 and len(sheet_rows(workdir / "t.db")) == 1
     assert status["retries"] == {"waiting": 0, "next_attempt_at": None, "rejected": 0}
-    assert status["records"][0]["attempts"] == 3
+    assert records[0]["attempts"] == 3
 
 
 def test_the_cli_keeps_the_backoff_schedule_between_runs(cli_store: CliStore) -> None:
@@ -310,7 +311,7 @@ async def test_dispatch_keeps_the_quota_and_honours_retry_after(
         for i in range(6):
             await worker.accept(event(i))
         first = await worker.run_cycle()
-        recs = {r["source_lead_id"]: r for r in (await worker.status())["records"]}
+        recs = {r["source_lead_id"]: r for r in await worker_records(worker)}
         assert (first.failed_safe, first.confirmed) == (2, 4)
         assert (await worker.status())["retries"]["next_attempt_at"] == to_text(
             T0 + timedelta(seconds=30))  # the target's retry_after, not the exponential
@@ -349,10 +350,11 @@ async def test_reconcile_reads_many_records_per_request_with_verdicts_of_their_o
         adapter.requests.clear()
         second = await worker.run_cycle()
         status = await worker.status()
+        records = await worker_records(worker)
     reads = [rows for kind, _, rows in adapter.requests if kind == "read"]
     assert reads == [4, 4, 2]  # 10 records, 3 requests (was: 10)
     assert second.reconciled == 8 and status["counts"]["uncertain"] == 2
-    recs = {r["write_id"]: r for r in status["records"]}
+    recs = {r["write_id"]: r for r in records}
     assert recs[ids[1]]["state"] == recs[ids[2]]["state"] == "uncertain"
     assert all(recs[w]["state"] == "confirmed" for w in ids if w not in ids[1:3])
     assert all(r["reconcile_attempts"] == 1 for r in recs.values())

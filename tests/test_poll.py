@@ -35,7 +35,7 @@ def test_a_separate_start_process_sees_a_target_status_change(env: CliStore) -> 
     assert out["polled"] == 2
     doc = env.status()
     assert kinds(doc)["status_changed"] == before + 1
-    recs = {r["source_lead_id"]: r for r in doc["records"]}
+    recs = env.records()
     assert recs["lead-1"]["snapshot"] == {"status": "qualified"}
     assert recs["lead-0"]["snapshot"] == {"status": "new"}
 
@@ -45,7 +45,8 @@ def test_polling_is_fair_every_record_once_before_any_twice(env: CliStore) -> No
     times = ["2026-12-01T00:00:01Z", "2026-12-01T00:00:02Z", "2026-12-01T00:00:03Z"]
     for at in times:
         assert env.cli("poll-status", "--poll-limit", "100", "--now", at)["polled"] == 100
-    recs = env.status()["records"]
+    recs = env.all_records()
+    assert len(recs) == 250
     assert all(r["last_polled_at"] is not None for r in recs)  # every record once
     by_time = {}
     for r in recs:
@@ -65,20 +66,21 @@ def test_an_unchanged_poll_writes_no_event(env: CliStore) -> None:
     assert (second["changed"], second["unchanged"]) == (0, 3)
     doc = env.status()
     assert doc["outbox"]["count"] == count
-    assert all(r["last_polled_at"] for r in doc["records"])
+    assert all(r["last_polled_at"] for r in env.all_records())
 
 
 def test_read_errors_over_three_runs_make_one_health_event(env: CliStore) -> None:
     env.confirmed(2)
     env.cli("poll-status")
-    snapshots = [r["snapshot"] for r in env.status()["records"]]
+    snapshots = [r["snapshot"] for r in env.all_records()]
     for _ in range(3):
         out = env.cli("poll-status", "--fault", "read-error", code=74)  # every read failed
         assert (out["failed"], out["changed"], out["missing"]) == (2, 0, 0)
     doc = env.status()
     assert kinds(doc)["poll_health"] == 1
-    assert [r["snapshot"] for r in doc["records"]] == snapshots  # kept, never "deleted"
-    assert {r["state"] for r in doc["records"]} == {"confirmed"}
+    records = env.all_records()
+    assert [r["snapshot"] for r in records] == snapshots  # kept, never "deleted"
+    assert {r["state"] for r in records} == {"confirmed"}
     assert doc["poll_health"][0]["open"] and doc["poll_health"][0]["passes"] == 3
     env.cli("poll-status")  # recovers: the run is closed
     assert not env.status()["poll_health"][0]["open"]
@@ -96,7 +98,7 @@ def test_an_explicit_missing_is_never_sent_again(env: CliStore) -> None:
     assert out["missing"] == 1
     for _ in range(3):
         env.cli("once")
-    recs = {r["source_lead_id"]: r for r in env.status()["records"]}
+    recs = env.records()
     assert recs["lead-1"]["state"] == "confirmed_then_missing"
     assert recs["lead-1"]["snapshot"] == {"missing": True} and recs["lead-1"]["attempts"] == 1
     assert [r[4] for r in sheet_rows(env.target)] == ["lead-0"]
@@ -112,7 +114,7 @@ def test_ambiguous_status_read_is_a_failure_not_a_deletion(env: CliStore) -> Non
     out = env.cli("poll-status", code=74)  # its one read failed
     assert (out["failed"], out["missing"]) == (1, 0)
     doc = env.status()
-    assert doc["records"][0]["state"] == "confirmed"
+    assert env.all_records()[0]["state"] == "confirmed"
     assert doc["poll_health"][0]["failure"] == "ambiguous"
 
 
@@ -132,7 +134,7 @@ def test_observe_changed_unchanged_missing(env: CliStore) -> None:
                       "--snapshot", won)
     assert refused.returncode == 65 and "confirmed_then_missing" in refused.stderr
     doc = env.status()
-    assert doc["records"][0]["state"] == "confirmed_then_missing"
+    assert env.all_records()[0]["state"] == "confirmed_then_missing"
     assert kinds(doc)["status_changed"] == 2
 
 

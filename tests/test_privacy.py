@@ -5,7 +5,6 @@ alias is present)."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import traceback
@@ -24,6 +23,7 @@ from tests.helpers import (
     Child,
     dump_db,
     event,
+    ndjson,
     run_command,
     run_main,
     write_json,
@@ -74,7 +74,8 @@ def test_the_canary_never_leaves_through_a_whole_delivery_lifecycle(
         rec = write_json(workdir / f"e{i}.json", event(i, contact_alias=CANARY))
         run("accept", *base, "--record", rec, "--log-format", fmt)
     run("once", *worker, "--fault", "timeout", "--dispatch-limit", "1")   # uncertain
-    run("once", *worker, "--fault", "outage", "--dispatch-limit", "1")    # failed_safe
+    # failed_safe, due again at once (--retry-base 0) so that ``start`` below resends it
+    run("once", *worker, "--fault", "outage", "--dispatch-limit", "1", "--retry-base", "0")
     run("once", *worker, "--fault", "crash-after-write", code=73)         # crashed
     run("once", *worker, "--fault", "crash-at:reconcile.before-commit", code=73)
     run("start", *worker, "--cycles", "2", "--interval", "0")             # recovers all
@@ -82,10 +83,10 @@ def test_the_canary_never_leaves_through_a_whole_delivery_lifecycle(
     run("observe", *base, "--record", workdir / "e0.json", "--snapshot", snap,
         "--log-format", fmt)
     run("poll-status", *worker, "--fault", "read-error", code=74)  # every read failed
-    run("status", *base, "--log-format", fmt)
-    doc = json.loads(outputs[-2])
-    assert {r["state"] for r in doc["records"]} == {"confirmed"}
-    assert all(r["contact_alias_present"] is True for r in doc["records"])
+    run("status", *base, "--records", "--log-format", fmt)
+    records = ndjson(outputs[-2])
+    assert {r["state"] for r in records} == {"confirmed"}
+    assert all(r["contact_alias_present"] is True for r in records)
     assert all(CANARY not in text for text in outputs)
     assert {row[6] for row in sheet_rows(target)} == {CANARY}  # it did reach the target
 
@@ -100,9 +101,9 @@ def test_status_says_whether_an_alias_is_present_never_its_value(
         rec = write_json(workdir / f"e{i}.json", doc)
         assert run_main("accept", "--db", db, "--scope", scope_file, "--record", rec
                        ).returncode == 0
-    proc = run_main("status", "--db", db)
-    present = {r["source_lead_id"]: r["contact_alias_present"]
-               for r in json.loads(proc.stdout)["records"]}
+    proc = run_main("status", "--db", db, "--records")
+    assert proc.returncode == 0, proc.stderr
+    present = {r["source_lead_id"]: r["contact_alias_present"] for r in ndjson(proc.stdout)}
     assert present == {"lead-1": True, "lead-2": True, "lead-3": False}
     assert CANARY not in proc.stdout
 

@@ -13,7 +13,7 @@ from runner.io.stores import open_store
 from runner.leads.intake import prepare
 from runner.leads.models import Scope, WriteId
 from runner.leads.states import LeadState
-from runner.status import status_document
+from runner.status import iter_record_json, status_document
 from runner.store import Store
 from tests import pg
 from tests.helpers import event
@@ -65,7 +65,9 @@ async def test_status_counts_every_state_and_streams_in_accept_order(
         await accept(store, scope, i)
     doc = await status_document(store)
     assert doc["counts"] == {s.value: (3 if s is LeadState.PREPARED else 0) for s in LeadState}
-    assert [r["source_lead_id"] for r in doc["records"]] == ["lead-3", "lead-1", "lead-2"]
+    assert doc["uncertain"] == {"total": 0, "truncated": False, "records": []}
+    listed = [r async for r in iter_record_json(store)]
+    assert [r["source_lead_id"] for r in listed] == ["lead-3", "lead-1", "lead-2"]
     assert doc["outbox"] == {"count": 3, "last_seq": 3, "by_kind": {"accepted": 3}}
     assert doc["scope"] == scope.model_dump()
 
@@ -379,8 +381,8 @@ async def test_a_failed_safe_outcome_keeps_its_reason_bounded_until_the_next_cha
     assert kept.startswith("the target rejected the request (422): field x yyy")
     assert errors[ids[1]] is None and errors[ids[2]] is None  # confirmed; no reason
     assert (await store.summary()).retries["rejected"] == 1
-    doc = await status_document(store)
-    assert [r["last_error"] for r in doc["records"]] == [kept, None, None]
+    listed = [r async for r in iter_record_json(store)]
+    assert [r["last_error"] for r in listed] == [kept, None, None]
     # the next state change clears it: sent again (in flight), then a single-step outcome
     assert await store.finish_and_mark(None, ids[0], NOW) == 2
     assert {r.write_id: r.last_error async for r in store.iter_records()}[ids[0]] is None

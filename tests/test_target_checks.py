@@ -28,7 +28,16 @@ from runner.io.synthetic_target import SyntheticTarget
 from runner.leads.models import CRMRecord
 from runner.leads.port import Observation, TargetRow
 from tests.fakes import sheet_rows
-from tests.helpers import SCOPE, cli, digest, dump_store, event, write_json
+from tests.helpers import (
+    SCOPE,
+    cli,
+    digest,
+    dump_store,
+    event,
+    ndjson,
+    worker_records,
+    write_json,
+)
 
 REC = CRMRecord(tenant="t", source="meta", source_lead_id="lead-1", is_test=True,
                 contact_alias=None)
@@ -66,9 +75,9 @@ class Inbox:
         return cli("once", "--db", self.db, "--scope", self.scope, "--target", target)
 
     def states(self) -> list[str]:
-        code, out, err = cli("status", "--db", self.db)
+        code, out, err = cli("status", "--db", self.db, "--records")
         assert code == 0, err
-        return [r["state"] for r in json.loads(out)["records"]]
+        return [r["state"] for r in ndjson(out)]
 
 
 @pytest.fixture
@@ -211,9 +220,9 @@ async def test_a_user_adapter_failing_its_check_stops_the_cycle_changing_nothing
         with pytest.raises(RunnerError, match="unreachable") as refused:
             await worker.run_cycle()
         assert refused.value.exit_code == 74
-        doc = await worker.status()
+        records = await worker_records(worker)
     assert adapter.writes == 0
-    assert [(r["state"], r["attempts"]) for r in doc["records"]] == [("prepared", 0)]
+    assert [(r["state"], r["attempts"]) for r in records] == [("prepared", 0)]
 
 
 # -- point 8: refusals change nothing; bounded waits -----------------------------------

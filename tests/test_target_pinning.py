@@ -29,7 +29,16 @@ from runner.leads.models import CRMRecord
 from runner.leads.port import Missing, Observation, Snapshot, TargetRow
 from tests import pg
 from tests.fakes import sheet_rows
-from tests.helpers import SCOPE, cli, digest, dump_store, event, write_json
+from tests.helpers import (
+    SCOPE,
+    cli,
+    digest,
+    dump_store,
+    event,
+    status_records,
+    worker_records,
+    write_json,
+)
 
 
 class Delivered:
@@ -53,7 +62,7 @@ class Delivered:
         return json.loads(out)  # type: ignore[no-any-return]
 
     def states(self) -> list[str]:
-        return [r["state"] for r in self.status()["records"]]
+        return [r["state"] for r in status_records(self.db)]
 
     def other_target(self) -> Path:
         """A real target of another store (with a row of its own)."""
@@ -127,7 +136,7 @@ def test_a_poll_of_a_target_that_is_not_the_pinned_one_fails_and_never_deletes(
                                "failed": 3}
     assert (digest(target) if target.exists() else None) == before  # never created
     doc = delivered.status()
-    assert [r["state"] for r in doc["records"]] == ["confirmed"] * 3
+    assert delivered.states() == ["confirmed"] * 3
     assert doc["poll_health"][0]["open"] and doc["poll_health"][0]["failure"].startswith(
         "target_")
     # the pinned target still answers, and an explicit missing from it still counts
@@ -270,14 +279,14 @@ async def test_a_user_adapter_with_identity_is_pinned(db_location: str) -> None:
     second = NamedCRM("crm-b")
     async with DurableWorker(db_location, SCOPE, second) as worker:
         await worker.accept(event(2))
-        before = await worker.status()
+        before = await worker_records(worker)
         with pytest.raises(ConfigMismatch) as refused:  # exit 78, like the scope
             await worker.run_cycle()
         assert refused.value.reason == "target_mismatch"
         assert (await worker.poll()).failed == 1  # not a missing: a failed read
-        after = await worker.status()
+        after = await worker_records(worker)
     assert second.rows == {}
-    assert [r["state"] for r in after["records"]] == [r["state"] for r in before["records"]]
+    assert [r["state"] for r in after] == [r["state"] for r in before]
 
 
 def test_two_workers_pinning_at_once_end_with_one_pin(db_location: str) -> None:

@@ -58,6 +58,46 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog.removeprefix('runner ')}: {message}")
 
 
+#: the largest secret or token file read (webhook secret, verify token, target token)
+MAX_SECRET_BYTES = 4096
+#: the environment variable the HTTP target's bearer token is read from
+TARGET_TOKEN_ENV = "RUNNER_TARGET_TOKEN"  # noqa: S105 - the variable's name, not a secret
+
+
+def read_secret(path: str | None, env: str, what: str, *,
+                printable: bool = False) -> bytes | None:
+    """A secret from the file ``path``, else from ``$env``, else None; surrounding
+    whitespace stripped.  Never echoed in an error.  ``printable``: it must be printable
+    ASCII without spaces (it goes into an HTTP header)."""
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_SECRET_BYTES + 1)
+        except OSError as exc:
+            raise UsageError(f"cannot read the {what} file {path!r}: "
+                             f"{exc.strerror or exc}") from None
+        if len(data) > MAX_SECRET_BYTES:
+            raise UsageError(f"the {what} file {path!r} is larger than {MAX_SECRET_BYTES} "
+                             "bytes")
+    else:
+        text = os.environ.get(env)
+        if text is None:
+            return None
+        data = text.encode("utf-8", errors="surrogateescape")
+    value = data.strip()
+    if not value:
+        raise UsageError(f"the {what} is empty")
+    if printable and any(b < 0x21 or b > 0x7e for b in value):
+        raise UsageError(f"the {what} must be printable ASCII without spaces")
+    return value
+
+
+def read_target_token(path: str | None) -> bytes | None:
+    """The HTTP target's bearer token: ``--target-token-file``/``--token-file``, else
+    ``$RUNNER_TARGET_TOKEN``, else None."""
+    return read_secret(path, TARGET_TOKEN_ENV, "target token", printable=True)
+
+
 #: the largest number of seconds any duration option takes (one day)
 MAX_SECONDS = 86_400.0
 #: the largest count (cycles, records per cycle) an option takes
@@ -163,14 +203,14 @@ def check_paths(args: argparse.Namespace) -> None:
 def open_target(args: argparse.Namespace) -> CRMAdapter | None:
     """The adapter of a command line's ``--target`` and its companions (None: none).
     Close it with ``runner.io.targets.close_adapter``."""
-    from runner.io.targets.compose import TargetOptions, open_adapter, read_token
+    from runner.io.targets.compose import TargetOptions, open_adapter
 
     target: str | None = getattr(args, "target", None)
     url = target is not None and target.startswith(("http://", "https://"))
     token_file = getattr(args, "target_token_file", None)
     if token_file is not None and not url:
         raise UsageError("--target-token-file is for an http(s):// --target")
-    token = read_token(token_file) if url else None
+    token = read_target_token(token_file) if url else None
     return open_adapter(TargetOptions(
         target, adapter=getattr(args, "target_adapter", None), token=token,
         read_timeout=getattr(args, "target_timeout", 10.0)))

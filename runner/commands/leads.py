@@ -12,10 +12,12 @@ from runner.commands.common import (
     clock_from,
     common_options,
     emit,
+    number,
     say_error,
 )
-from runner.errors import BadInputError
+from runner.errors import BadInputError, UsageError
 from runner.io.stores import open_store
+from runner.limits import MAX_SHOWN, UNCERTAIN_SHOWN
 
 if TYPE_CHECKING:
     from runner.clock import Clock
@@ -37,7 +39,26 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     status = sub.add_parser(
         "status", parents=[common_options(scope="optional", target="optional")],
         help="print the store's state as JSON (no lock, changes nothing)")
+    status.add_argument(
+        "--records", nargs="?", const="all", metavar="all|STATE", type=record_choice,
+        help="instead of the document, every record (or those in STATE) as NDJSON, one "
+             "per line in accept order, streamed")
+    status.add_argument(
+        "--shown", type=number(int, 0, MAX_SHOWN), default=UNCERTAIN_SHOWN, metavar="N",
+        help=f"how many of the oldest uncertain records the document shows "
+             f"(default {UNCERTAIN_SHOWN})")
     status.set_defaults(handler=cmd_status)
+
+
+def record_choice(value: str) -> str:
+    """An argparse ``type`` for ``--records``: ``all`` or a state's name."""
+    from runner.status import record_state
+
+    try:
+        record_state(value)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return value
 
 
 def load_scope(path: str) -> Scope:
@@ -98,11 +119,14 @@ def _rejected(args: argparse.Namespace, result: intake.AcceptResult) -> int:
 
 
 async def cmd_status(args: argparse.Namespace) -> int:
-    from runner.status import write_status
+    from runner.status import record_state, write_records, write_status
 
     check_paths(args)
     scope = load_scope(args.scope) if args.scope else None
     async with await open_store(args.db, scope=scope, create=False) as store:
-        await write_status(store, sys.stdout.write)
+        if args.records is not None:
+            await write_records(store, sys.stdout.write, state=record_state(args.records))
+        else:
+            await write_status(store, sys.stdout.write, shown=args.shown)
     sys.stdout.flush()
     return 0

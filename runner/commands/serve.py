@@ -14,13 +14,12 @@ line (where ``ps`` shows them), and are never logged.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runner.commands.common import MAX_COUNT, MAX_SECONDS, common_options, number
+from runner.commands.common import MAX_COUNT, MAX_SECONDS, common_options, number, read_secret
 from runner.errors import UsageError
 
 if TYPE_CHECKING:
@@ -36,8 +35,6 @@ if TYPE_CHECKING:
 
 SECRET_ENV = "RUNNER_WEBHOOK_SECRET"  # noqa: S105 - the variable's name, not a secret
 TOKEN_ENV = "RUNNER_VERIFY_TOKEN"  # noqa: S105 - the variable's name, not a secret
-#: the largest secret or token file read
-MAX_SECRET_BYTES = 4096
 
 
 def listen_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -89,33 +86,11 @@ def health_option(parser: argparse.ArgumentParser) -> None:
         help="/healthz fails when no cycle completed within N intervals (default 3)")
 
 
-def _read_secret(path: str | None, env: str, what: str) -> bytes | None:
-    if path is not None:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read(MAX_SECRET_BYTES + 1)
-        except OSError as exc:
-            raise UsageError(f"cannot read the {what} file {path!r}: "
-                             f"{exc.strerror or exc}") from None
-        if len(data) > MAX_SECRET_BYTES:
-            raise UsageError(f"the {what} file {path!r} is larger than {MAX_SECRET_BYTES} "
-                             "bytes")
-    else:
-        text = os.environ.get(env)
-        if text is None:
-            return None
-        data = text.encode("utf-8", errors="surrogateescape")
-    value = data.strip()
-    if not value:
-        raise UsageError(f"the {what} is empty")
-    return value
-
-
 def webhook_auth(args: argparse.Namespace) -> WebhookAuth:
     from runner.io.http.auth import WebhookAuth
 
-    secret = _read_secret(args.webhook_secret_file, SECRET_ENV, "webhook secret")
-    token = _read_secret(args.verify_token_file, TOKEN_ENV, "verify token")
+    secret = read_secret(args.webhook_secret_file, SECRET_ENV, "webhook secret")
+    token = read_secret(args.verify_token_file, TOKEN_ENV, "verify token")
     return WebhookAuth(secret=secret,
                        verify_token=token.decode("utf-8", errors="replace") if token else None)
 

@@ -11,7 +11,7 @@ import argparse
 from typing import Any
 
 from runner import logs
-from runner.commands.common import MAX_SECONDS, number
+from runner.commands.common import MAX_SECONDS, number, read_target_token
 from runner.errors import UsageError
 
 
@@ -55,7 +55,6 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
     import anyio
 
     from runner.io.http.server import HttpServer, ServerLimits, bind, parse_address
-    from runner.io.targets.compose import read_token
     from runner.io.targets.server import (
         DropProtocol,
         FaultPlan,
@@ -67,7 +66,7 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
 
     log = logging.getLogger("runner.target_server")
     address = parse_address(args.listen)
-    token = read_token(args.token_file)
+    token = read_target_token(args.token_file)
     if token is None and not address.loopback:
         raise UsageError(f"--listen {address} is not a loopback address: a token is required "
                          "(--token-file or $RUNNER_TARGET_TOKEN)")

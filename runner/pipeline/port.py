@@ -118,6 +118,12 @@ class PipelineStore(Protocol):
         raw ingestion backlog, counted from the records, not from a cursor)."""
         ...
 
+    async def raw_pending(self, kinds: Sequence[str]) -> int:
+        """``outbox_pending(0, kinds)`` from counts kept by triggers (schema v14): the
+        events of ``kinds`` the outbox keeps less those with a D1 record; a few small
+        reads whatever the outbox's size (``status``, ``backlog``)."""
+        ...
+
     async def outbox_first_pending(self, after_seq: int, kinds: Sequence[str]) -> int | None:
         """The lowest sequence of those events (None: there is none)."""
         ...

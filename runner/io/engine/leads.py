@@ -18,7 +18,7 @@ Also here: the poll pass's writes (``PollOps``), operators' decisions
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -133,10 +133,17 @@ class LeadOps(Db):
             outcomes.append(_outcome(*found, it.canonical))
         return outcomes
 
-    async def iter_records(self, *, page: int = 1000) -> AsyncIterator[LeadRow]:
+    async def iter_records(self, *, state: LeadState | None = None, page: int = 1000
+                           ) -> AsyncGenerator[LeadRow, None]:
         after = 0
         while True:
-            rows = await self.fetch("record_page", after_seq=after, limit=page)
+            # keyset pages: each page is one short read by index, so a million records
+            # cost a thousand small fetches, never one result held whole
+            if state is None:
+                rows = await self.fetch("record_page", after_seq=after, limit=page)
+            else:
+                rows = await self.fetch("record_page_in_state", state=state.value,
+                                        after_seq=after, limit=page)
             for row in rows:
                 yield lead_row(row)
             if len(rows) < page:

@@ -259,6 +259,12 @@ class PipelineOps(Db):
         count, _ = await self._outbox_pending(after_seq, kinds)
         return count
 
+    async def raw_pending(self, kinds: Sequence[str]) -> int:
+        if not kinds:
+            return 0
+        rows = await self.fetch("pipeline_raw_pending", kinds=list(kinds))
+        return int(rows[0][0])
+
     async def outbox_first_pending(self, after_seq: int, kinds: Sequence[str]) -> int | None:
         _, first = await self._outbox_pending(after_seq, kinds)
         return first

@@ -72,6 +72,12 @@ SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_atte
        snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error
 FROM {s}.leads WHERE seq > :after_seq ORDER BY seq LIMIT :limit
 
+-- name: record_page_in_state
+-- the records in one state, in accept order (the index leads_by_state)
+SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
+       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error
+FROM {s}.leads WHERE state = :state AND seq > :after_seq ORDER BY state, seq LIMIT :limit
+
 -- name: find_lead
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
        snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error
@@ -85,9 +91,9 @@ SELECT state, snapshot FROM {s}.leads WHERE write_id = :write_id
 -- name: store_summary
 SELECT
   (SELECT coalesce(json_object_agg(state, n ORDER BY state), '{}')::text
-   FROM (SELECT state, count(*) AS n FROM {s}.leads GROUP BY state) AS by_state),
+   FROM {s}.lead_counts WHERE n > 0),
   (SELECT coalesce(json_object_agg(kind, n ORDER BY kind), '{}')::text
-   FROM (SELECT kind, count(*) AS n FROM {s}.outbox GROUP BY kind) AS by_kind),
+   FROM {s}.outbox_counts WHERE n > 0),
   (SELECT coalesce(max(seq), 0) FROM {s}.outbox),
   (SELECT coalesce(json_agg(runs ORDER BY runs.run DESC), '[]')::text
    FROM (SELECT run, failure, first_at AS since, last_at, passes, recovered_at,
@@ -626,6 +632,11 @@ SELECT count(*), min(o.seq) FROM {s}.outbox o
 WHERE o.seq > :after AND o.kind = ANY(:kinds::text[])
   AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_records r
                   WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)
+
+-- name: pipeline_raw_pending
+-- the same count from the kept counts (v14): the events of :kinds kept, less those ingested
+SELECT (SELECT coalesce(sum(n), 0) FROM {s}.outbox_counts WHERE kind = ANY(:kinds::text[]))
+     - (SELECT coalesce(sum(n), 0) FROM {s}.outbox_ingested WHERE kind = ANY(:kinds::text[]))
 
 -- name: save_pipeline_worker_config
 INSERT INTO {s}.pipeline_worker_config (worker, desired, effective, error, updated_at)

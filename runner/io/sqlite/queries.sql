@@ -68,6 +68,13 @@ SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_atte
        last_error
 FROM leads WHERE seq > :after_seq ORDER BY seq LIMIT :limit
 
+-- name: record_page_in_state
+-- the records in one state, in accept order (the index leads_by_state)
+SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
+       snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
+       last_error
+FROM leads WHERE state = :state AND seq > :after_seq ORDER BY state, seq LIMIT :limit
+
 -- name: find_lead
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
        snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
@@ -82,9 +89,9 @@ SELECT state, snapshot FROM leads WHERE write_id = :write_id
 -- name: store_summary
 SELECT
   (SELECT json_group_object(state, n)
-   FROM (SELECT state, count(*) AS n FROM leads GROUP BY state ORDER BY state)),
+   FROM (SELECT state, n FROM lead_counts WHERE n > 0 ORDER BY state)),
   (SELECT json_group_object(kind, n)
-   FROM (SELECT kind, count(*) AS n FROM outbox GROUP BY kind ORDER BY kind)),
+   FROM (SELECT kind, n FROM outbox_counts WHERE n > 0 ORDER BY kind)),
   (SELECT coalesce(max(seq), 0) FROM outbox),
   (SELECT json_group_array(json_object(
             'run', run, 'failure', failure, 'since', first_at, 'last_at', last_at,
@@ -556,6 +563,13 @@ SELECT count(*), min(o.seq) FROM outbox o
 WHERE o.seq > :after AND o.kind IN (SELECT value FROM json_each(:kinds))
   AND NOT EXISTS (SELECT 1 FROM pipeline_records r
                   WHERE r.level = 1 AND r.key = 'outbox:' || o.seq)
+
+-- name: pipeline_raw_pending
+-- the same count from the kept counts (v14): the events of :kinds kept, less those ingested
+SELECT (SELECT coalesce(sum(n), 0) FROM outbox_counts
+        WHERE kind IN (SELECT value FROM json_each(:kinds)))
+     - (SELECT coalesce(sum(n), 0) FROM outbox_ingested
+        WHERE kind IN (SELECT value FROM json_each(:kinds)))
 
 -- name: save_pipeline_worker_config
 INSERT INTO pipeline_worker_config (worker, desired, effective, error, updated_at)

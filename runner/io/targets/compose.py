@@ -20,11 +20,6 @@ from typing import Any
 from runner.errors import UsageError
 from runner.leads.port import CRMAdapter
 
-#: the environment variable the HTTP target's bearer token is read from
-TOKEN_ENV = "RUNNER_TARGET_TOKEN"  # noqa: S105 - the variable's name, not a secret
-#: the largest token file read
-MAX_TOKEN_BYTES = 4096
-
 
 def is_url(target: str) -> bool:
     return target.startswith(("http://", "https://"))
@@ -38,34 +33,6 @@ class TargetOptions:
     adapter: str | None = None  # --target-adapter module:factory
     token: bytes | None = field(default=None, repr=False)
     read_timeout: float = 10.0
-
-
-def read_token(path: str | None, env: dict[str, str] | None = None) -> bytes | None:
-    """The bearer token: from ``path``, else ``$RUNNER_TARGET_TOKEN``, else None.  Never
-    echoed in an error."""
-    import os
-
-    if path is not None:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read(MAX_TOKEN_BYTES + 1)
-        except OSError as exc:
-            raise UsageError(f"cannot read the target token file {path!r}: "
-                             f"{exc.strerror or exc}") from None
-        if len(data) > MAX_TOKEN_BYTES:
-            raise UsageError(f"the target token file {path!r} is larger than "
-                             f"{MAX_TOKEN_BYTES} bytes")
-    else:
-        text = (env if env is not None else os.environ).get(TOKEN_ENV)
-        if text is None:
-            return None
-        data = text.encode("utf-8", errors="surrogateescape")
-    value = data.strip()
-    if not value:
-        raise UsageError("the target token is empty")
-    if any(b < 0x21 or b > 0x7e for b in value):
-        raise UsageError("the target token must be printable ASCII without spaces")
-    return value
 
 
 def load_factory(spec: str) -> Callable[[str | None], CRMAdapter]:
