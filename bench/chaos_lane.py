@@ -39,6 +39,10 @@ class Episode:
     candidates: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     directory: str = ""
+    faults: list[str] = field(default_factory=list)  # --http-target: the server's faults
+    #: --http-target: what the faulty server did (its "stopped:" line): appends, rows,
+    #: throttled, dropped
+    served: Counter[str] = field(default_factory=Counter)
 
 
 class Lane:
@@ -52,6 +56,9 @@ class Lane:
         self.scope.write_text(json.dumps(SCOPE), encoding="utf-8")
         self.ep = episode
         self.acked: set[str] = set()
+        #: the --target of worker commands: the sheet file, or the URL of a reference
+        #: server serving it (``bench/chaos.py --http-target``)
+        self.target_arg = str(self.target)
 
     def proc(self, argv: list[str], env: dict[str, str] | None = None,
              ) -> subprocess.CompletedProcess[str]:
@@ -67,7 +74,7 @@ class Lane:
             ) -> subprocess.CompletedProcess[str]:
         args = [RUN, command, "--db", str(self.db), "--scope", str(self.scope)]
         if command != "accept":
-            args += ["--target", str(self.target)]
+            args += ["--target", self.target_arg]
         return self.proc([*args, *extra], env)
 
     def expect(self, step: str, proc: subprocess.CompletedProcess[str], *codes: int) -> None:

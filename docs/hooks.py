@@ -394,6 +394,18 @@ def _render_chaos(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _render_chaos_http(doc: dict[str, Any]) -> str:
+    """``bench/chaos.py --http-target``: the chaos table, and what the faulty servers did."""
+    served = doc.get("served", {})
+    faults = ", ".join(f"`{k}` {v}" for k, v in sorted(doc.get("faults", {}).items()))
+    return "\n".join([
+        _render_chaos(doc), "",
+        f"Server faults switched on (episodes): {faults}. The faulty servers applied "
+        f"{_num(served.get('appends', 0))} appends ({_num(served.get('rows', 0))} rows), "
+        f"dropped the connection after applying {_num(served.get('dropped', 0))} of them, "
+        f"and answered {_num(served.get('throttled', 0))} appends 429."])
+
+
 def _render_kill9(doc: dict[str, Any]) -> str:
     verdict = "PASS" if doc["ok"] else "FAIL"
     t = doc["totals"]
@@ -611,6 +623,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,
+    "chaos-http": _render_chaos_http,
     "kill9": _render_kill9,
     "soak": _render_soak,
     "http": _render_bench,

@@ -5,7 +5,8 @@ The default run crashes once at every crash point (at its first hit, so each one
 fire) plus a small seeded random sample; ``pytest -m slow`` runs the seeded N=50 on
 SQLite and N=28 on PostgreSQL.  The full run is the documented command
 ``python bench/chaos.py --runs 1000 --seed 8`` (``--backend postgres`` for the other
-backend).
+backend).  The HTTP variant (``--http-target``, issue 17: the reference server's faults
+on) runs one episode by default and 24 under ``-m slow``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bench.chaos import HTTP_POINTS
 from runner.crashpoints import POINTS
 from tests import pg
 from tests.helpers import ROOT
@@ -36,13 +38,14 @@ EPISODES = [
 ]
 
 
-def chaos(tmp_path: Path, backend: str, runs: int, *extra: str, timeout: float) -> Any:
+def chaos(tmp_path: Path, backend: str, runs: int, *extra: str, timeout: float,
+          seed: int = SEED) -> Any:
     if backend == "postgres":
         pg.require()
     report = tmp_path / "chaos.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "chaos.py"), "--runs", str(runs),
-         "--seed", str(SEED), "--jobs", "2", "--json", str(report), "--backend", backend,
+         "--seed", str(seed), "--jobs", "2", "--json", str(report), "--backend", backend,
          "--pg-dsn", pg.dsn(), *extra],
         capture_output=True, text=True, timeout=timeout, check=False)
     print(proc.stdout)
@@ -62,6 +65,45 @@ def test_a_crash_at_each_point_and_a_random_sample_keep_every_invariant(
     assert doc["runs"] == 1
     if index < len(POINTS):  # a run at one point, crashing at its first hit: it fired
         assert doc["fired"] == 1 and doc["points"][list(POINTS)[index]] == 1, doc
+
+
+#: the HTTP variant (issue 17): the seed, the default run's one episode, the slow count
+HTTP_SEED, HTTP_EPISODE, HTTP_RUNS = 17, 8, 24
+
+
+def chaos_http(tmp_path: Path, runs: int, *extra: str, timeout: float) -> Any:
+    doc = chaos(tmp_path, "sqlite", runs, "--http-target", *extra, timeout=timeout,
+                seed=HTTP_SEED)
+    assert doc["http"] and doc["faults"], doc  # the server's faults were switched on
+    # every record ends confirmed (its row read back), or uncertain with no row (the
+    # episode checks that no uncertain record has a row a readback would find)
+    assert doc["records"] == sum(doc["end_states"].values()), doc
+    assert set(doc["end_states"]) <= {"confirmed", "confirmed_then_missing", "uncertain"}, doc
+    return doc
+
+
+@pytest.mark.timeout(100)
+def test_a_chaos_episode_over_http_with_server_faults_keeps_every_invariant(
+    tmp_path: Path,
+) -> None:
+    """One episode over real loopback HTTP: a worker crashed before recording a batch's
+    outcome while ``runner target-serve`` applies appends then drops the connection,
+    throttles (429) and adds latency; then a clean restart against the same sheet:
+    nothing lost, no row twice, no uncertain record with a row (the audit)."""
+    doc = chaos_http(tmp_path, 16, "--only", str(HTTP_EPISODE), timeout=90)
+    assert doc["runs"] == 1 and doc["fired"] == 1, doc
+    assert doc["served"]["dropped"] > 0 and doc["served"]["throttled"] > 0, doc
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_chaos_over_http_seeded_runs_keep_every_invariant(tmp_path: Path) -> None:
+    """Every point dealt over HTTP once at its first hit, then random runs (a ``recover.*``
+    point is hit once per process: dealt at a later hit, it cannot fire)."""
+    points = len(HTTP_POINTS)
+    doc = chaos_http(tmp_path, HTTP_RUNS - points, "--every-point", timeout=880)
+    assert doc["runs"] == HTTP_RUNS and doc["fired"] >= HTTP_RUNS // 2, doc
+    assert doc["served"]["dropped"] > 0 and doc["served"]["throttled"] > 0, doc
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ ACTS: dict[str, tuple[str, set[str]]] = {
     "once": ("once --db {db} --scope {scope} --target {target}", SUMMARY),
     "start": ("start --db {db} --scope {scope} --target {target} --cycles 1 --interval 0",
               SUMMARY),
-    "status": ("status --db {db}", {"scope", "schema_version", "counts", "records", "outbox",
+    "status": ("status --db {db}", {"scope", "schema_version", "counts", "uncertain", "outbox",
                                    "poll_health", "lifecycle", "pipeline", "funnel"}),
     "observe": ("observe --db {db} --scope {scope} --record {record} --snapshot {snapshot}",
                 {"result", "source_lead_id"}),
