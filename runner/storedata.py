@@ -5,8 +5,8 @@
 Light on purpose: the adapters and ``runner status`` import this module, never the
 ``Store`` protocol (``runner.store``, which re-exports every name here), so a command
 does not load the lifecycle and pipeline ports only to read the store.  Its records are
-named tuples: a frozen dataclass costs ``status`` ~0.6 ms to build, a named tuple
-~0.1 ms.
+named tuples: on Python 3.11 a frozen dataclass costs about four times as much to build
+(callgrind: ~3.8M instructions, a named tuple ~0.7-1.0M).
 """
 
 from __future__ import annotations
