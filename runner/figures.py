@@ -19,8 +19,7 @@ thousand leads and of a million:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from runner.leads.states import LeadState
 
@@ -29,8 +28,9 @@ if TYPE_CHECKING:
     from runner.pipeline.model import ProcessorRef
 
 
-@dataclass(frozen=True)
-class LeadFigures:
+class LeadFigures(NamedTuple):
+    """The lead figures ``/metrics`` and the alerts read (one small read each)."""
+
     counts: dict[LeadState, int]
     #: when the oldest (first accepted) uncertain record was accepted, or None
     oldest_uncertain_accepted_at: str | None

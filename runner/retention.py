@@ -36,28 +36,25 @@ event ever written.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 Bound = Literal["requested", "export_watermark", "raw_retriever", "newest_event"]
 
 
-@dataclass(frozen=True)
-class RetentionState:
+class RetentionState(NamedTuple):
     """The outbox's retention bookkeeping."""
 
-    floor: int = 0  # every event with seq <= floor has been pruned
-    export_watermark: int | None = None  # None: no export watermark recorded
-    pruned: int = 0
-    pruned_by_kind: dict[str, int] = field(default_factory=dict)
+    floor: int  # every event with seq <= floor has been pruned (0: none)
+    export_watermark: int | None  # None: no export watermark recorded
+    pruned: int
+    pruned_by_kind: dict[str, int]
 
     def to_json(self) -> dict[str, Any]:
         return {"floor": self.floor, "export_watermark": self.export_watermark,
                 "pruned": self.pruned, "pruned_by_kind": self.pruned_by_kind}
 
 
-@dataclass(frozen=True)
-class PruneFacts:
+class PruneFacts(NamedTuple):
     """What a prune is decided from, read inside its transaction."""
 
     floor: int
@@ -67,8 +64,9 @@ class PruneFacts:
     last_seq: int
 
 
-@dataclass(frozen=True)
-class PrunePlan:
+class PrunePlan(NamedTuple):
+    """Where a prune moves the floor to, and the bound that chose it."""
+
     floor: int  # the new floor (== facts.floor: nothing to prune)
     limited_by: Bound
 
@@ -87,8 +85,9 @@ def plan_prune(before: int, facts: PruneFacts) -> PrunePlan:
     return PrunePlan(max(floor, facts.floor), bound)
 
 
-@dataclass(frozen=True)
-class PruneResult:
+class PruneResult(NamedTuple):
+    """What a prune removed: how many events, per kind, and where the floor moved."""
+
     pruned: int
     floor: int
     previous_floor: int

@@ -42,6 +42,9 @@ NOT_ON_STATUS_PATH = (
     "runner.pipeline.port",
     "runner.tasks.sweep",
     "runner.io.filelock",
+    # argparse's own help formatter imports it for the terminal width (with zlib, bz2 and
+    # lzma: milliseconds); runner's formatter reads the width itself
+    "shutil",
 )
 
 _PROBE = (
@@ -87,3 +90,20 @@ def test_the_command_table_names_every_command_and_its_module() -> None:
         assert command in alone_sub.choices, (command, module)
         assert (alone_sub.choices[command].format_help()
                 == sub.choices[command].format_help()), command
+
+
+@pytest.mark.parametrize("columns", ["", "50", "200", "nonsense"])
+def test_the_help_reads_as_argparse_formats_it(
+        columns: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runner's formatter reads the terminal width without ``shutil``; every command's
+    help is the text argparse's own formatter gives for the same ``$COLUMNS``."""
+    import argparse
+
+    monkeypatch.setenv("COLUMNS", columns)
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert isinstance(sub.choices, dict)
+    for each in [parser, *sub.choices.values()]:
+        ours = each.format_help()
+        each.formatter_class = argparse.HelpFormatter
+        assert ours == each.format_help(), each.prog

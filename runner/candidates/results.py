@@ -5,9 +5,8 @@ Kept apart from the pydantic ``Candidate`` so that ``status`` never builds a mod
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 from runner.candidates.states import CandidateStatus
 from runner.clock import to_text
@@ -41,8 +40,7 @@ class SweepResult(TypedDict):
 SweepFunction = Literal["sweepExpired", "reconcileStuckPromoting", "sweepCandidates"]
 
 
-@dataclass(frozen=True)
-class SweepRun:
+class SweepRun(NamedTuple):
     """The last sweep a store ran: which function, at what ``now``, and what it returned."""
 
     function: SweepFunction
@@ -53,8 +51,7 @@ class SweepRun:
         return {"function": self.function, "at": to_text(self.at), "result": self.result}
 
 
-@dataclass(frozen=True)
-class CandidateSummary:
+class CandidateSummary(NamedTuple):
     """What ``status`` shows of the lifecycle: counts per status and the last sweep."""
 
     counts: dict[CandidateStatus, int]
@@ -64,8 +61,7 @@ class CandidateSummary:
 # -- the sweep's schedule (runner.tasks.sweep runs it; status shows it) -----------------
 
 
-@dataclass(frozen=True)
-class Workflow:
+class Workflow(NamedTuple):
     """A scheduled workflow, as the seed's ``.jsonc`` workflow file declares one."""
 
     name: str
@@ -76,7 +72,7 @@ class Workflow:
     mode: Literal["shadow"]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
 
 SCHEDULE = Workflow(

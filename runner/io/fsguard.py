@@ -17,8 +17,8 @@ import errno
 import logging
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from runner.errors import StoreError, UnsafeLocation, UsageError
 
@@ -34,8 +34,9 @@ NETWORK_FSTYPES = frozenset(
 MOUNTINFO_ENV = "RUNNER_MOUNTINFO"  # test hook: read this file instead of /proc/self/mountinfo
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
+    """One line of mountinfo: where a filesystem is mounted and its type."""
+
     mount_point: str
     fstype: str
 

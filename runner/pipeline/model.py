@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple
 
@@ -69,8 +69,7 @@ class LeaseLost(RunnerError):
     reason = "lease_lost"
 
 
-@dataclass(frozen=True)
-class ProcessorRef:
+class ProcessorRef(NamedTuple):
     """A processor's identity as the store knows it."""
 
     name: str
@@ -91,8 +90,7 @@ def canonical(value: Any) -> str:
                       allow_nan=False)
 
 
-@dataclass(frozen=True)
-class WorkerConfigView:
+class WorkerConfigView(NamedTuple):
     """A worker's configuration as ``status`` shows it (P10: desired, effective, error)."""
 
     worker: str
@@ -102,10 +100,12 @@ class WorkerConfigView:
     updated_at: str
 
 
-@dataclass
-class LevelCounts:
-    records: dict[int, int] = field(default_factory=dict)
-    history: int = 0
+class LevelCounts(NamedTuple):
+    """How many records each level holds (``{level: count}``) and how many history rows
+    (level 0), as ``status`` shows them."""
+
+    records: dict[int, int]
+    history: int
 
 
 def stage_of(name: str) -> Stage:

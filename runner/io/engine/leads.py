@@ -314,7 +314,7 @@ class RetentionOps(Db):
 
     async def retention_state(self) -> RetentionState:
         if self.schema_version < RETENTION_VERSION:
-            return RetentionState()
+            return RetentionState(0, None, 0, {})  # nothing pruned, no watermark
         head = await self.fetch("retention_head")
         prunes = await self.fetch("outbox_prunes")
         by_kind: dict[str, int] = {}

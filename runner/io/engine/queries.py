@@ -14,7 +14,9 @@ import re
 from functools import cache, cached_property
 from pathlib import Path
 
-_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+#: a name line; it must start its line (``parse`` checks).  No ``^`` here: a pattern that
+#: opens with a literal lets the scan skip to each ``--`` instead of trying every position
+_NAME = re.compile(r"--[ \t]*name:[ \t]*(\w+)[ \t]*$", re.MULTILINE)
 # a quoted string, a quoted identifier or a comment is skipped whole; ``::type`` is a cast
 _PARAM = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)")
 
@@ -53,13 +55,14 @@ class QueryFileError(ValueError):
 
 def parse(text: str) -> dict[str, Query]:
     """Every named block of ``text``; text before the first name is a comment."""
-    marks = list(_NAME.finditer(text))
+    marks = [m for m in _NAME.finditer(text) if m.start() == 0 or text[m.start() - 1] == "\n"]
     queries: dict[str, Query] = {}
     for mark, after in zip(marks, [*marks[1:], None], strict=True):
         name = mark.group(1)
-        body = text[mark.end(): after.start() if after else len(text)].strip()
-        sql = "\n".join(line for line in body.splitlines()
-                        if not line.lstrip().startswith("--")).strip()
+        sql = text[mark.end(): after.start() if after else len(text)].strip()
+        if "--" in sql:  # drop its comment lines (most statements have none)
+            sql = "\n".join(line for line in sql.splitlines()
+                            if not line.lstrip().startswith("--")).strip()
         if not sql:
             raise QueryFileError(f"query {name!r} is empty")
         if name in queries:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from runner.pipeline.model import Stage
 
@@ -46,8 +46,9 @@ CURSOR = "raw-retriever:outbox"
 LEAD_KINDS: tuple[str, ...] = ("accepted", "state_changed", "status_changed")
 
 
-@dataclass(frozen=True)
-class IngestSettings:
+class IngestSettings(NamedTuple):
+    """How the raw retriever reads the outbox: events per batch, and the kinds it keeps."""
+
     batch_size: int = 100
     kinds: tuple[str, ...] = LEAD_KINDS
 
