@@ -309,6 +309,21 @@ def _render_rates(doc: dict[str, Any], what: str) -> str:
                       f"{doc['rounds']} interleaved round(s).{skipped}", "", *rows])
 
 
+def _render_logcost(doc: dict[str, Any]) -> str:
+    """The dispatch path's log lines: each logged run's own share of its dispatch time,
+    beside the ratio of logged to quiet runs (two runs, so noisier)."""
+    rows = ["| store, batch size | time spent logging (inside the logged run) | "
+            "logged / quiet (two runs) |", "|---|---|---|"]
+    for name, share in doc["handler_share"].items():
+        ratio = doc["ratios"].get(f"{name}: logged / quiet")
+        rows.append(f"| {_cell(name)} | {share * 100:.1f}% | "
+                    f"{'n/a' if ratio is None else f'{ratio:.2f}'} |")
+    skipped = "".join(f" Skipped: {_cell(note)}." for note in doc.get("skipped", []))
+    return "\n".join([_provenance(doc) + f" {doc['n']:,} events per run (a fifth at batch "
+                      f"size 1), median of {doc['rounds']} interleaved rounds.{skipped}",
+                      "", *rows])
+
+
 def _render_reconcile(doc: dict[str, Any]) -> str:
     """``python -m bench reconcile``: the cost of a cycle over many uncertain records, one
     record per request and in chunks, and delivery under a request quota."""
@@ -620,6 +635,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "ingest": lambda doc: _render_rates(doc, "accepted by each contender"),
     "peers": lambda doc: _render_rates(doc, "delivered by each contender"),
     "reconcile": _render_reconcile,
+    "logcost": _render_logcost,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,
     "chaos": _render_chaos,
