@@ -10,6 +10,7 @@
     python -m bench reconcile  # reconcile at scale, delivery under a quota (bench/reconcile.py)
     python -m bench http-target   # HTTP dispatch vs a bare httpx client (bench/http_target.py)
     python -m bench status     # status at 1M leads on both backends (bench/leads.py)
+    python -m bench accept-scale  # accept rate at 1M leads vs at the start (bench/accept_scale.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -70,6 +71,7 @@ SUBCOMMANDS = {
     "http-target": "bench.http_target",  # HTTP dispatch vs a bare httpx client (issue 17)
     "peers": "bench.peers",    # delivery beside huey and PgQueuer (issue 16)
     "status": "bench.leads",   # status at scale, both backends (issue 21)
+    "accept-scale": "bench.accept_scale",  # accept at 100k vs 1M leads (issue 21)
 }
 
 
