@@ -10,7 +10,8 @@ event after its commit, process start-up included), into the same store, so the 
 chunk lands in a store that already holds ``n - chunk`` leads. The figure is
 ``rate(last chunk) / rate(first chunk)`` per backend: 1.0 means accept does not slow as
 the store grows. ``--random-keys`` draws the source keys at random (real keys come from
-the source and need not arrive in order) instead of the bench's sequential ones.
+the source and need not arrive in order) instead of the bench's sequential ones, and
+records ``bench/results/accept-scale-random-<UTC>.json``.
 
     python -m bench accept-scale --matrix [--rounds 2]   # the choice behind runner's
                                           # settings: write_id form x SQLite page cache,
@@ -195,10 +196,10 @@ def main(argv: list[str] | None = None) -> int:
               f"(at {n:,}): {s['last']:>8,.0f} rows/s   last/first {s['ratio']:.2f} "
               f"(goal >= {GOAL})")
     if not args.quick:
-        record("accept-scale", {"n": n, "chunk": chunk, "keys": keys, "goal": GOAL,
-                                "cache_kib": _cache_kib(), "seconds": round(seconds),
-                                "backends": {b: {"rates": r, **summary(r)}
-                                             for b, r in found.items()}},
+        kind = "accept-scale-random" if args.random_keys else "accept-scale"
+        record(kind, {"n": n, "chunk": chunk, "keys": keys, "goal": GOAL,
+                      "cache_kib": _cache_kib(), "seconds": round(seconds),
+                      "backends": {b: {"rates": r, **summary(r)} for b, r in found.items()}},
                script="-m bench accept-scale", argv=argv)
     return 0 if ok else 1
 

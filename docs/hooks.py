@@ -647,6 +647,7 @@ def _render_accept_scale_matrix(_: dict[str, Any]) -> str:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "accept-scale": _render_accept_scale,
+    "accept-scale-random": _render_accept_scale,
     "accept-scale-matrix": _render_accept_scale_matrix,
     "bench": _render_bench,
     "batch": _render_batch,
