@@ -629,7 +629,41 @@ def _render_http_target(doc: dict[str, Any]) -> str:
                       "", *rows, *quota])
 
 
+def _render_accept_scale(doc: dict[str, Any]) -> str:
+    chunk = doc["chunk"]
+    rows = [f"| backend | first {chunk:,} leads | last {chunk:,} (store at {doc['n']:,}) | "
+            "last / first | goal | met |", "|---|---|---|---|---|---|"]
+    for backend, b in doc["backends"].items():
+        rows.append(f"| {backend} | {_num(b['first'])} rows/s | {_num(b['last'])} rows/s | "
+                    f"{b['ratio']:.2f} | >= {doc['goal']} | "
+                    f"{'yes' if b['ratio'] >= doc['goal'] else '**no**'} |")
+    return "\n".join([_provenance(doc) + f" {doc['keys'].capitalize()} source keys; SQLite "
+                      f"page cache {doc['cache_kib'] // 1024} MiB; wall time {doc['seconds']} s.",
+                      "", *rows])
+
+
+def _render_accept_scale_matrix(_: dict[str, Any]) -> str:
+    """The newest ``--matrix`` run of each backend (the two may be separate runs)."""
+    newest: dict[str, dict[str, Any]] = {}
+    for doc in _all("accept-scale-matrix", ROOT / "bench" / "results"):
+        for backend in doc["backends"]:
+            newest[backend] = doc
+    out = []
+    for backend, doc in newest.items():
+        rows = [f"| {backend}: write_id, page cache | first {doc['chunk']:,} leads | last "
+                f"{doc['chunk']:,} (store at {doc['n']:,}) | last / first |",
+                "|---|---|---|---|"]
+        rows += [f"| {v} | {_num(m['first'])} rows/s | {_num(m['last'])} rows/s | "
+                 f"{m['ratio']:.2f} |" for v, m in doc["backends"][backend].items()]
+        out += [_provenance(doc) + f" Median of {doc['rounds']} interleaved round(s).", "",
+                *rows, ""]
+    return "\n".join(out).rstrip()
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "accept-scale": _render_accept_scale,
+    "accept-scale-random": _render_accept_scale,
+    "accept-scale-matrix": _render_accept_scale_matrix,
     "bench": _render_bench,
     "batch": _render_batch,
     "ingest": lambda doc: _render_rates(doc, "accepted by each contender"),

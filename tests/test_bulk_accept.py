@@ -182,13 +182,18 @@ def test_answer_line_is_the_json_of_the_answer(key: str, result: str, reason: st
     assert json.loads(answer.to_line()) == answer.to_json()
 
 
-def test_batched_write_ids_are_distinct_version_4_uuids() -> None:
+def test_batched_write_ids_are_distinct_time_ordered_uuids() -> None:
+    import time
     import uuid
 
-    from runner.leads.intake import new_write_ids
+    from runner.leads.intake import new_write_id, new_write_ids
 
-    ids = new_write_ids(5000)
-    assert len(set(ids)) == 5000
+    before = time.time_ns() // 1_000_000
+    ids = [*new_write_ids(5000), new_write_id()]
+    after = time.time_ns() // 1_000_000
+    assert len(set(ids)) == 5001
     for w in ids:
         parsed = uuid.UUID(w)
-        assert (parsed.version, parsed.variant, str(parsed)) == (4, uuid.RFC_4122, w)
+        assert (parsed.version, parsed.variant, str(parsed)) == (7, uuid.RFC_4122, w)
+        # the first 48 bits are the Unix time in ms when the id was made
+        assert before <= parsed.int >> 80 <= after

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import uuid
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -220,15 +220,24 @@ class Batch:
 
 
 def new_write_id() -> WriteId:
-    return WriteId(str(uuid.uuid4()))
+    return new_write_ids(1)[0]
 
 
 def new_write_ids(n: int) -> list[WriteId]:
-    """``n`` random (version 4) UUIDs from one read of the OS's random source, formatted
-    directly (bulk intake makes one per record)."""
-    text = os.urandom(16 * n).hex()
-    return [WriteId(f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:32]}")
-            for h in (text[i : i + 32] for i in range(0, 32 * n, 32))]
+    """``n`` time-ordered (version 7 layout) UUIDs: the current Unix time in milliseconds
+    (48 bits), then 74 random bits from one read of the OS's random source, formatted
+    directly (bulk intake makes one per record).
+
+    Time-ordered so that a new record's write_id lands at the right-hand edge of the
+    write_id index instead of on a random page of it: at a million leads the random form
+    made every insert touch a cold index page (issue 21). Records written before keep
+    their version 4 ids; nothing reads the layout (a write_id is an opaque, unique string).
+    """
+    stamp = f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}"
+    head, mid = stamp[:8], stamp[8:]
+    text = os.urandom(10 * n).hex()
+    return [WriteId(f"{head}-{mid}-7{h[:3]}-{_VARIANT[h[3]]}{h[4:7]}-{h[7:19]}")
+            for h in (text[i : i + 20] for i in range(0, 20 * n, 20))]
 
 
 #: the RFC 4122 variant bits (10xx) applied to a random hex digit

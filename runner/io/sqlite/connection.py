@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 BUSY_TIMEOUT_MS = 30_000
 #: how long closing a connection may take under a shield
 CLOSE_TIMEOUT = 5.0
-#: the page cache per connection (SQLite's default is 2 MiB): the random write_id index
-#: of a large inbox stays in memory instead of being read back page by page
+#: the page cache per connection (SQLite's default is 2 MiB): a large inbox's indexes
+#: stay in memory instead of being read back page by page (write_ids are time-ordered:
+#: a larger cache did not help accept at 1M leads, see bench/accept_scale.py)
 CACHE_KIB = 32 * 1024
 MIN_SQLITE = (3, 37, 0)  # STRICT tables; RETURNING needs 3.35
 SQLITE_IOERR, SQLITE_FULL = 10, 13  # primary result codes
