@@ -10,11 +10,8 @@
     python -m bench reconcile  # reconcile at scale, delivery under a quota (bench/reconcile.py)
     python -m bench http-target   # HTTP dispatch vs a bare httpx client (bench/http_target.py)
     python -m bench status     # status at 1M leads on both backends (bench/leads.py)
-<<<<<<< HEAD
     python -m bench logcost    # dispatch with its log lines vs without (bench/logcost.py)
-=======
     python -m bench accept-scale  # accept rate at 1M leads vs at the start (bench/accept_scale.py)
->>>>>>> accept1m
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
