@@ -247,3 +247,18 @@ class TargetServer:
                 self.proc.kill()
                 self.proc.wait()
             self.err.close()
+
+
+async def accept_then_deliver(worker: Any, n: int) -> float:
+    """Accept ``n`` synthetic events through a ``DurableWorker`` (untimed), then run
+    cycles until every one is confirmed: the seconds the delivery took."""
+    for start in range(0, n, 5000):
+        await worker.accept_many([event(i) for i in range(start, min(n, start + 5000))])
+    confirmed = 0
+    started = time.perf_counter()
+    while confirmed < n:
+        summary = await worker.run_cycle()
+        if not summary.confirmed:
+            raise RuntimeError(f"a cycle confirmed nothing ({confirmed} of {n})")
+        confirmed += summary.confirmed
+    return time.perf_counter() - started

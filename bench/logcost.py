@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import SCOPE, compare, comparison_main, event
+from bench.common import SCOPE, accept_then_deliver, compare, comparison_main
 from bench.peers import PG_DSN, _drop
 from runner.limits import DEFAULT_BATCH_SIZE
 
@@ -64,16 +64,7 @@ async def _deliver(d: Path, n: int, db: str, batch: int, level: str) -> float:
     logging.Logger._log = timed  # type: ignore[method-assign]
     try:
         async with DurableWorker(db, SCOPE, target, batch_size=batch) as worker:
-            for start in range(0, n, 5000):
-                await worker.accept_many([event(i) for i in range(start, min(n, start + 5000))])
-            confirmed = 0
-            started = time.perf_counter()
-            while confirmed < n:
-                summary = await worker.run_cycle()
-                if not summary.confirmed:
-                    raise RuntimeError(f"a cycle confirmed nothing ({confirmed} of {n})")
-                confirmed += summary.confirmed
-            elapsed = time.perf_counter() - started
+            elapsed = await accept_then_deliver(worker, n)
             SHARES.setdefault((db.startswith("postgresql:"), batch, level), []).append(
                 inside[0] / elapsed)
             return n / elapsed

@@ -37,7 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import SCOPE, compare, comparison_main, event
+from bench.common import SCOPE, accept_then_deliver, compare, comparison_main, event
 
 PG_DSN = "postgresql://root@127.0.0.1:5432/test"
 
@@ -61,16 +61,7 @@ async def _runner(d: Path, n: int, db: str) -> float:
     target = SyntheticTarget(str(d / "runner-sheet.db"))
     try:
         async with DurableWorker(db, SCOPE, target) as worker:
-            for start in range(0, n, 5000):
-                await worker.accept_many([event(i) for i in range(start, min(n, start + 5000))])
-            confirmed = 0
-            started = time.perf_counter()
-            while confirmed < n:
-                summary = await worker.run_cycle()
-                if not summary.confirmed:
-                    raise RuntimeError(f"a cycle confirmed nothing ({confirmed} of {n})")
-                confirmed += summary.confirmed
-            return n / (time.perf_counter() - started)
+            return n / await accept_then_deliver(worker, n)
     finally:
         target.close()
 
