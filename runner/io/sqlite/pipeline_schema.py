@@ -267,3 +267,11 @@ BEGIN
            OR CAST(substr(OLD.key, 8) AS INTEGER) > (SELECT floor FROM outbox_retention));
 END;
 """
+
+
+#: v15, the pipeline prune's scan (issue 15 point 12), as on PostgreSQL: a round's
+#: candidates of one level in id order, the unmerged records only
+PIPELINE_V15 = """
+CREATE INDEX pipeline_records_prunable ON pipeline_records (level, id)
+    WHERE orders IS NULL;
+"""
