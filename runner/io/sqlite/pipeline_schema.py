@@ -270,8 +270,8 @@ END;
 
 
 #: v15, the pipeline prune's scan (issue 15 point 12), as on PostgreSQL: a round's
-#: candidates of one level in id order, the unmerged records only
+#: candidates of one level in id order, the unmerged records below D4 only
 PIPELINE_V15 = """
 CREATE INDEX pipeline_records_prunable ON pipeline_records (level, id)
-    WHERE orders IS NULL;
+    WHERE orders IS NULL AND level < 4;
 """
