@@ -141,6 +141,9 @@ class Report:
     store_kib_per_lead: float = 0.0
     store_growth_kib_per_lead: float | None = None
     pg_vacuum: bool = False
+    #: PostgreSQL: each table's size at the end (MiB: heap with TOAST, its indexes; live
+    #: and dead rows), to tell kept rows from bloat when the store grows
+    relation_sizes: dict[str, dict[str, float]] = field(default_factory=dict)
     outbox_rows_at_end: int = 0
     outbox_last_seq: int = 0
     store_mib_at_end: float = 0.0
@@ -405,7 +408,8 @@ class Soak:
                     assert self.worker is not None
                     if self.worker.poll() is not None:
                         report.violations.append(
-                            f"the worker exited by itself ({self.worker.returncode})")
+                            f"the worker exited by itself ({self.worker.returncode}): "
+                            f"{self.stderr_tail()}")
                     else:
                         os.kill(self.worker.pid, signal.SIGKILL)
                         self.worker.wait(timeout=60)
@@ -457,6 +461,8 @@ class Soak:
         report.outbox_rows_at_end, report.outbox_last_seq = int(last[0][0]), int(last[0][1])
         report.store_mib_at_end = report.samples[-1].store_mib if report.samples else 0.0
         report.pipeline_rows_at_end = self.pipeline_rows()
+        if self.pg:
+            report.relation_sizes = relation_sizes(self.db)
         if report.accepted:
             report.store_kib_per_lead = round(report.store_mib_at_end * 1024
                                               / report.accepted, 2)
@@ -477,6 +483,14 @@ class Soak:
                                      f"{ceiling}")
         report.ok = (not report.violations and report.lost == report.duplicated
                      == report.unexpected == 0)
+
+    def stderr_tail(self) -> str:
+        """The worker's last error lines (why it exited by itself)."""
+        with open(self.stderr_path, "rb") as err:
+            err.seek(max(0, err.seek(0, os.SEEK_END) - 4096))
+            lines = err.read().decode("utf-8", "replace").splitlines()
+        errors = [line for line in lines if "ERROR" in line or "error" in line]
+        return " | ".join((errors or lines)[-3:])[-600:]
 
     def cleanup(self) -> None:
         if self.report.ok:
@@ -524,6 +538,38 @@ def vacuum_without_autovacuum(location: str) -> bool:
     return asyncio.run(go())
 
 
+def relation_sizes(location: str) -> dict[str, dict[str, float]]:
+    """Each table of the store's schema: MiB of heap (with TOAST) and of indexes, live and
+    dead rows (the server's statistics), largest first."""
+    import asyncio
+
+    import asyncpg
+
+    from runner.io.postgres.dsn import parse
+
+    where = parse(location)
+
+    async def go() -> dict[str, dict[str, float]]:
+        conn = await asyncpg.connect(where.dsn, timeout=30)
+        try:
+            rows = await conn.fetch(
+                "SELECT c.relname, pg_total_relation_size(c.oid) - pg_indexes_size(c.oid), "
+                "pg_indexes_size(c.oid), coalesce(s.n_live_tup, 0), "
+                "coalesce(s.n_dead_tup, 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
+                "WHERE n.nspname = $1 AND c.relkind = 'r' "
+                "ORDER BY pg_total_relation_size(c.oid) DESC", where.schema)
+        finally:
+            await conn.close()
+        mib = 1024 * 1024
+        return {str(name): {"heap_mib": round(heap / mib, 2), "index_mib": round(index / mib, 2),
+                            "live_rows": int(live), "dead_rows": int(dead)}
+                for name, heap, index, live, dead in rows}
+
+    return asyncio.run(go())
+
+
 def summary(report: Report) -> str:
     lives: dict[int, float] = {}
     for s in report.samples:
@@ -562,6 +608,10 @@ def summary(report: Report) -> str:
                      f"{report.pipeline_prune_seconds_max:.1f} s): removed "
                      f"{report.pipeline_removed}; "
                      f"pipeline rows at the end {report.pipeline_rows_at_end}")
+    for name, size in list(report.relation_sizes.items())[:8]:
+        lines.append(f"  {name}: heap {size['heap_mib']:.1f} MiB, indexes "
+                     f"{size['index_mib']:.1f} MiB, rows {size['live_rows']:.0f} live / "
+                     f"{size['dead_rows']:.0f} dead")
     lines += [f"  VIOLATION {v}" for v in report.violations]
     lines.append(f"result: {'PASS' if report.ok else 'FAIL'}")
     return "\n".join(lines)

@@ -136,6 +136,7 @@ class PipelineHooks(PostgresBase):
 
     async def _hold_pipeline_writers(self) -> None:
         await self.fetch("_lock_pipeline_for_prune")
+        await self.fetch("_prune_without_jit")
 
     async def _lock_merge_keys(self, level: int, keys: Sequence[str]) -> None:
         await self.fetch("_lock_pipeline_keys", keys=[

@@ -670,15 +670,24 @@ WHERE level = :level AND key > :after ORDER BY key LIMIT :limit
 -- name: _lock_pipeline_for_prune
 LOCK TABLE {s}.pipeline_records, {s}.pipeline_work IN SHARE ROW EXCLUSIVE MODE
 
+-- name: _prune_without_jit
+SET LOCAL jit = off
+
 -- name: pipeline_prune_candidates
+-- the level's unmerged records in id order (index pipeline_records_prunable, v15), each
+-- checked by probes of its own work and outputs, so a round stops after :limit finds:
+-- the two checks are scalar subqueries because as NOT EXISTS the planner turns them into
+-- anti-joins that read the whole work index and every made-from entry once per round
+-- (0.1-0.3 s a level at 386k rows, and more with dead rows); the round runs without JIT
+-- (_prune_without_jit), whose compiling alone took 0.3 s of a 1 ms query of this shape
 SELECT r.id FROM {s}.pipeline_records r
 WHERE r.level = :level AND r.level < 4 AND r.orders IS NULL AND r.updated_ms < :before
   AND (r.level <> 1 OR CASE WHEN r.key ~ '^outbox:[0-9]{1,18}$'
                             THEN substr(r.key, 8)::bigint <= :floor
                             ELSE false END)
-  AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_work w
-                  WHERE w.input_id = r.id
-                    AND (w.state <> 'done' OR coalesce(w.done_ms, :before) >= :before))
+  AND (SELECT NOT EXISTS (SELECT 1 FROM {s}.pipeline_work w
+                          WHERE w.input_id = r.id
+                            AND (w.state <> 'done' OR coalesce(w.done_ms, :before) >= :before)))
   AND EXISTS (SELECT 1 FROM {s}.pipeline_processors p WHERE p.input_level = r.level)
   AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_processors p
                   WHERE p.input_level = r.level
@@ -688,8 +697,9 @@ WHERE r.level = :level AND r.level < 4 AND r.orders IS NULL AND r.updated_ms < :
                                     WHERE w.input_id = r.id AND w.processor = p.name
                                       AND w.state = 'done'
                                       AND (w.version = p.version OR NOT p.rebacklog)))
-  AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_records c
-                  WHERE c.input_id = r.id AND c.orders IS NULL AND c.level = r.level + 1)
+  AND (SELECT NOT EXISTS (SELECT 1 FROM {s}.pipeline_records c
+                          WHERE c.input_id = r.id AND c.orders IS NULL
+                            AND c.level = r.level + 1))
 ORDER BY r.id LIMIT :limit
 
 -- name: prune_pipeline_outcome_history_of
