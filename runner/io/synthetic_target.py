@@ -54,12 +54,10 @@ from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
-    Missing,
     Observation,
-    ReadFailure,
-    Snapshot,
     TargetReadError,
     TargetRow,
+    observe_rows,
 )
 
 SHEET = """
@@ -389,12 +387,4 @@ class SyntheticTarget:
                     found[write_id].append(status)
             except (RunnerError, sqlite3.Error, OSError) as exc:
                 raise TargetReadError(f"target status read failed: {_message(exc)}") from None
-        out: dict[str, Observation] = {}
-        for write_id, statuses in found.items():
-            if not statuses:
-                out[write_id] = Missing()
-            elif len(statuses) > 1:
-                out[write_id] = ReadFailure(f"ambiguous: {len(statuses)} rows")
-            else:
-                out[write_id] = Snapshot({"status": statuses[0]})
-        return out
+        return {write_id: observe_rows(statuses) for write_id, statuses in found.items()}

@@ -138,6 +138,16 @@ class ReadFailure:
 Observation = Snapshot | Missing | ReadFailure
 
 
+def observe_rows(statuses: Sequence[str]) -> Observation:
+    """What a target's rows for one write_id say about its status: no row is an explicit
+    ``Missing``, one row its status, more than one a failed (ambiguous) read."""
+    if not statuses:
+        return Missing()
+    if len(statuses) > 1:
+        return ReadFailure(f"ambiguous: {len(statuses)} rows")
+    return Snapshot({"status": statuses[0]})
+
+
 class CRMAdapter(Protocol):
     """What a target adapter implements.  Methods block; runner calls them in a thread."""
 

@@ -34,14 +34,13 @@ from runner.io.targets.protocol import (
 )
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
-    Missing,
     Observation,
     RateLimited,
     ReadFailure,
     RejectedWrite,
-    Snapshot,
     TargetReadError,
     TargetRow,
+    observe_rows,
 )
 
 log = logging.getLogger("runner.target")
@@ -178,14 +177,8 @@ class HttpTarget:
                 raise TargetReadError(f"target status answered badly: {exc}") from None
             for write_id in chunk:
                 statuses = found.get(write_id)
-                if statuses is None:
-                    out[write_id] = ReadFailure("no answer for this record")
-                elif not statuses:
-                    out[write_id] = Missing()
-                elif len(statuses) > 1:
-                    out[write_id] = ReadFailure(f"ambiguous: {len(statuses)} rows")
-                else:
-                    out[write_id] = Snapshot({"status": statuses[0]})
+                out[write_id] = (ReadFailure("no answer for this record") if statuses is None
+                                 else observe_rows(statuses))
         return out
 
     # -- identity and the check before writes ------------------------------------------
