@@ -126,16 +126,19 @@ WHERE l.write_id = c.write_id AND l.state = 'confirmed'
   AND l.snapshot IS DISTINCT FROM c.snapshot
 RETURNING l.seq
 
--- every polled record's poll time
+-- every polled record's poll time.  Here and in observe_missing the rows are found by
+-- write_id alone: coalesce() keeps the planner from also reading the state index, which
+-- it took as selective without statistics and then read every confirmed record's entry
+-- of (17 ms a page of 100 at 100,000 confirmed; 4.5 ms by write_id, whatever the size)
 -- name: observe_polled
 UPDATE {s}.leads SET last_polled_at = :at
-WHERE state = 'confirmed' AND write_id = ANY(:write_ids::text[])
+WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'confirmed'
 
 -- the records the target no longer has
 -- name: observe_missing
 UPDATE {s}.leads SET state = 'confirmed_then_missing', snapshot = :missing_snapshot,
                      snapshot_changed_at = :at, updated_at = :at
-WHERE state = 'confirmed' AND write_id = ANY(:write_ids::text[])
+WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'confirmed'
 
 -- poll-health runs are shared by every process of the store: a pass takes this
 -- transaction lock (keyed by the schema) before it looks at the open run, so two pollers
