@@ -127,10 +127,12 @@ WHERE leads.write_id = json_extract(c.value, '$[0]') AND +leads.state = 'confirm
   AND leads.snapshot IS NOT json_extract(c.value, '$[1]')
 RETURNING seq
 
--- every polled record's poll time
+-- every polled record's poll time, found by write_id: +state keeps the planner off the
+-- state index (with it, every confirmed record was read for each page: 71-78 ms a page
+-- of 100 at 100,000 confirmed)
 -- name: observe_polled
 UPDATE leads SET last_polled_at = :at
-WHERE state = 'confirmed' AND write_id IN (SELECT value FROM json_each(:write_ids))
+WHERE +state = 'confirmed' AND write_id IN (SELECT value FROM json_each(:write_ids))
 
 -- the records the target no longer has (by write_id, as above)
 -- name: observe_missing
