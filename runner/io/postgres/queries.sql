@@ -122,14 +122,15 @@ UPDATE {s}.leads SET last_polled_at = :at WHERE state = 'confirmed' AND last_pol
 -- name: observe_changed
 UPDATE {s}.leads AS l SET snapshot = c.snapshot, snapshot_changed_at = :at, updated_at = :at
 FROM unnest((:changes::text[])[:][1:1], (:changes::text[])[:][2:2]) AS c(write_id, snapshot)
-WHERE l.write_id = c.write_id AND l.state = 'confirmed'
+WHERE l.write_id = c.write_id AND coalesce(l.state, '') = 'confirmed'
   AND l.snapshot IS DISTINCT FROM c.snapshot
 RETURNING l.seq
 
--- every polled record's poll time.  Here and in observe_missing the rows are found by
--- write_id alone: coalesce() keeps the planner from also reading the state index, which
--- it took as selective without statistics and then read every confirmed record's entry
--- of (17 ms a page of 100 at 100,000 confirmed; 4.5 ms by write_id, whatever the size)
+-- every polled record's poll time.  Here, in observe_changed and in observe_missing the
+-- rows are found by write_id alone: coalesce() keeps the planner from also reading the
+-- state index, which it took as selective without statistics and then read every
+-- confirmed record's entry of (17 ms a page of 100 at 100,000 confirmed; 4.5 ms by
+-- write_id, whatever the size; tests/test_query_plans.py)
 -- name: observe_polled
 UPDATE {s}.leads SET last_polled_at = :at
 WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'confirmed'
@@ -391,7 +392,8 @@ WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq
 
 -- record_reconcile for a chunk read back in one request (issue 16), one statement: per
 -- record (:write_ids[i]) its verdict (:outcomes[i], NULL: confirmed) and note (:notes[i]);
--- only records still uncertain change
+-- only records still uncertain change; found by write_id alone (coalesce: see
+-- observe_polled; a fresh store's plan read every uncertain record for each row of s)
 -- name: record_reconcile_batch
 UPDATE {s}.leads AS l SET reconcile_attempts = l.reconcile_attempts + 1,
     state = CASE WHEN s.outcome IS NULL THEN 'confirmed' ELSE l.state END,
@@ -401,7 +403,8 @@ UPDATE {s}.leads AS l SET reconcile_attempts = l.reconcile_attempts + 1,
                              ELSE :now::text END,
     updated_at = :now
 FROM unnest(:write_ids::text[], :outcomes::text[], :notes::text[]) AS s(write_id, outcome, note)
-WHERE l.write_id = s.write_id AND l.state = 'uncertain'
+WHERE l.write_id = s.write_id AND l.write_id = ANY(:write_ids::text[])
+  AND coalesce(l.state, '') = 'uncertain'
 RETURNING l.write_id
 
 -- ==== (end delivery) ==================================================================
