@@ -197,7 +197,7 @@ def comparison_main(argv: list[str] | None, kind: str, what: str, doc_line: str,
     seconds = time.perf_counter() - started
     print(f"{what}, {n:,} events, {rounds} round(s); {machine()}; {seconds:.0f} s\n")
     for name, rate in doc["rates"].items():
-        print(f"  {name:<26} {rate:>10,.0f} rows/s")
+        print(f"  {name:<30} {rate:>10,.0f} rows/s")
     for note in doc["skipped"]:
         print(f"  skipped: {note}")
     print()
@@ -206,7 +206,7 @@ def comparison_main(argv: list[str] | None, kind: str, what: str, doc_line: str,
         shown = "n/a" if value is None else f"{value:.2f}"
         verdict = "" if goal is None or value is None else (
             f"  goal >= {goal}: {'met' if value >= goal else 'NOT met'}")
-        print(f"  {name:<38} {shown:>6}{verdict}")
+        print(f"  {name:<42} {shown:>6}{verdict}")
     if not args.quick:
         record(kind, {**doc, "seconds": round(seconds, 1), "summary": machine()},
                script=f"-m bench {kind}", argv=argv)
