@@ -17,14 +17,14 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from runner.commands.common import say_error
 from runner.errors import BadInputError, RunnerError
-from runner.jsonio import MAX_DOCUMENT_BYTES, parse_object
+from runner.jsonio import MAX_DOCUMENT_BYTES
 
 if TYPE_CHECKING:
     from runner.leads.intake import AcceptResult, Batch, Intake
@@ -62,15 +62,6 @@ def split_lines(fd: int, deliver: Callable[[list[Line]], None]) -> None:
 
 def _too_large() -> BadInputError:
     return BadInputError(f"record is larger than {MAX_DOCUMENT_BYTES} bytes", reason="too_large")
-
-
-def _parse(line: Line) -> dict[str, Any] | BadInputError:
-    if isinstance(line, BadInputError):
-        return line
-    try:
-        return parse_object(line, what="record")
-    except BadInputError as exc:
-        return exc
 
 
 async def _read(fd: int, send: MemoryObjectSendStream[list[Line]]) -> None:
@@ -138,8 +129,7 @@ async def _prepare(
                     lines += lines_out.receive_nowait()
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
-            docs = [_parse(line) for line in lines if not _blank(line)]
-            await ready_in.send(intake.prepare_batch(docs))
+            await ready_in.send(intake.prepare_lines([ln for ln in lines if not _blank(ln)]))
 
 
 def _blank(line: Line) -> bool:
