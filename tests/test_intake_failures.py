@@ -27,14 +27,14 @@ class FailingIntake:
     def __init__(self) -> None:
         self.commits = 0
 
-    def prepare_batch(self, docs: list[Any]) -> list[Any]:
-        return docs
+    def prepare_lines(self, lines: list[Any]) -> list[Any]:
+        return lines
 
-    async def commit_batch(self, batch: list[Any]) -> list[Any]:
+    async def commit_lines(self, batch: list[Any]) -> tuple[list[str], list[Any]]:
         self.commits += 1
         if self.commits == 2:
             raise StoreError("no space left on the store's disk")
-        return []
+        return [], []
 
 
 def _feed(fd: int, lines: int) -> None:

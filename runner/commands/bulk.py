@@ -27,7 +27,7 @@ from runner.errors import BadInputError, RunnerError
 from runner.jsonio import MAX_DOCUMENT_BYTES
 
 if TYPE_CHECKING:
-    from runner.leads.intake import AcceptResult, Batch, Intake
+    from runner.leads.intake import Batch, Intake
 
 MAX_GROUP = 1000
 CHUNK = 1 << 16
@@ -102,10 +102,15 @@ async def accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> i
         async with ready_out:
             try:
                 async for batch in ready_out:
-                    for result in await intake.commit_batch(batch):
-                        number += 1
-                        rejected += _answer(args, result, number)
+                    lines, refused = await intake.commit_lines(batch)
+                    if lines:
+                        sys.stdout.write("\n".join(lines) + "\n")
+                    for index, result in refused:
+                        say_error(args, f"record {number + index + 1}: rejected: "
+                                  f"{result.message}", result.reason or "rejected")
                     sys.stdout.flush()
+                    number += len(lines)
+                    rejected += len(refused)
             except RunnerError as exc:
                 # a store error ends the run with its own exit code: stop the reader and
                 # the parser first, so that closing the stream between them cannot add a
@@ -134,14 +139,6 @@ async def _prepare(
 
 def _blank(line: Line) -> bool:
     return isinstance(line, bytes) and not line.strip()
-
-
-def _answer(args: argparse.Namespace, result: AcceptResult, number: int) -> int:
-    sys.stdout.write(result.to_line() + "\n")
-    if result.ok:
-        return 0
-    say_error(args, f"record {number}: rejected: {result.message}", result.reason or "rejected")
-    return 1
 
 
 

@@ -59,8 +59,7 @@ class AcceptResult:
         key = "null" if self.source_lead_id is None else _string(self.source_lead_id)
         write_id = "null" if self.write_id is None else _string(self.write_id)
         reason = "" if self.reason is None else f',"reason":{_string(self.reason)}'
-        return (f'{{"result":"{self.result}","source_lead_id":{key},'
-                f'"write_id":{write_id}{reason}}}')
+        return f'{{"result":"{self.result}","source_lead_id":{key},"write_id":{write_id}{reason}}}'
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -249,6 +248,30 @@ class Intake:
         for (index, event, _), outcome in zip(batch.valid, outcomes, strict=True):
             results[index] = answer(event, outcome)
         return [r for r in results if r is not None]
+
+    async def commit_lines(
+        self, batch: Batch
+    ) -> tuple[list[str], list[tuple[int, AcceptResult]]]:
+        """``commit_batch`` for bulk intake: each answer as its line
+        (``AcceptResult.to_line``), in input order, and the rejections among them with
+        their positions, in order (for their messages).  An ``accepted`` line is
+        formatted directly."""
+        items = [v[2] for v in batch.valid]
+        crashpoints.hit("accept.before-commit")
+        outcomes = await self.store.accept_many(items, self.clock.now())
+        crashpoints.hit("accept.after-commit")
+        results = list(batch.results)
+        lines: list[str] = [r.to_line() if r is not None else "" for r in results]
+        quiet = not log.isEnabledFor(logging.DEBUG)  # else answer() logs each one
+        for (index, event, _), outcome in zip(batch.valid, outcomes, strict=True):
+            if quiet and outcome.result == "accepted":
+                lines[index] = ('{"result":"accepted","source_lead_id":'
+                                f'{_string(event.source_lead_id)},'
+                                f'"write_id":{_string(outcome.write_id)}}}')
+            else:
+                results[index] = result = answer(event, outcome)
+                lines[index] = result.to_line()
+        return lines, [(i, r) for i, r in enumerate(results) if r is not None and not r.ok]
 
 
 @dataclass
