@@ -4,6 +4,7 @@ no store can keep is refused at intake the same way on both backends."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import threading
@@ -68,9 +69,11 @@ async def test_a_store_error_in_a_bulk_stream_is_that_error_not_a_group(
     writer = threading.Thread(target=_feed, args=(write_fd, 20_000), daemon=True)
     writer.start()
     args = argparse.Namespace(log_format="text")
+    threshold = gc.get_threshold()
     try:
         with pytest.raises(StoreError):
             await accept_records(args, FailingIntake(), read_fd)  # type: ignore[arg-type]
+        assert gc.get_threshold() == threshold  # the collector's setting is given back
     finally:
         # (waited for in a thread: its last delivery needs this loop)
         assert await anyio.to_thread.run_sync(reader_done.wait, 30), "the reader did not end"

@@ -7,6 +7,7 @@ non-empty strings, no field may be added.  Values are never trimmed or case-fold
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -160,6 +161,10 @@ _NOT_PLAIN = bytes(range(0x20)) + b"\\"
 _ASCII = bytes.isascii
 
 
+#: ``LeadEvent.model_validate_json`` without its wrapper (one call per bulk record)
+_validate_json: Callable[[str | bytes], LeadEvent] = LeadEvent.__pydantic_validator__.validate_json
+
+
 def plain_event(line: bytes, scope: Scope, limit: int) -> LeadEvent | None:
     """The event of a plain, valid, in-scope record line, parsed and validated in one
     pass (pydantic's JSON parser); ``None`` for anything else, which the caller sends
@@ -183,7 +188,7 @@ def plain_event(line: bytes, scope: Scope, limit: int) -> LeadEvent | None:
     if len(line) > limit or len(line.translate(None, _NOT_PLAIN)) != len(line):
         return None
     try:
-        event = LeadEvent.model_validate_json(line if _ASCII(line) else line.decode("utf-8"))
+        event = _validate_json(line if _ASCII(line) else line.decode("utf-8"))
     except (ValidationError, UnicodeDecodeError):
         return None
     if line.count(b'"') != 4 * len(event.__pydantic_fields_set__) - 2:
