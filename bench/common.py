@@ -174,6 +174,7 @@ def compare(contenders: dict[str, Callable[[Path, int], float]], n: int, rounds:
 
     return {"n": n, "rounds": rounds, "skipped": skipped,
             "rates": {name: statistics.median(found) for name, found in rates.items()},
+            "round_rates": rates,  # each round's, in order: how noisy the medians are
             "ratios": {name: ratio(mine, other) for name, (mine, other, _) in ratios.items()},
             "goals": {name: goal for name, (_, _, goal) in ratios.items() if goal is not None}}
 
