@@ -174,6 +174,7 @@ def compare(contenders: dict[str, Callable[[Path, int], float]], n: int, rounds:
 
     return {"n": n, "rounds": rounds, "skipped": skipped,
             "rates": {name: statistics.median(found) for name, found in rates.items()},
+            "round_rates": rates,  # each round's, in order: how noisy the medians are
             "ratios": {name: ratio(mine, other) for name, (mine, other, _) in ratios.items()},
             "goals": {name: goal for name, (_, _, goal) in ratios.items() if goal is not None}}
 
@@ -197,7 +198,7 @@ def comparison_main(argv: list[str] | None, kind: str, what: str, doc_line: str,
     seconds = time.perf_counter() - started
     print(f"{what}, {n:,} events, {rounds} round(s); {machine()}; {seconds:.0f} s\n")
     for name, rate in doc["rates"].items():
-        print(f"  {name:<26} {rate:>10,.0f} rows/s")
+        print(f"  {name:<30} {rate:>10,.0f} rows/s")
     for note in doc["skipped"]:
         print(f"  skipped: {note}")
     print()
@@ -206,7 +207,7 @@ def comparison_main(argv: list[str] | None, kind: str, what: str, doc_line: str,
         shown = "n/a" if value is None else f"{value:.2f}"
         verdict = "" if goal is None or value is None else (
             f"  goal >= {goal}: {'met' if value >= goal else 'NOT met'}")
-        print(f"  {name:<38} {shown:>6}{verdict}")
+        print(f"  {name:<42} {shown:>6}{verdict}")
     if not args.quick:
         record(kind, {**doc, "seconds": round(seconds, 1), "summary": machine()},
                script=f"-m bench {kind}", argv=argv)

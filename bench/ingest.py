@@ -8,9 +8,17 @@ floors and PgQueuer, on the same events in the same run.
 Every contender takes the same NDJSON events (synthetic, distinct keys) and makes each one
 durable, de-duplicated by its key, before it counts:
 
-* **runner SQLite / PostgreSQL**: ``runner accept --records -`` in a child process, the
-  events on stdin, one JSON answer per event on stdout after its commit (process start-up
-  included);
+* **runner SQLite / PostgreSQL**: the path ``runner accept --records FILE`` takes
+  (``runner.commands.bulk.accept_records``: a reader thread, strict parse, validation,
+  canonical JSON, a write_id, grouped commits, one JSON answer line per event written
+  after its commit), in this process, like the floors. The store is created and
+  migrated (and the scope pinned) before the clock starts, as the floors create their
+  tables and PgQueuer its schema (``install()``) untimed; the events are read from a file
+  and the answers written to a file;
+* **runner … (CLI child)**: ``runner accept --records -`` in a child process, the events
+  on stdin, the answers on stdout, timed from spawn to exit: interpreter start-up,
+  imports, store creation and migration included (about 0.6-1 s on this machine class).
+  Printed as an extra row, not used for a goal;
 * **stdlib floor**: the same work with the standard library only, in this process: parse
   each line, canonical JSON, an id, ``INSERT OR IGNORE`` into a SQLite table keyed by
   (tenant, lead), 1,000 rows per transaction, one answer line per row;
@@ -27,8 +35,11 @@ median of the per-round ratios.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sqlite3
 import sys
 import time
@@ -149,6 +160,47 @@ def _runner(directory: Path, db: str, lines: list[bytes]) -> float:
     return len(lines) / wall
 
 
+def _runner_in_process(directory: Path, db: str, lines: list[bytes]) -> float:
+    """The bulk-accept path of ``accept --records FILE``, timed from the first read to the
+    last answer (store created and migrated beforehand, untimed)."""
+    import anyio
+
+    from runner.clock import SystemClock
+    from runner.commands.bulk import accept_records
+    from runner.io.stores import open_store
+    from runner.leads.intake import Intake
+    from runner.leads.models import validate_scope
+
+    events = directory / "events.ndjson"
+    events.write_bytes(b"\n".join(lines) + b"\n")
+    answers = directory / "answers.ndjson"
+    args = argparse.Namespace(log_format="text")
+
+    async def run() -> float:
+        scope = validate_scope(dict(SCOPE))
+        async with await open_store(db, scope=scope) as store:
+            fd = os.open(events, os.O_RDONLY)
+            try:
+                with (open(answers, "w", encoding="utf-8") as out,  # noqa: ASYNC230
+                      contextlib.redirect_stdout(out)):
+                    started = time.perf_counter()
+                    code = await accept_records(args, Intake(store, SystemClock(), scope), fd)
+                    out.flush()
+                    elapsed = time.perf_counter() - started
+            finally:
+                os.close(fd)
+        if code != 0:
+            raise RuntimeError(f"runner rejected records (exit {code})")
+        return elapsed
+
+    elapsed = anyio.run(run)
+    data = answers.read_bytes()
+    answered = data.count(b"\n")
+    if answered != len(lines) or data.count(b'"accepted"') != len(lines):
+        raise RuntimeError(f"runner answered {answered} of {len(lines)}")
+    return len(lines) / elapsed
+
+
 def _drop_pg(schema: str) -> None:
     async def drop() -> None:
         import asyncpg
@@ -160,10 +212,13 @@ def _drop_pg(schema: str) -> None:
     asyncio.run(drop())
 
 
-def _runner_pg(directory: Path, lines: list[bytes]) -> float:
+def _runner_pg(directory: Path, lines: list[bytes], *, child: bool = False) -> float:
     schema = "bench_runner_" + uuid.uuid4().hex[:8]
+    dsn = f"{PG_DSN}?schema={schema}"
     try:
-        return _runner(directory, f"{PG_DSN}?schema={schema}", lines)
+        if child:
+            return _runner(directory, dsn, lines)
+        return _runner_in_process(directory, dsn, lines)
     finally:
         _drop_pg(schema)
 
@@ -179,9 +234,13 @@ def _have_pgqueuer() -> bool:
 def measure(n: int, rounds: int) -> dict[str, Any]:
     contenders: dict[str, Callable[[Path, int], float]] = {
         "stdlib floor": lambda d, k: stdlib_floor(d, _lines(k, 0)),
-        "runner SQLite": lambda d, k: _runner(d, str(d / "runner.db"), _lines(k, 0)),
+        "runner SQLite": lambda d, k: _runner_in_process(d, str(d / "runner.db"),
+                                                          _lines(k, 0)),
+        "runner SQLite (CLI child)": lambda d, k: _runner(d, str(d / "runner.db"),
+                                                          _lines(k, 0)),
         "PostgreSQL floor": lambda d, k: asyncio.run(_pg_floor(_lines(k, 0))),
         "runner PostgreSQL": lambda d, k: _runner_pg(d, _lines(k, 0)),
+        "runner PostgreSQL (CLI child)": lambda d, k: _runner_pg(d, _lines(k, 0), child=True),
     }
     skipped = []
     if _have_pgqueuer():
@@ -194,6 +253,10 @@ def measure(n: int, rounds: int) -> dict[str, Any]:
         "runner PostgreSQL / PgQueuer": ("runner PostgreSQL", "PgQueuer", 1.0),
         "runner PostgreSQL / PostgreSQL floor": ("runner PostgreSQL", "PostgreSQL floor",
                                                  None),
+        "runner SQLite (CLI child) / stdlib floor": ("runner SQLite (CLI child)",
+                                                     "stdlib floor", None),
+        "runner PostgreSQL (CLI child) / PgQueuer": ("runner PostgreSQL (CLI child)",
+                                                     "PgQueuer", None),
     }, skipped)
 
 

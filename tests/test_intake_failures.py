@@ -4,6 +4,7 @@ no store can keep is refused at intake the same way on both backends."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import threading
@@ -27,14 +28,14 @@ class FailingIntake:
     def __init__(self) -> None:
         self.commits = 0
 
-    def prepare_batch(self, docs: list[Any]) -> list[Any]:
-        return docs
+    def prepare_lines(self, lines: list[Any]) -> list[Any]:
+        return lines
 
-    async def commit_batch(self, batch: list[Any]) -> list[Any]:
+    async def commit_lines(self, batch: list[Any]) -> tuple[list[str], list[Any]]:
         self.commits += 1
         if self.commits == 2:
             raise StoreError("no space left on the store's disk")
-        return []
+        return [], []
 
 
 def _feed(fd: int, lines: int) -> None:
@@ -68,9 +69,11 @@ async def test_a_store_error_in_a_bulk_stream_is_that_error_not_a_group(
     writer = threading.Thread(target=_feed, args=(write_fd, 20_000), daemon=True)
     writer.start()
     args = argparse.Namespace(log_format="text")
+    threshold = gc.get_threshold()
     try:
         with pytest.raises(StoreError):
             await accept_records(args, FailingIntake(), read_fd)  # type: ignore[arg-type]
+        assert gc.get_threshold() == threshold  # the collector's setting is given back
     finally:
         # (waited for in a thread: its last delivery needs this loop)
         assert await anyio.to_thread.run_sync(reader_done.wait, 30), "the reader did not end"

@@ -19,8 +19,15 @@ import anyio
 from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError, StoreError
-from runner.jsonio import canonical
-from runner.leads.models import LeadEvent, Scope, WriteId, validate_event
+from runner.jsonio import MAX_DOCUMENT_BYTES, canonical, parse_object
+from runner.leads.models import (
+    LeadEvent,
+    Scope,
+    WriteId,
+    plain_canonical,
+    plain_event,
+    validate_event,
+)
 from runner.store import AcceptItem, AcceptOutcome, IntakeStore
 
 log = logging.getLogger("runner.leads.intake")
@@ -52,8 +59,7 @@ class AcceptResult:
         key = "null" if self.source_lead_id is None else _string(self.source_lead_id)
         write_id = "null" if self.write_id is None else _string(self.write_id)
         reason = "" if self.reason is None else f',"reason":{_string(self.reason)}'
-        return (f'{{"result":"{self.result}","source_lead_id":{key},'
-                f'"write_id":{write_id}{reason}}}')
+        return f'{{"result":"{self.result}","source_lead_id":{key},"write_id":{write_id}{reason}}}'
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -187,17 +193,50 @@ class Intake:
         batch = Batch()
         ids = new_write_ids(len(docs))
         for doc, write_id in zip(docs, ids, strict=True):
-            if isinstance(doc, BadInputError):
-                batch.results.append(rejected(None, doc))
-                continue
-            try:
-                event, text = prepare(doc, self.scope)
-            except BadInputError as exc:
-                batch.results.append(rejected(doc, exc))
-                continue
-            batch.valid.append((len(batch.results), event, AcceptItem(event, text, write_id)))
-            batch.results.append(None)
+            self._add(batch, doc, write_id)
         return batch
+
+    def prepare_lines(self, lines: Sequence[bytes | BadInputError]) -> Batch:
+        """``prepare_batch`` for the raw lines of an NDJSON input (bulk intake), each
+        parsed strictly as a record (``runner.jsonio.parse_object``).
+
+        A plain, valid, in-scope line is parsed and validated in one pass
+        (``runner.leads.models.plain_event``, which returns an event only where the
+        strict parse and ``validate_event`` would give the same one); every other line
+        takes the exact path, so each answer and rejection reason is the one a lone
+        accept gives."""
+        batch = Batch()
+        results, valid, scope = batch.results, batch.valid, self.scope
+        ids = new_write_ids(len(lines))
+        for line, write_id in zip(lines, ids, strict=True):
+            if isinstance(line, BadInputError):
+                self._add(batch, line, write_id)
+                continue
+            event = plain_event(line, scope, MAX_DOCUMENT_BYTES)
+            if event is None:
+                try:
+                    doc: Mapping[str, Any] | BadInputError = parse_object(line, what="record")
+                except BadInputError as exc:
+                    doc = exc
+                self._add(batch, doc, write_id)
+                continue
+            valid.append((len(results), event,
+                          AcceptItem(event, plain_canonical(event), write_id)))
+            results.append(None)
+        return batch
+
+    def _add(self, batch: Batch, doc: Mapping[str, Any] | BadInputError,
+             write_id: WriteId) -> None:
+        if isinstance(doc, BadInputError):
+            batch.results.append(rejected(None, doc))
+            return
+        try:
+            event, text = prepare(doc, self.scope)
+        except BadInputError as exc:
+            batch.results.append(rejected(doc, exc))
+            return
+        batch.valid.append((len(batch.results), event, AcceptItem(event, text, write_id)))
+        batch.results.append(None)
 
     async def commit_batch(self, batch: Batch) -> list[AcceptResult]:
         """Commit a prepared batch in one transaction; answers in input order."""
@@ -209,6 +248,30 @@ class Intake:
         for (index, event, _), outcome in zip(batch.valid, outcomes, strict=True):
             results[index] = answer(event, outcome)
         return [r for r in results if r is not None]
+
+    async def commit_lines(
+        self, batch: Batch
+    ) -> tuple[list[str], list[tuple[int, AcceptResult]]]:
+        """``commit_batch`` for bulk intake: each answer as its line
+        (``AcceptResult.to_line``), in input order, and the rejections among them with
+        their positions, in order (for their messages).  An ``accepted`` line is
+        formatted directly."""
+        items = [v[2] for v in batch.valid]
+        crashpoints.hit("accept.before-commit")
+        outcomes = await self.store.accept_many(items, self.clock.now())
+        crashpoints.hit("accept.after-commit")
+        results = list(batch.results)
+        lines: list[str] = [r.to_line() if r is not None else "" for r in results]
+        quiet = not log.isEnabledFor(logging.DEBUG)  # else answer() logs each one
+        for (index, event, _), outcome in zip(batch.valid, outcomes, strict=True):
+            if quiet and outcome.result == "accepted":
+                lines[index] = ('{"result":"accepted","source_lead_id":'
+                                f'{_string(event.source_lead_id)},'
+                                f'"write_id":{_string(outcome.write_id)}}}')
+            else:
+                results[index] = result = answer(event, outcome)
+                lines[index] = result.to_line()
+        return lines, [(i, r) for i, r in enumerate(results) if r is not None and not r.ok]
 
 
 @dataclass

@@ -7,6 +7,7 @@ non-empty strings, no field may be added.  Values are never trimmed or case-fold
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -22,7 +23,8 @@ from pydantic import (
 from runner.errors import BadInputError
 from runner.ids import WriteId
 
-__all__ = ["CRMRecord", "LeadEvent", "Scope", "WriteId", "validate_event", "validate_scope"]
+__all__ = ["CRMRecord", "LeadEvent", "Scope", "WriteId", "plain_canonical", "plain_event",
+           "validate_event", "validate_scope"]
 
 #: an id from the outside world: non-empty, bounded
 Id = Annotated[StrictStr, Field(min_length=1, max_length=512)]
@@ -150,6 +152,74 @@ def validate_scope(data: dict[str, Any]) -> Scope:
     if nul := nul_fields(scope):
         raise BadInputError(f"invalid scope: {_nul_refusal(nul)}", reason="invalid_scope")
     return scope
+
+
+#: what sends a line to the exact path: a control character (U+0000 among them) or a
+#: backslash (an escape: ``\\u0000``, a lone surrogate, a quote inside a string)
+_NOT_PLAIN = bytes(range(0x20)) + b"\\"
+#: a non-ASCII line is decoded first (strict UTF-8, as ``runner.jsonio`` does)
+_ASCII = bytes.isascii
+
+
+#: ``LeadEvent.model_validate_json`` without its wrapper (one call per bulk record)
+_validate_json: Callable[[str | bytes], LeadEvent] = LeadEvent.__pydantic_validator__.validate_json
+
+
+def plain_event(line: bytes, scope: Scope, limit: int) -> LeadEvent | None:
+    """The event of a plain, valid, in-scope record line, parsed and validated in one
+    pass (pydantic's JSON parser); ``None`` for anything else, which the caller sends
+    through the exact path (``runner.jsonio.parse_object``, then ``validate_event``) for
+    its exact answer.  ``None`` is always safe; an event is returned only where the
+    exact path would return the same one:
+
+    * no backslash and no control character: every string is its own text (no escape,
+      so no NUL, no lone surrogate, no quote inside), and whitespace between tokens is
+      the space (a tab or CR is valid JSON, but takes the exact path);
+    * valid UTF-8 (decoded strictly) and at most ``limit`` bytes;
+    * no duplicate key, which pydantic would resolve (last wins) where ``parse_json``
+      refuses: in a valid event every value is a string but ``synthetic`` (``true``), so
+      with no escapes the line holds exactly ``2 * (2 * fields - 1)`` quotes, and any
+      repeated key adds at least two;
+    * all scope fields equal the scope's (a mismatch takes the exact path for its
+      message).
+
+    Its canonical JSON is ``plain_canonical(event)``.
+    """
+    if len(line) > limit or len(line.translate(None, _NOT_PLAIN)) != len(line):
+        return None
+    try:
+        event = _validate_json(line if _ASCII(line) else line.decode("utf-8"))
+    except (ValidationError, UnicodeDecodeError):
+        return None
+    if line.count(b'"') != 4 * len(event.__pydantic_fields_set__) - 2:
+        return None
+    if (event.tenant_id, event.account_id, event.page_id, event.form_id) != (
+            scope.tenant_id, scope.account_id, scope.page_id, scope.form_id):
+        return None
+    return event
+
+
+def _plain_template(names: list[str]) -> str:
+    """The canonical JSON of a plain event with these fields, as a ``str.format_map``
+    template: sorted keys, compact; ``synthetic`` is ``true``, every other value a string
+    that needs no escape (a plain line has none), so is written as it is."""
+    parts = ['"synthetic":true' if name == "synthetic" else f'"{name}":"{{{name}}}"'
+             for name in sorted(names)]
+    return "{{" + ",".join(parts) + "}}"
+
+
+#: every field is required but ``contact_alias``: a valid event has the required ones,
+#: with or without it
+_REQUIRED = [name for name, info in LeadEvent.model_fields.items() if info.is_required()]
+_PLAIN_TEMPLATES = {False: _plain_template(_REQUIRED),
+                    True: _plain_template([*_REQUIRED, "contact_alias"])}
+
+
+def plain_canonical(event: LeadEvent) -> str:
+    """The canonical JSON (``runner.jsonio.canonical``) of the record a plain line
+    (``plain_event``) holds: the fields the line has, formatted directly."""
+    has_alias = "contact_alias" in event.__pydantic_fields_set__
+    return _PLAIN_TEMPLATES[has_alias].format_map(event.__dict__)
 
 
 def validate_event(data: dict[str, Any], scope: Scope) -> LeadEvent:

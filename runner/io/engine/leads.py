@@ -116,6 +116,8 @@ class LeadOps(Db):
         if not items:
             return []
         inserted = await self._insert_new(items, to_text(now))
+        if len(inserted) == len(items):  # every key was new (the common bulk case)
+            return [AcceptOutcome("accepted", it.write_id) for it in items]
         stored: dict[Key, tuple[str, str]] = {}
         if len(inserted) < len(items):  # a new statement: it sees what others committed
             keys = dict.fromkeys((it.event.tenant_id, it.event.source_lead_id)
