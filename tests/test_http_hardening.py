@@ -74,17 +74,23 @@ def _head(body: bytes, *extra: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-async def _answer(stream: anyio.abc.SocketStream) -> bytes:
-    """One answer with a Content-Length body, read from a keep-alive connection."""
-    data = b""
-    with anyio.fail_after(20):
-        while b"\r\n\r\n" not in data:
-            data += await stream.receive()
-        head, _, rest = data.partition(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-        while len(rest) < length:
-            rest += await stream.receive()
-    return head + b"\r\n\r\n" + rest
+class _Answers:
+    """Answers with a Content-Length body, read one by one from a keep-alive connection
+    (bytes of the next answer read with one are kept for it)."""
+
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self.stream, self.data = stream, b""
+
+    async def next(self) -> bytes:
+        with anyio.fail_after(20):
+            while b"\r\n\r\n" not in self.data:
+                self.data += await self.stream.receive()
+            head, _, rest = self.data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(rest) < length:
+                rest += await self.stream.receive()
+        self.data = rest[length:]
+        return head + b"\r\n\r\n" + rest[:length]
 
 
 async def test_a_body_arriving_after_its_headers_is_waited_for(db_location: str) -> None:
@@ -97,7 +103,7 @@ async def test_a_body_arriving_after_its_headers_is_waited_for(db_location: str)
         await stream.send(_head(body) + body[:10])
         await wait_until(lambda: len(tasks) == 1)  # the request is in the app, waiting
         await stream.send(body[10:])
-        answer = await _answer(stream)
+        answer = await _Answers(stream).next()
         assert answer.startswith(b"HTTP/1.1 200"), answer
         assert b'"result":"accepted"' in answer
         await stream.aclose()
@@ -117,17 +123,30 @@ async def test_expect_100_continue_is_answered_before_the_body(db_location: str)
                 interim += await stream.receive()
         assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
         await stream.send(body)
-        assert (await _answer(stream)).startswith(b"HTTP/1.1 200")
+        assert (await _Answers(stream).next()).startswith(b"HTTP/1.1 200")
         await stream.aclose()
 
 
 async def test_keep_alive_requests_each_get_one_whole_answer(db_location: str) -> None:
     async with serving(db_location) as s:
         stream = await _connect(s.port)
+        answers = _Answers(stream)
         for i in range(3):
             body = body_of(event(i))
             await stream.send(_head(body) + body)
-            answer = await _answer(stream)
+            answer = await answers.next()
+            assert answer.startswith(b"HTTP/1.1 200") and f'"lead-{i}"'.encode() in answer
+        await stream.aclose()
+
+
+async def test_pipelined_requests_are_answered_in_order(db_location: str) -> None:
+    async with serving(db_location) as s:
+        stream = await _connect(s.port)
+        bodies = [body_of(event(i)) for i in range(3)]
+        await stream.send(b"".join(_head(body) + body for body in bodies))
+        answers = _Answers(stream)
+        for i in range(3):
+            answer = await answers.next()
             assert answer.startswith(b"HTTP/1.1 200") and f'"lead-{i}"'.encode() in answer
         await stream.aclose()
 
@@ -154,10 +173,11 @@ def test_an_answer_is_written_once_and_before_a_close() -> None:
     loop = asyncio.new_event_loop()
     try:
         transport = Transport()
-        one = _OneWrite(transport, loop)  # type: ignore[arg-type]
+        unsent: list[_OneWrite] = []
+        one = _OneWrite(transport, loop, unsent)  # type: ignore[arg-type]
         one.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
         one.write(b"{}")
-        assert transport.writes == []
+        assert transport.writes == [] and unsent == [one]
         one.flush()
         assert transport.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
         one.write(b"HTTP/1.1 408 Request Timeout\r\n\r\n")

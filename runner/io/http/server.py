@@ -131,6 +131,8 @@ class _HeaderTimeoutProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
         self._pending_header_bytes = 0
+        #: the answers holding writes, oldest first (more than one only when pipelined)
+        self._unsent: list[_OneWrite] = []
         #: loop time the current request's headers began; None once they are complete
         self._headers_since: float | None = self.loop.time()
         self._deadline: asyncio.TimerHandle | None = self.loop.call_later(
@@ -169,12 +171,13 @@ class _HeaderTimeoutProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and not isinstance(cycle.transport, _OneWrite):
-            cycle.transport = _OneWrite(cycle.transport, self.loop)  # type: ignore[assignment]
+            cycle.transport = _OneWrite(  # type: ignore[assignment]
+                cycle.transport, self.loop, self._unsent)
 
     def on_response_complete(self) -> None:
-        cycle = self.cycle
-        if cycle is not None and isinstance(cycle.transport, _OneWrite):
-            cycle.transport.flush()
+        for answer in self._unsent:  # the answer that completed (and any before it)
+            answer.flush()
+        self._unsent.clear()
         super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -191,14 +194,16 @@ class _OneWrite:
     several parts).  uvicorn writes an answer's head and its body separately; sent as is,
     that is two segments, two system calls here and two wake-ups in the client."""
 
-    __slots__ = ("_held", "_loop", "_transport")
+    __slots__ = ("_held", "_loop", "_transport", "_unsent")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport, self._loop = transport, loop
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 unsent: list[_OneWrite]) -> None:
+        self._transport, self._loop, self._unsent = transport, loop, unsent
         self._held: list[bytes] = []
 
     def write(self, data: bytes) -> None:
         if not self._held:
+            self._unsent.append(self)
             self._loop.call_soon(self.flush)
         self._held.append(data)
 
