@@ -68,6 +68,152 @@ async def test_a_body_slower_than_the_timeout_is_408(db_location: str) -> None:
         assert [r async for r in s.worker.store.iter_records()] == []
 
 
+def _head(body: bytes, *extra: str) -> bytes:
+    lines = ["POST /webhook HTTP/1.1", "Host: x", f"Content-Length: {len(body)}",
+             f"X-Hub-Signature-256: {signed(body)['X-Hub-Signature-256']}", *extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+class _Answers:
+    """Answers with a Content-Length body, read one by one from a keep-alive connection
+    (bytes of the next answer read with one are kept for it)."""
+
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self.stream, self.data = stream, b""
+
+    async def next(self) -> bytes:
+        with anyio.fail_after(20):
+            while b"\r\n\r\n" not in self.data:
+                self.data += await self.stream.receive()
+            head, _, rest = self.data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(rest) < length:
+                rest += await self.stream.receive()
+        self.data = rest[length:]
+        return head + b"\r\n\r\n" + rest[:length]
+
+
+async def test_a_body_arriving_after_its_headers_is_waited_for(db_location: str) -> None:
+    """The body read's slow path: the app finds no body yet, waits (with its deadline),
+    and answers once the rest arrives."""
+    async with serving(db_location) as s:
+        body = body_of(event(1))
+        tasks = s.service.server._server.server_state.tasks  # type: ignore[union-attr]
+        stream = await _connect(s.port)
+        await stream.send(_head(body) + body[:10])
+        await wait_until(lambda: len(tasks) == 1)  # the request is in the app, waiting
+        await stream.send(body[10:])
+        answer = await _Answers(stream).next()
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        assert b'"result":"accepted"' in answer
+        await stream.aclose()
+        assert [r.source_lead_id async for r in s.worker.store.iter_records()] == ["lead-1"]
+
+
+async def test_expect_100_continue_is_answered_before_the_body(db_location: str) -> None:
+    """A sender that waits for ``100 Continue`` gets it (answers are written as one, but
+    an interim line is not held back until the final answer)."""
+    async with serving(db_location) as s:
+        body = body_of(event(1))
+        stream = await _connect(s.port)
+        await stream.send(_head(body, "Expect: 100-continue"))
+        interim = b""
+        with anyio.fail_after(20):
+            while b"\r\n\r\n" not in interim:
+                interim += await stream.receive()
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+        await stream.send(body)
+        assert (await _Answers(stream).next()).startswith(b"HTTP/1.1 200")
+        await stream.aclose()
+
+
+async def test_keep_alive_requests_each_get_one_whole_answer(db_location: str) -> None:
+    async with serving(db_location) as s:
+        stream = await _connect(s.port)
+        answers = _Answers(stream)
+        for i in range(3):
+            body = body_of(event(i))
+            await stream.send(_head(body) + body)
+            answer = await answers.next()
+            assert answer.startswith(b"HTTP/1.1 200") and f'"lead-{i}"'.encode() in answer
+        await stream.aclose()
+
+
+async def test_pipelined_requests_are_answered_in_order(db_location: str) -> None:
+    async with serving(db_location) as s:
+        stream = await _connect(s.port)
+        bodies = [body_of(event(i)) for i in range(3)]
+        await stream.send(b"".join(_head(body) + body for body in bodies))
+        answers = _Answers(stream)
+        for i in range(3):
+            answer = await answers.next()
+            assert answer.startswith(b"HTTP/1.1 200") and f'"lead-{i}"'.encode() in answer
+        await stream.aclose()
+
+
+def test_an_answer_is_written_once_and_before_a_close() -> None:
+    import asyncio
+
+    from runner.io.http.server import _OneWrite
+
+    class Transport:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+            self.closed = False
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+        def close(self) -> None:
+            self.closed = True
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+    loop = asyncio.new_event_loop()
+    try:
+        transport = Transport()
+        unsent: list[_OneWrite] = []
+        one = _OneWrite(transport, loop, unsent)  # type: ignore[arg-type]
+        one.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        one.write(b"{}")
+        assert transport.writes == [] and unsent == [one]
+        one.flush()
+        assert transport.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+        one.write(b"HTTP/1.1 408 Request Timeout\r\n\r\n")
+        one.close()
+        assert transport.writes[1:] == [b"HTTP/1.1 408 Request Timeout\r\n\r\n"]
+        assert transport.closed
+        one.write(b"late")
+        loop.run_until_complete(asyncio.sleep(0))  # the next-turn flush: the transport closed
+        assert len(transport.writes) == 2
+    finally:
+        loop.close()
+
+
+async def test_a_receive_that_would_wait_is_closed_where_it_waits() -> None:
+    import asyncio
+
+    from runner.io.http.app import completed_at_once
+
+    ready = asyncio.Event()  # what uvicorn's receive waits on
+    stopped: list[str] = []
+
+    async def receive() -> dict[str, object]:
+        try:
+            await ready.wait()
+        except GeneratorExit:
+            stopped.append("closed")
+            raise
+        return {"type": "http.request", "body": b"x", "more_body": False}
+
+    assert completed_at_once(receive()) is None
+    assert stopped == ["closed"]
+    ready.set()
+    assert completed_at_once(receive()) == {"type": "http.request", "body": b"x",
+                                            "more_body": False}
+
+
 async def test_requests_beyond_the_concurrency_bound_get_503(db_location: str) -> None:
     async with serving(db_location, max_concurrency=2) as s:
         held = [await _connect(s.port) for _ in range(2)]

@@ -85,17 +85,32 @@ class Metrics:
                                       buckets=LATENCY_BUCKETS, registry=registry)
         self._store = _StoreCollector()
         registry.register(self._store)
-        self._handles: dict[tuple[str, int], Callable[[float], None]] = {}
+        # the labelled children, looked up once: ``labels()`` (a lock, a dict lookup and
+        # a check of every label) cost more than the increment itself, per request
+        self._request_handles: dict[tuple[str, int],
+                                    tuple[Callable[[], None], Callable[[float], None]]] = {}
+        self._intake_handles: dict[tuple[str, str], Callable[[], None]] = {}
 
     # -- feeding -----------------------------------------------------------------------
 
     def request(self, route: str, code: int, seconds: float) -> None:
-        self.requests.labels(route, str(code)).inc()
-        self.latency.labels(route).observe(seconds)
+        handles = self._request_handles.get((route, code))
+        if handles is None:
+            handles = self._request_handles[route, code] = (
+                self.requests.labels(route, str(code)).inc,
+                self.latency.labels(route).observe)
+        count, observe = handles
+        count()
+        observe(seconds)
 
     def accepted(self, results: Sequence[AcceptResult]) -> None:
+        handles = self._intake_handles
         for result in results:
-            self.intake.labels(result.result, result.reason or "").inc()
+            key = (result.result, result.reason or "")
+            count = handles.get(key)
+            if count is None:
+                count = handles[key] = self.intake.labels(*key).inc
+            count()
 
     def committed(self, records: int) -> None:
         self.commit_size.observe(records)

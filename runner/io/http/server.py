@@ -113,9 +113,17 @@ class ServerLimits:
 
 
 class _HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, plus a deadline for a request's headers: from the
-    first byte of a request (or the connection, for the first) until its headers are
-    complete.  A slow-header client is disconnected instead of holding a slot forever."""
+    """uvicorn's httptools protocol, plus two things:
+
+    * a deadline for a request's headers: from the first byte of a request (or the
+      connection, for the first) until its headers are complete.  A slow-header client is
+      disconnected instead of holding a slot forever.  One timer per connection checks it
+      (re-armed for the deadline it finds), not one per request: a request only notes when
+      its headers began (arming and cancelling a timer per request cost more than parsing
+      the headers);
+    * one write per answer (:class:`_OneWrite`): the answer's head and body go out in one
+      segment, not two.
+    """
 
     header_timeout = 10.0
     header_bytes = 16 * 1024
@@ -123,26 +131,31 @@ class _HeaderTimeoutProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)  # type: ignore[arg-type]
         self._pending_header_bytes = 0
-        self._deadline: asyncio.TimerHandle | None = None
-        self._arm()
+        #: the answers holding writes, oldest first (more than one only when pipelined)
+        self._unsent: list[_OneWrite] = []
+        #: loop time the current request's headers began; None once they are complete
+        self._headers_since: float | None = self.loop.time()
+        self._deadline: asyncio.TimerHandle | None = self.loop.call_later(
+            self.header_timeout, self._check_headers)
 
-    def _arm(self) -> None:
-        if self._deadline is None:
-            self._deadline = self.loop.call_later(self.header_timeout, self._headers_too_slow)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
+    def _check_headers(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        since, now = self._headers_since, self.loop.time()
+        if since is not None and now - since >= self.header_timeout:
+            self._headers_too_slow()
+            return
+        due = self.header_timeout if since is None else since + self.header_timeout - now
+        self._deadline = self.loop.call_later(due, self._check_headers)
 
     def _headers_too_slow(self) -> None:
-        self._deadline = None
         if not self.transport.is_closing():
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._deadline is not None:  # this request's headers are still incomplete
+        if self._headers_since is not None:  # this request's headers are still incomplete
             self._pending_header_bytes += len(data)
             if self._pending_header_bytes > self.header_bytes:
                 self._headers_too_slow()  # too large: the same end as too slow
@@ -150,15 +163,66 @@ class _HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._pending_header_bytes = 0
-        self._arm()
+        if self._headers_since is None:
+            self._headers_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._headers_since = None
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and not isinstance(cycle.transport, _OneWrite):
+            cycle.transport = _OneWrite(  # type: ignore[assignment]
+                cycle.transport, self.loop, self._unsent)
+
+    def on_response_complete(self) -> None:
+        for answer in self._unsent:  # the answer that completed (and any before it)
+            answer.flush()
+        self._unsent.clear()
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         super().connection_lost(exc)
+
+
+class _OneWrite:
+    """A request's view of the connection's transport: its writes are held and sent as
+    one, when the answer is complete (the protocol flushes then), when the connection is
+    closed, or at the latest on the loop's next turn (a ``100 Continue``, an answer in
+    several parts).  uvicorn writes an answer's head and its body separately; sent as is,
+    that is two segments, two system calls here and two wake-ups in the client."""
+
+    __slots__ = ("_held", "_loop", "_transport", "_unsent")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 unsent: list[_OneWrite]) -> None:
+        self._transport, self._loop, self._unsent = transport, loop, unsent
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._held:
+            self._unsent.append(self)
+            self._loop.call_soon(self.flush)
+        self._held.append(data)
+
+    def flush(self) -> None:
+        if self._held:
+            data = b"".join(self._held)
+            self._held.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class _Server(Server):
@@ -238,10 +302,15 @@ def _close_now(server: _Server) -> None:
 def _quiet_uvicorn() -> None:
     """uvicorn's start/stop chatter stays out of runner's logs; its warnings (a refused
     request, the concurrency bound) go through runner's handler, which prints only the
-    message, never a request's content."""
+    message, never a request's content.
+
+    The access log stays off: ``uvicorn.access`` gets no handler, because uvicorn decides
+    per connection whether to log access lines by whether that logger has one, and then
+    formats every request's line (client address, quoted path) before the level drops
+    it."""
     runner_logger = logging.getLogger("runner")
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
-        logger.handlers[:] = list(runner_logger.handlers)
+        logger.handlers[:] = [] if name == "uvicorn.access" else list(runner_logger.handlers)
         logger.setLevel(logging.WARNING)
         logger.propagate = False
