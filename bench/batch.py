@@ -1,6 +1,8 @@
 """The batch-size sweep of issue 16: ``once`` dispatch to the synthetic SQLite target at
 several ``--batch-size`` values, each against the disk's single-row commit rate measured
-around its own run, in interleaved rounds (so every size sees the same disk weather).
+around its own run, in interleaved rounds (so every size sees the same disk weather);
+with the store on SQLite, then on PostgreSQL (a schema of its own on the benchmark
+server; skipped, saying so, when the server cannot be reached).
 
     python -m bench batch                 # full: 5,000 records, 5 rounds; writes
                                           # bench/results/batch-<UTC>.json
@@ -22,20 +24,42 @@ from bench.common import machine
 from bench.leads import dispatch_rate
 from bench.results import record
 
-SIZES = (1, 10, 50, 100, 200, 500)
+SIZES = (1, 10, 50, 100, 250, 500, 1000)
+BACKENDS = ("sqlite", "postgres")
 
 
-def sweep(n: int, rounds: int, sizes: tuple[int, ...] = SIZES) -> list[dict[str, Any]]:
-    runs: dict[int, list[tuple[float, float, float]]] = {size: [] for size in sizes}
+def _postgres_reachable() -> bool:
+    import asyncio
+
+    async def probe() -> None:
+        import asyncpg
+
+        from bench.leads import PG_DSN
+
+        conn = await asyncpg.connect(PG_DSN, timeout=5)
+        await conn.close()
+
+    try:
+        asyncio.run(probe())
+    except (TimeoutError, OSError, ImportError) as exc:
+        print(f"PostgreSQL skipped: {type(exc).__name__}: {exc}")
+        return False
+    return True
+
+
+def sweep(n: int, rounds: int, sizes: tuple[int, ...] = SIZES,
+          backends: tuple[str, ...] = BACKENDS) -> list[dict[str, Any]]:
+    runs: dict[tuple[str, int], list[tuple[float, float, float]]] = {
+        (backend, size): [] for backend in backends for size in sizes}
     for _ in range(rounds):
-        for size in sizes:
-            runs[size].append(dispatch_rate(n, size))
-    return [{"batch_size": size,
+        for backend, size in runs:
+            runs[backend, size].append(dispatch_rate(n, size, backend))
+    return [{"backend": backend, "batch_size": size,
              "dispatch_per_s": statistics.median(r[0] for r in found),
              "with_startup_per_s": statistics.median(r[1] for r in found),
              "disk_commits_per_s": statistics.median(r[2] for r in found),
              "ratio": statistics.median(r[0] / r[2] for r in found)}
-            for size, found in runs.items()]
+            for (backend, size), found in runs.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,13 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     n, rounds = (500, 1) if args.quick else (5000, 5)
     started = time.perf_counter()
-    rows = sweep(n, rounds)
+    backends = BACKENDS if _postgres_reachable() else ("sqlite",)
+    rows = sweep(n, rounds, backends=backends)
     seconds = time.perf_counter() - started
     print(f"batch-size sweep ({n:,} records, {rounds} round(s); {machine()}; {seconds:.0f} s)\n")
-    print(f"{'batch':>6} {'dispatch/s':>11} {'with start-up':>14} {'disk commits/s':>15} "
-          f"{'ratio':>6}")
+    print(f"{'store':>8} {'batch':>6} {'dispatch/s':>11} {'with start-up':>14} "
+          f"{'disk commits/s':>15} {'ratio':>6}")
     for r in rows:
-        print(f"{r['batch_size']:>6} {r['dispatch_per_s']:>11,.0f} "
+        print(f"{r['backend']:>8} {r['batch_size']:>6} {r['dispatch_per_s']:>11,.0f} "
               f"{r['with_startup_per_s']:>14,.0f} {r['disk_commits_per_s']:>15,.0f} "
               f"{r['ratio']:>6.2f}")
     if not args.quick:

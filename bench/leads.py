@@ -114,14 +114,42 @@ async def _prepare(db: Path | str, target: Path | None, n: int, confirm: bool) -
         adapter.close()
 
 
-def dispatch_rate(n: int, batch_size: int | None = None) -> tuple[float, float, float]:
+def dispatch_rate(n: int, batch_size: int | None = None,
+                  backend: str = "sqlite") -> tuple[float, float, float]:
     """``once`` over ``n`` prepared records (``--batch-size``, if given): the dispatch rate
     from its own log (first send to last confirmation), the rate with process start-up,
-    and the disk's stdlib single-row commit rate around the run."""
+    and the disk's stdlib single-row commit rate around the run.  ``backend``
+    ``postgres``: the store is a schema of its own on the benchmark server (dropped
+    after); the target is the same synthetic SQLite file either way."""
+    schema = f"bench_batch_{os.getpid()}_{random.randrange(16**8):08x}"
+    try:
+        return _dispatch_rate(n, batch_size, None if backend == "sqlite"
+                              else f"{PG_DSN}?schema={schema}")
+    finally:
+        if backend != "sqlite":
+            _drop_schema(schema)
+
+
+def _drop_schema(schema: str) -> None:
+    async def drop() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        finally:
+            await conn.close()
+
+    anyio.run(drop)
+
+
+def _dispatch_rate(n: int, batch_size: int | None,
+                   location: str | None) -> tuple[float, float, float]:
     with workdir() as d:
         (d / "before").mkdir()
         (d / "after").mkdir()
-        db, target = d / "q.db", d / "t.db"
+        target = d / "t.db"
+        db = location or str(d / "q.db")
         anyio.run(_prepare, db, None, n, False)
         scope = d / "scope.json"
         scope.write_text(json.dumps(SCOPE))

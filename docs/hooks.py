@@ -284,9 +284,11 @@ def _render_bench(doc: dict[str, Any]) -> str:
 
 
 def _render_batch(doc: dict[str, Any]) -> str:
-    rows = ["| --batch-size | dispatch | with process start-up | disk, single-row commits | "
-            "ratio |", "|---|---|---|---|---|"]
-    rows += [f"| {r['batch_size']} | {_num(r['dispatch_per_s'], 0)} /s | "
+    rows = ["| store | --batch-size | dispatch | with process start-up | "
+            "disk, single-row commits | ratio |", "|---|---|---|---|---|---|"]
+    stores = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
+    rows += [f"| {stores[r.get('backend', 'sqlite')]} | {r['batch_size']} | "
+             f"{_num(r['dispatch_per_s'], 0)} /s | "
              f"{_num(r['with_startup_per_s'], 0)} /s | {_num(r['disk_commits_per_s'], 0)} /s | "
              f"{r['ratio']:.2f} |" for r in doc["rows"]]
     return "\n".join([_provenance(doc) + f" {doc['n']:,} records per run, median of "

@@ -13,7 +13,7 @@ POLL_LIMIT_RANGE = (1, 1000)
 
 #: records per target request in a dispatch (issue 16); 1 sends one record per request
 #: (the behaviour before batching).  The default is chosen from ``python -m bench``.
-DEFAULT_BATCH_SIZE = 100
+DEFAULT_BATCH_SIZE = 250
 BATCH_SIZE_RANGE = (1, 1000)
 
 #: the longest reason a failed_safe record keeps (``last_error``, v13: the target's reason
