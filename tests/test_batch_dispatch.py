@@ -8,13 +8,10 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
-import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 
-import anyio
 import pytest
 
 from runner import DurableWorker
@@ -25,10 +22,8 @@ from runner.leads.models import CRMRecord
 from runner.leads.port import AmbiguousWriteError, BeforeWriteError, TargetRow
 from runner.leads.states import IllegalTransition, LeadState
 from runner.store import Store
-from runner.tasks.deliver import CycleSummary
 from tests.fakes import ScriptedAdapter, sheet_rows
 from tests.helpers import SCOPE, Child, CliStore, event, last_json, run_main, wait_path
-from tests.httpkit import wait_until
 
 
 class BatchingAdapter(ScriptedAdapter):
@@ -203,81 +198,6 @@ async def test_a_batch_readback_that_fails_leaves_every_record_uncertain(
     assert (first.uncertain, first.confirmed) == (3, 0)
     assert (second.reconciled, second.dispatched, second.still_uncertain) == (3, 0, 0)
     assert len(sheet_rows(workdir / "t.db")) == 3
-
-
-class HeldSecondRequest(BatchingAdapter):
-    """Its second batch request writes its rows, then waits until the test releases it."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
-        super().write_batch(items)
-        if len(self.requests) == 2:
-            self.entered.set()
-            self.release.wait(30)
-
-
-async def _held(adapter: HeldSecondRequest) -> None:
-    assert await anyio.to_thread.run_sync(adapter.entered.wait, 30)
-
-
-async def test_a_confirmed_batch_is_recorded_while_the_next_request_is_out(
-    db_location: str, workdir: Path
-) -> None:
-    """The outcomes of a batch that was all confirmed commit during the next batch's
-    request, which went out after its own in-flight mark (and after the batch before was
-    read back); one commit each."""
-    adapter = HeldSecondRequest(workdir / "t.db")
-    first = [f"lead-{i}" for i in range(3)]
-    second = [f"lead-{i}" for i in range(3, 6)]
-    async with DurableWorker(db_location, SCOPE, adapter, batch_size=3) as worker:
-        await _accepted(worker, 7)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.run_cycle)
-            await _held(adapter)
-            assert adapter.readbacks == 1  # the first batch was read back before
-
-            async def first_recorded() -> bool:
-                states = await _states(worker)
-                return all(states[k] == ("confirmed", 1) for k in first)
-
-            await wait_until(first_recorded)
-            states = await _states(worker)
-            assert [states[k] for k in second] == [("in_flight", 1)] * 3
-            adapter.release.set()
-        states = await _states(worker)
-    assert [len(r) for r in adapter.requests] == [3, 3, 1]
-    assert set(states.values()) == {("confirmed", 1)}
-    assert len(sheet_rows(workdir / "t.db")) == 7
-
-
-async def test_a_hard_stop_while_a_confirmed_batch_is_recorded_during_the_next_request(
-    db_location: str, workdir: Path
-) -> None:
-    """A hard stop during the overlapped request: the batch before stays confirmed, the
-    batch out is uncertain (counted), and the next run confirms it by readback only."""
-    adapter = HeldSecondRequest(workdir / "t.db")
-    summary = CycleSummary()
-    async with DurableWorker(db_location, SCOPE, adapter, batch_size=3) as worker:
-        await _accepted(worker, 7)
-        with anyio.CancelScope() as scope:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(partial(worker.run_cycle, summary=summary))
-                await _held(adapter)
-                scope.cancel()
-        adapter.release.set()
-        states = await _states(worker)
-        assert (summary.dispatched, summary.confirmed, summary.uncertain) == (6, 3, 3)
-        assert [states[f"lead-{i}"][0] for i in range(7)] == (
-            ["confirmed"] * 3 + ["uncertain"] * 3 + ["prepared"])
-        healed = await worker.run_cycle()
-        states = await _states(worker)
-    assert (healed.reconciled, healed.dispatched, healed.still_uncertain) == (3, 1, 0)
-    assert [len(r) for r in adapter.requests] == [3, 3, 1]  # never resent
-    assert set(states.values()) == {("confirmed", 1)}
-    assert len(sheet_rows(workdir / "t.db")) == 7
 
 
 async def test_the_batch_size_is_checked(db_location: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -34,7 +34,6 @@ from runner import crashpoints
 from runner.clock import Clock, to_text
 from runner.errors import StoreError
 from runner.ids import WriteId
-from runner.leads.models import LeadEvent
 from runner.leads.pacing import Backoff
 from runner.leads.port import CRMRecordPort, SendResult, classify_readback, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
@@ -238,7 +237,6 @@ async def dispatch_all(
     if not page:
         return
     pending: list[Pending] = []  # outcomes not yet committed
-    committing: list[Pending] = []  # outcomes whose commit an abandoned run had under way
     try:
         async with store.dispatch_steps() as steps:
             while page:
@@ -253,29 +251,21 @@ async def dispatch_all(
                         await anyio.to_thread.run_sync(run.run, abandon_on_cancel=True)
                 finally:
                     pending = run.take_over()
-                    committing = run.committing
                 if run.ended or guard.stopping:
                     return
                 after = page[-1].seq
                 page = await store.dispatchable_page(after, size, clock.now())
     finally:
-        if pending or committing:
+        if pending:
             # recorded whatever happened; after a cancellation only within a short window
             with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
                 await _record_last(store, clock, summary, pending)
-                # apart: the run's own commit of them may have landed first
-                await _record_last(store, clock, summary, committing, landed=True)
 
 
 async def _record_last(
-    store: DeliveryStore, clock: Clock, summary: CycleSummary, pending: list[Pending],
-    *, landed: bool = False,
+    store: DeliveryStore, clock: Clock, summary: CycleSummary, pending: list[Pending]
 ) -> None:
-    """Commit the outcomes of the last send of a dispatch run.  ``landed``: outcomes that
-    the abandoned run was committing itself; found no longer in flight, they are the ones
-    its commit recorded, and counted here (an abandoned run counts nothing)."""
-    if not pending:
-        return
+    """Commit the outcomes of the last send of a dispatch run."""
     crashpoints.hit("dispatch.before-confirm")
     try:
         if len(pending) == 1:
@@ -288,8 +278,6 @@ async def _record_last(
         # no longer in flight: the combined statement that marks the next record committed
         # these outcomes, then failed or was cancelled before it answered; the error on its
         # way out is the one to report
-        if landed:
-            _counted(summary, pending)
         return
     crashpoints.hit("dispatch.after-confirm")
     _counted(summary, pending)
@@ -340,20 +328,12 @@ class _PageRun:
         self.guard, self.limit, self.page, self.backoff = guard, limit, page, backoff
         self.ended = False  # stopped or at the limit: no next page
         self._pending: list[Pending] = pending
-        #: outcomes this thread is committing (a batch run's overlapped commit), and
-        #: those that were when the loop took over: they may have landed or not, so the
-        #: loop records them by a statement of their own (:meth:`_BatchRun._commit_during`)
-        self._committing: list[Pending] = []
-        self.committing: list[Pending] = []
         self._abandoned = False
         self._lock = threading.Lock()  # held only to read or set the two fields above
 
     def take_over(self) -> list[Pending]:
-        """Stop the run before its next step: the outcomes the loop must record.  The
-        outcomes whose commit was under way then are kept in :attr:`committing`."""
         with self._lock:
             self._abandoned = True
-            self.committing = self._committing
             return self._pending
 
     def _go_on(self, pending: list[Pending]) -> bool:
@@ -469,18 +449,6 @@ class _BatchRun(_PageRun):
     every row of it).  Each record's outcome is its own: a ``BeforeWriteError`` makes the
     whole batch failed-safe, any other failure or an incomplete answer leaves every record
     not proven by its readback uncertain.
-
-    When every record of the previous batch was confirmed by its readback, its outcomes
-    are not folded into this batch's mark: the mark commits alone, then this batch's
-    request goes out (in a thread of its own, :class:`_Request`) and the previous
-    outcomes commit meanwhile, in this thread.  The request no longer waits for the
-    outcome half of the commit (the half of a batch step's time spent on it).  Nothing
-    else moves: this batch is marked in flight only after the previous one was answered
-    and read back, each batch still has one commit for its mark and one for its outcomes,
-    and a confirmed record whose outcome commit a crash cuts off is in flight, so
-    uncertain at the next start and confirmed by its readback (never resent).  An outcome
-    that is not ``confirmed`` (uncertain, failed safe) is committed before the next
-    request, with its mark, as before.
     """
 
     def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
@@ -505,20 +473,14 @@ class _BatchRun(_PageRun):
                 return
             if pending:
                 crashpoints.hit("dispatch.before-confirm")
-            # the previous batch all confirmed: its outcomes commit during this request
-            overlap = bool(pending) and all(outcome is LeadState.CONFIRMED
-                                            for _, outcome, _ in pending)
-            folded = [] if overlap else pending
             marked = self.steps.finish_and_mark_batch(
-                _done(folded), [work.write_id for work in chunk], self.clock.now(),
-                *_retry(folded))
+                _done(pending), [work.write_id for work in chunk], self.clock.now(),
+                *_retry(pending))
             sent = [work for work in chunk if work.write_id in marked]
-            # the folded outcomes are in; this batch is in flight (uncertain until the
-            # request says more); outcomes not folded are still to be recorded
-            in_flight: list[Pending] = [(work, LeadState.UNCERTAIN, None) for work in sent]
-            unfolded = pending if overlap else []
-            self._go_on(unfolded + in_flight)
-            self._committed(folded)
+            # the previous outcomes are in; this batch is in flight (uncertain until the
+            # request says more)
+            self._go_on([(work, LeadState.UNCERTAIN, None) for work in sent])
+            self._committed(pending)
             if not sent:
                 continue  # none dispatchable any more: someone else's state
             crashpoints.hit("dispatch.after-in-flight")
@@ -534,76 +496,14 @@ class _BatchRun(_PageRun):
                 log.info("sending a batch of %d", len(sent), extra={
                     "action": "batch.in_flight", "count": len(sent),
                     "keys": [work.source_lead_id for work in sent]})
-            items = [(work.event, work.write_id) for work in sent]
-            if unfolded:
-                request = _Request(self.port, items)
-                if not self._commit_during(unfolded, in_flight):
-                    return  # abandoned: the loop records both (the request is under way)
-                results = request.result()
-            else:
-                results = self.port.send_batch_blocking(items)
+            results = self.port.send_batch_blocking([(work.event, work.write_id)
+                                                     for work in sent])
             attempts = max(marked[work.write_id] for work in sent)
             outcomes: list[Pending] = [
                 (work, *self._outcome(result, work, attempts))
                 for work, result in zip(sent, results, strict=True)]
             if not self._go_on(outcomes):
                 return  # abandoned while out: the loop has recorded them uncertain
-
-    def _commit_during(self, outcomes: list[Pending], in_flight: list[Pending]) -> bool:
-        """Commit the previous batch's outcomes (all confirmed) while this batch's request
-        is under way.  False if the run was abandoned first: the loop then records both
-        (it holds them as pending).
-
-        While the commit runs, a loop that takes over records the batch out as pending
-        and these outcomes apart (``committing``): whichever of the two commits of them
-        lands first records them; the other finds them no longer in
-        flight and changes nothing (the loop counts them either way).  A commit that
-        fails or is cancelled (PostgreSQL's steps run on the loop) hands them back to the
-        loop."""
-        with self._lock:
-            if self._abandoned:
-                return False
-            self._pending, self._committing = in_flight, outcomes
-        try:
-            self.steps.finish_and_mark_batch(_done(outcomes), [], self.clock.now())
-        except BaseException:
-            with self._lock:
-                self._committing = []
-                if not self._abandoned:
-                    self._pending = outcomes + in_flight
-            raise
-        with self._lock:
-            self._committing = []
-            abandoned = self._abandoned
-        if not abandoned:  # else the loop counts them (it holds them as committing)
-            self._committed(outcomes)
-        return True
-
-
-class _Request:
-    """A batch's request (``send_batch_blocking``) in a thread of its own, so that the
-    dispatch thread can commit meanwhile.  A daemon thread: a request that a hard stop
-    abandoned never keeps the process alive."""
-
-    def __init__(self, port: CRMRecordPort, items: Sequence[tuple[LeadEvent, str]]) -> None:
-        self._results: list[SendResult] | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(port, items), daemon=True,
-                                        name="runner-batch-request")
-        self._thread.start()
-
-    def _run(self, port: CRMRecordPort, items: Sequence[tuple[LeadEvent, str]]) -> None:
-        try:
-            self._results = port.send_batch_blocking(items)
-        except BaseException as exc:  # noqa: BLE001 - handed to the dispatch thread
-            self._error = exc
-
-    def result(self) -> list[SendResult]:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._results is not None
-        return self._results
 
 
 def _count(summary: CycleSummary, outcome: LeadState) -> None:
