@@ -24,6 +24,18 @@ def test_valid_event_passes_and_maps_to_crm_record() -> None:
     }
 
 
+@pytest.mark.parametrize("alias", [True, False], ids=["alias", "no-alias"])
+def test_a_crm_records_fields_are_its_model_dump(alias: bool) -> None:
+    """``fields()`` is the fast ``model_dump()`` the HTTP target's rows and every readback
+    comparison use: the same keys, in the same order, and the same values."""
+    doc = event(1)
+    if not alias:
+        del doc["contact_alias"]
+    record = CRMRecord.from_event(validate_event(doc, SCOPE_MODEL))
+    assert list(record.fields().items()) == list(record.model_dump().items())
+    assert list(record.fields()) == list(CRMRecord.model_fields)
+
+
 def test_contact_alias_is_optional() -> None:
     doc = event(1)
     del doc["contact_alias"]

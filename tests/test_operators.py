@@ -375,10 +375,12 @@ def test_resolve_is_refused_while_a_worker_holds_the_lock(
 
 
 def test_the_latest_guard_allows_exactly_the_transition_table() -> None:
-    """Migration texts are frozen; the guard v7 installs is the table of runner.leads.states."""
+    """Migration texts are frozen; the guard v9 installs is the table of runner.leads.states,
+    and v16 installs the same pairs again (looked up by ``instr``, not an ``IN`` list)."""
     from runner.io.sqlite import schema
     from runner.leads.states import allowed_pairs
 
     assert sorted(schema.V9_TRANSITIONS) == sorted(allowed_pairs())
     later = [v for v in schema.MIGRATIONS if v > 9 and "transition" in schema.MIGRATIONS[v]]
-    assert later == []  # no later migration installs another guard
+    assert later == [16]  # no other later migration installs another guard
+    assert schema.transition_tokens(schema.V9_TRANSITIONS) in schema.MIGRATIONS[16]

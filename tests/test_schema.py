@@ -66,6 +66,33 @@ def test_migrations_are_append_only_and_numbered() -> None:
     assert pg_schema.LATEST == schema.LATEST
 
 
+def test_the_sqlite_lead_guard_allows_exactly_its_transitions() -> None:
+    """v16's guard (the allowed pairs found by ``instr`` in one delimited string, not an
+    ``IN`` list) refuses and allows exactly what v9's did, for every pair of states."""
+    from runner.leads.states import LeadState
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    for _, ddl in schema.pending(0):
+        conn.executescript(ddl)
+    allowed = set(schema.V9_TRANSITIONS)
+    for i, (src, dst) in enumerate((a, b) for a in LeadState for b in LeadState if a != b):
+        conn.execute("INSERT INTO leads (tenant_id, source_lead_id, canonical, write_id, state,"
+                     " accepted_at, updated_at) VALUES ('t', ?, '{}', ?, ?, 'now', 'now')",
+                     (f"lead-{i}", f"w-{i}", src.value))
+        try:
+            conn.execute("UPDATE leads SET state = ? WHERE write_id = ?", (dst.value, f"w-{i}"))
+            found = "allowed"
+        except sqlite3.IntegrityError as exc:
+            found = str(exc)
+        if (src, dst) == (LeadState.UNCERTAIN, LeadState.FAILED_SAFE):  # its own trigger
+            assert "needs a recorded not-sent decision" in found
+        elif (src, dst) in allowed:
+            assert found == "allowed", (src, dst)
+        else:
+            assert found == "illegal lead transition", (src, dst)
+    conn.close()
+
+
 @pytest.mark.usefixtures("sqlite_only")
 def test_a_real_v1_store_is_upgraded_in_place(workdir: Path, scope_file: Path) -> None:
     """A store written by the v1 runner (a file kept from that version) opens, keeps every

@@ -194,7 +194,7 @@ def classify_readback(rows: Sequence[TargetRow], expected: CRMRecord, write_id: 
         return "none"
     if len(mine) > 1:
         return "ambiguous"
-    return "match" if dict(mine[0].fields) == expected.model_dump() else "mismatch"
+    return "match" if dict(mine[0].fields) == expected.fields() else "mismatch"
 
 
 #: what a reconcile verdict means, in words (``runner uncertain``, the logs); ``read_failed``

@@ -43,6 +43,10 @@ from runner.tasks import target
 log = logging.getLogger("runner.deliver")
 
 PAGE = 200
+#: records per page of a batched dispatch run: each page costs a read of the store and a
+#: hop to a worker thread and back, which a page of only two batches of 100 paid every
+#: other request
+BATCH_PAGE = 1000
 #: how long a cancelled send may take to record its outcome before giving up (the
 #: record then stays in_flight and the next start makes it uncertain)
 RECORD_WINDOW = 2.0
@@ -226,7 +230,7 @@ async def dispatch_all(
     """
     backoff = backoff or Backoff()
     batch = batch_size if port.batches else 1
-    size = max(PAGE, batch)
+    size = PAGE if batch == 1 else max(BATCH_PAGE, batch)
     after = 0
     page = (await store.dispatchable_page(after, size, clock.now())
             if not guard.stopping else [])

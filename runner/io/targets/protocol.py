@@ -48,7 +48,7 @@ MAX_RETRY_AFTER = 86_400.0
 
 
 def row_json(record: CRMRecord, write_id: str) -> dict[str, Any]:
-    return {"write_id": write_id, "fields": record.model_dump()}
+    return {"write_id": write_id, "fields": record.fields()}
 
 
 class BadAnswer(ValueError):
