@@ -9,7 +9,8 @@ Two kinds of tests:
   when the step says it is on main;
 * SPIN runs the model at small bounds: the five safety properties verify (a few seconds,
   in the default run); the liveness property and every mutation (each must yield a
-  counterexample) are ``slow``.  CI also runs ``model/check.py`` at its larger bounds.
+  counterexample) are ``slow``.  CI runs ``model/check.py``, which checks the same
+  properties and mutations at larger bounds, instead of these (marked ``spin_check``).
 
 Without ``spin`` (or a C compiler) the SPIN tests skip, unless ``RUNNER_REQUIRE_SPIN=1``
 or ``CI=true``, which make a missing SPIN a failure.
@@ -147,12 +148,14 @@ def test_safety_properties_verify_at_small_bounds(spin_tools: tuple[str, str]) -
 
 
 @pytest.mark.slow
+@pytest.mark.spin_check
 def test_every_record_settles_at_small_bounds(spin_tools: tuple[str, str]) -> None:
     spin, cc = spin_tools
     _expect(check.run_group("small", None, check.LIVENESS, spin=spin, cc=cc))
 
 
 @pytest.mark.slow
+@pytest.mark.spin_check
 @pytest.mark.parametrize("mutation", check.MUTATIONS, ids=lambda m: m.macro)
 def test_mutation_yields_a_counterexample(spin_tools: tuple[str, str],
                                           mutation: check.Mutation) -> None:
