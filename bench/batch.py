@@ -22,29 +22,11 @@ from typing import Any
 
 from bench.common import machine
 from bench.leads import dispatch_rate
+from bench.logcost import _postgres_up
 from bench.results import record
 
 SIZES = (1, 10, 50, 100, 250, 500, 1000)
 BACKENDS = ("sqlite", "postgres")
-
-
-def _postgres_reachable() -> bool:
-    import asyncio
-
-    async def probe() -> None:
-        import asyncpg
-
-        from bench.leads import PG_DSN
-
-        conn = await asyncpg.connect(PG_DSN, timeout=5)
-        await conn.close()
-
-    try:
-        asyncio.run(probe())
-    except (TimeoutError, OSError, ImportError) as exc:
-        print(f"PostgreSQL skipped: {type(exc).__name__}: {exc}")
-        return False
-    return True
 
 
 def sweep(n: int, rounds: int, sizes: tuple[int, ...] = SIZES,
@@ -69,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     n, rounds = (500, 1) if args.quick else (5000, 5)
     started = time.perf_counter()
-    backends = BACKENDS if _postgres_reachable() else ("sqlite",)
+    backends = BACKENDS if _postgres_up() else ("sqlite",)
+    if backends != BACKENDS:
+        print("PostgreSQL skipped: the benchmark server cannot be reached")
     rows = sweep(n, rounds, backends=backends)
     seconds = time.perf_counter() - started
     print(f"batch-size sweep ({n:,} records, {rounds} round(s); {machine()}; {seconds:.0f} s)\n")

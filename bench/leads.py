@@ -130,19 +130,6 @@ def dispatch_rate(n: int, batch_size: int | None = None,
             _drop_schema(schema)
 
 
-def _drop_schema(schema: str) -> None:
-    async def drop() -> None:
-        import asyncpg
-
-        conn = await asyncpg.connect(PG_DSN)
-        try:
-            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        finally:
-            await conn.close()
-
-    anyio.run(drop)
-
-
 def _dispatch_rate(n: int, batch_size: int | None,
                    location: str | None) -> tuple[float, float, float]:
     with workdir() as d:
