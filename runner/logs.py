@@ -55,9 +55,8 @@ def stamp(created: float, digits: int = 3) -> str:
     global _second
     second = math.floor(created)
     micro = round((created - second) * 1_000_000)
-    if micro >= 1_000_000:  # rounds up to the next second: the long way, as datetime does
-        text = datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
-        return text[: len(text) - 6 + digits] + "Z"
+    if micro >= 1_000_000:  # rounds up to the next second, as datetime does
+        second, micro = second + 1, micro - 1_000_000
     cached = _second
     if cached[0] != second:
         cached = _second = (second, datetime.fromtimestamp(second, UTC).strftime(

@@ -240,14 +240,19 @@ class Intake:
 
     async def commit_batch(self, batch: Batch) -> list[AcceptResult]:
         """Commit a prepared batch in one transaction; answers in input order."""
-        items = [v[2] for v in batch.valid]
-        crashpoints.hit("accept.before-commit")
-        outcomes = await self.store.accept_many(items, self.clock.now())
-        crashpoints.hit("accept.after-commit")
+        outcomes = await self._commit(batch)
         results = list(batch.results)
         for (index, event, _), outcome in zip(batch.valid, outcomes, strict=True):
             results[index] = answer(event, outcome)
         return [r for r in results if r is not None]
+
+    async def _commit(self, batch: Batch) -> list[AcceptOutcome]:
+        """The store's outcomes of a prepared batch's valid records, in one transaction
+        between the accept crash points."""
+        crashpoints.hit("accept.before-commit")
+        outcomes = await self.store.accept_many([v[2] for v in batch.valid], self.clock.now())
+        crashpoints.hit("accept.after-commit")
+        return outcomes
 
     async def commit_lines(
         self, batch: Batch
@@ -256,10 +261,7 @@ class Intake:
         (``AcceptResult.to_line``), in input order, and the rejections among them with
         their positions, in order (for their messages).  An ``accepted`` line is
         formatted directly."""
-        items = [v[2] for v in batch.valid]
-        crashpoints.hit("accept.before-commit")
-        outcomes = await self.store.accept_many(items, self.clock.now())
-        crashpoints.hit("accept.after-commit")
+        outcomes = await self._commit(batch)
         results = list(batch.results)
         lines: list[str] = [r.to_line() if r is not None else "" for r in results]
         quiet = not log.isEnabledFor(logging.DEBUG)  # else answer() logs each one
