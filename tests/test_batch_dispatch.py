@@ -131,6 +131,50 @@ async def test_the_dispatch_limit_cuts_a_batch(db_location: str, workdir: Path) 
     assert summary.dispatched == 5
 
 
+async def test_a_record_that_stops_being_dispatchable_after_the_page_ahead_was_read_is_not_sent(
+    db_location: str, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next page is read while the page before it is sent; a record of it that someone
+    else marks in flight in between is skipped by the guarded mark, never sent."""
+    import threading
+
+    import anyio.from_thread
+
+    monkeypatch.setattr("runner.tasks.deliver.BATCH_PAGE", 3)  # pages of 3, batches of 3
+    read_ahead = threading.Event()
+    adapter = BatchingAdapter(workdir / "t.db")
+    async with DurableWorker(db_location, SCOPE, adapter, batch_size=3) as worker:
+        await _accepted(worker, 6)
+        store = worker.store
+        ids = {r.source_lead_id: r.write_id async for r in store.iter_records()}
+        taken = ids[event(4)["source_lead_id"]]  # on the second page
+        page = store.dispatchable_page
+
+        async def reading(after_seq: int, limit: int, now: datetime | None = None) -> list:
+            found = await page(after_seq, limit, now)
+            if after_seq:
+                read_ahead.set()
+            return found
+
+        monkeypatch.setattr(store, "dispatchable_page", reading)
+        write_batch = adapter.write_batch
+
+        def first_waits(items: Sequence[tuple[CRMRecord, str]]) -> None:
+            if not adapter.requests:  # the first page's request: once the next is read
+                assert read_ahead.wait(30)
+                anyio.from_thread.run(store.finish_and_mark_batch, [], [taken],
+                                      datetime.now(UTC))
+            write_batch(items)
+
+        monkeypatch.setattr(adapter, "write_batch", first_waits)
+        summary = await worker.run_cycle()
+        states = await _states(worker)
+    assert [len(r) for r in adapter.requests] == [3, 2]
+    assert taken not in {w for r in adapter.requests for w in r}
+    assert states[event(4)["source_lead_id"]] == ("in_flight", 1)
+    assert (summary.dispatched, summary.confirmed) == (5, 5)
+
+
 async def test_a_target_that_cannot_batch_is_sent_one_record_per_request(
     db_location: str, workdir: Path
 ) -> None:

@@ -167,11 +167,9 @@ _READ = ("SELECT write_id, tenant, source, source_lead_id, is_test, contact_alia
 
 
 def _row(row: Sequence[Any]) -> TargetRow:
-    return TargetRow(
-        write_id=row[0],
-        fields={**dict(zip(FIELDS, row[1:6], strict=True)), "is_test": _as_bool(row[4])},
-        status=row[6],
-    )
+    # the FIELDS, in order, as a literal: a batch's readback builds one per record
+    return TargetRow(row[0], {"tenant": row[1], "source": row[2], "source_lead_id": row[3],
+                              "is_test": _as_bool(row[4]), "contact_alias": row[5]}, row[6])
 
 
 def _among(
