@@ -253,8 +253,9 @@ async def dispatch_all(
                 finally:
                     pending = run.take_over()
                 if run.ended or guard.stopping:
+                    ahead.check()
                     return
-                page = await ahead.page()
+                page = ahead.page()
     finally:
         if pending:
             # recorded whatever happened; after a cancellation only within a short window
@@ -267,23 +268,28 @@ class _NextPage:
     parse of its events take about a tenth of a batched page's time).  Reading ahead is
     safe: every mark is guarded by the state a record must be in, so a record that stopped
     being dispatchable since the read is skipped by the step that would mark it, and a
-    failed-safe record that fell due since is sent by the next cycle."""
+    failed-safe record that fell due since is sent by the next cycle.  A failed read is
+    raised when the run that it ran beside has ended (:meth:`page`, :meth:`check`)."""
 
     def __init__(self, store: DeliveryStore, clock: Clock, after: int, size: int) -> None:
         self._store, self._clock, self._after, self._size = store, clock, after, size
-        self._read: list[LeadWork] | None = None
+        self._read: list[LeadWork] = []
+        self._failure: Exception | None = None
 
     async def read(self) -> None:
-        # a failed read is not this task's to report: page() reads again, and raises
-        with contextlib.suppress(Exception):
+        try:
             self._read = await self._store.dispatchable_page(self._after, self._size,
                                                              self._clock.now())
+        except Exception as exc:  # noqa: BLE001 - raised by check(), once the run is over
+            self._failure = exc
 
-    async def page(self) -> list[LeadWork]:
-        if self._read is not None:
-            return self._read
-        return await self._store.dispatchable_page(self._after, self._size,
-                                                   self._clock.now())
+    def check(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def page(self) -> list[LeadWork]:
+        self.check()
+        return self._read
 
 
 async def _beside(work: Callable[[], None], aside: Callable[[], Coroutine[Any, Any, None]]) -> None:
