@@ -25,7 +25,7 @@ from bench.leads import dispatch_rate
 from bench.logcost import _postgres_up
 from bench.results import record
 
-SIZES = (1, 10, 50, 100, 250, 500, 1000)
+SIZES = (1, 10, 50, 100, 250, 500, 1000, 2000)
 BACKENDS = ("sqlite", "postgres")
 
 

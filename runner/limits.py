@@ -12,9 +12,11 @@ BACKGROUND_CACHE_KIB = 4 * 1024
 POLL_LIMIT_RANGE = (1, 1000)
 
 #: records per target request in a dispatch (issue 16); 1 sends one record per request
-#: (the behaviour before batching).  The default is chosen from ``python -m bench``.
-DEFAULT_BATCH_SIZE = 250
-BATCH_SIZE_RANGE = (1, 1000)
+#: (the behaviour before batching).  The default is chosen from ``python -m bench batch``
+#: (docs/explanation/batching.md says how); the largest is the reference server's
+#: (``runner.io.targets.server.MAX_ROWS``, a test keeps them equal)
+DEFAULT_BATCH_SIZE = 1000
+BATCH_SIZE_RANGE = (1, 5000)
 
 #: the longest reason a failed_safe record keeps (``last_error``, v13: the target's reason
 #: for refusing its write, HTTP 400/422), in characters; longer ones are cut

@@ -21,6 +21,7 @@ from runner.io.synthetic_target import SyntheticTarget
 from runner.leads.models import CRMRecord
 from runner.leads.port import AmbiguousWriteError, BeforeWriteError, TargetRow
 from runner.leads.states import IllegalTransition, LeadState
+from runner.limits import BATCH_SIZE_RANGE
 from runner.store import Store
 from tests.fakes import ScriptedAdapter, sheet_rows
 from tests.helpers import SCOPE, Child, CliStore, event, last_json, run_main, wait_path
@@ -249,7 +250,13 @@ async def test_the_batch_size_is_checked(db_location: str) -> None:
         DurableWorker(db_location, SCOPE, batch_size=0)
     async with DurableWorker(db_location, SCOPE) as worker:
         with pytest.raises(UsageError):
-            await worker.run_cycle(batch_size=1001)
+            await worker.run_cycle(batch_size=BATCH_SIZE_RANGE[1] + 1)
+
+
+def test_the_largest_batch_is_the_largest_the_reference_server_takes() -> None:
+    from runner.io.targets.server import MAX_ROWS
+
+    assert BATCH_SIZE_RANGE[1] == MAX_ROWS
 
 
 async def test_a_batch_step_refuses_a_record_that_was_not_in_flight(store: Store) -> None:
@@ -262,7 +269,7 @@ async def test_a_batch_step_refuses_a_record_that_was_not_in_flight(store: Store
 
 
 def test_batch_size_out_of_range_exits_2(cli_store: CliStore) -> None:
-    for bad in ("0", "1001", "x"):
+    for bad in ("0", str(BATCH_SIZE_RANGE[1] + 1), "x"):
         proc = run_main("once", "--db", cli_store.db, "--scope", cli_store.scope,
                         "--target", cli_store.target, "--batch-size", bad, guard=False)
         assert proc.returncode == 2, proc.stderr
