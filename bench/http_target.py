@@ -70,6 +70,34 @@ def bare(url: str, n: int, batch: int, tag: str, *, read: bool) -> float:
         return n / (time.perf_counter() - started)
 
 
+def store_alone(n: int, batch: int, d: Path, r: int) -> float:
+    """runner's store steps alone, for ``n`` prepared records on SQLite: each batch's one
+    statement (``BlockingDispatchSteps.finish_and_mark_batch``, as a dispatch run makes
+    it: the batch before confirmed, this batch marked in flight) and nothing else, no
+    target, no log: records per second.  runner cannot dispatch faster than this."""
+    from runner.clock import SystemClock
+    from runner.ids import WriteId
+    from runner.io.sqlite import connection
+    from runner.io.sqlite.delivery import BlockingDispatchSteps
+    from runner.leads.states import LeadState
+
+    db = d / f"s{r}.db"
+    anyio.run(_prepare, db, None, n, False)
+    conn = connection.open_blocking(str(db))
+    steps = BlockingDispatchSteps(conn, str(db))
+    try:
+        ids = [WriteId(w) for (w,) in conn.execute("SELECT write_id FROM leads ORDER BY seq")]
+        now = SystemClock().now()
+        started = time.perf_counter()
+        done: list[tuple[WriteId, LeadState]] = []
+        for start in range(0, n + batch, batch):
+            marked = steps.finish_and_mark_batch(done, ids[start : start + batch], now)
+            done = [(w, LeadState.CONFIRMED) for w in marked]
+        return n / (time.perf_counter() - started)
+    finally:
+        steps.close()
+
+
 def runner_rate(url: str, n: int, batch: int, d: Path, r: int) -> float:
     """``once --target URL`` over ``n`` prepared records: records per second, from its
     log (first send to last confirmation)."""
@@ -88,7 +116,7 @@ def runner_rate(url: str, n: int, batch: int, d: Path, r: int) -> float:
 
 
 def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
-    ours, floor, floor_read = [], [], []
+    ours, floor, floor_read, store = [], [], [], []
     with workdir() as d:
         server = TargetServer(d / "sheet.db", d / "server.log")
         try:
@@ -97,6 +125,7 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
                 ours.append(runner_rate(server.url, n, batch, d, r))
                 floor.append(bare(server.url, n, batch, f"a{r}", read=False))
                 floor_read.append(bare(server.url, n, batch, f"b{r}", read=True))
+                store.append(store_alone(n, batch, d, r))
         finally:
             server.stop()
     return {
@@ -104,9 +133,12 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
         "runner_per_s": statistics.median(ours),
         "bare_append_per_s": statistics.median(floor),
         "bare_append_read_per_s": statistics.median(floor_read),
+        "store_alone_per_s": statistics.median(store),
         "ratio": statistics.median(o / f for o, f in zip(ours, floor, strict=True)),
         "ratio_with_read": statistics.median(o / f for o, f in
                                              zip(ours, floor_read, strict=True)),
+        "store_alone_ratio": statistics.median(s / f for s, f in
+                                               zip(store, floor, strict=True)),
     }
 
 
@@ -191,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
           f"   ratio {found['ratio']:.2f} (target >= 0.7)")
     print(f"bare httpx, append + readback   {found['bare_append_read_per_s']:>9,.0f} "
           f"records/s   ratio {found['ratio_with_read']:.2f}")
+    print(f"runner's store steps alone      {found['store_alone_per_s']:>9,.0f} records/s"
+          f"   {found['store_alone_ratio']:.2f} of append only (no target, no log: "
+          "runner's ceiling)")
     if not args.quick:
         record("http-target", {"n": n, "rounds": rounds, "seconds": round(seconds, 1),
                                "summary": machine(), **found},

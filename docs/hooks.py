@@ -611,6 +611,10 @@ def _render_http_target(doc: dict[str, Any]) -> str:
             f"{_num(doc['bare_append_per_s'])} | {doc['ratio']:.2f} |",
             f"| bare httpx client, appends and the exact readback of each batch | "
             f"{_num(doc['bare_append_read_per_s'])} | {doc['ratio_with_read']:.2f} |"]
+    if "store_alone_per_s" in doc:
+        rows.append(f"| runner's store steps alone (no target, no log: runner's ceiling) | "
+                    f"{_num(doc['store_alone_per_s'])} | {doc['store_alone_ratio']:.2f} "
+                    "of the appends only |")
     quota = []
     if "quota" in doc:
         q = doc["quota"]

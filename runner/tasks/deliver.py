@@ -292,7 +292,9 @@ class _NextPage:
         return self._read
 
 
-async def _beside(work: Callable[[], None], aside: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _beside(
+    work: Callable[[], None], aside: Callable[[], Coroutine[Any, Any, None]]
+) -> None:
     """Run ``work`` in a worker thread (abandoned on cancellation) while ``aside`` runs on
     the loop (``aside`` raises nothing).  An error of ``work`` is raised as it is, not in
     a group: ``aside`` is cancelled first."""

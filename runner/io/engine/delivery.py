@@ -167,8 +167,8 @@ _STATES = {state.value: state for state in LeadState}
 
 
 def lead_works(rows: Sequence[Row]) -> list[LeadWork]:
-    """:func:`lead_work` for each row: a page of them is parsed while the page before it
-    is sent, so a record's share of this loop is on the dispatch path."""
+    """:func:`lead_work` for each row, in one loop: dispatch parses a page of records
+    beside the thread that sends the page before, and both need the interpreter."""
     from runner.leads.models import LeadEvent  # the model is built only by commands that deliver
     from runner.storedata import LeadWork
 
