@@ -176,6 +176,42 @@ async def test_a_record_that_stops_being_dispatchable_after_the_page_ahead_was_r
     assert (summary.dispatched, summary.confirmed) == (5, 5)
 
 
+async def test_an_adapter_max_batch_caps_every_write_and_every_reconcile_read(
+    db_location: str, workdir: Path
+) -> None:
+    class Capped(BatchingAdapter):
+        max_batch = 2
+
+        def __init__(self, path: Path, batch_script: str) -> None:
+            super().__init__(path, batch_script)
+            self.read_sizes: list[int] = []
+
+        def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
+            self.read_sizes.append(len(write_ids))
+            return super().read_back_many(write_ids)
+
+    adapter = Capped(workdir / "t.db", "all_then_timeout")  # written, answer lost
+    async with DurableWorker(db_location, SCOPE, adapter) as worker:  # default batch size
+        await _accepted(worker, 5)
+        first = await worker.run_cycle()
+        assert [len(r) for r in adapter.requests] == [2, 2, 1]
+        assert first.uncertain == 5
+        adapter.read_sizes.clear()
+        again = await worker.run_cycle()
+    assert adapter.read_sizes == [2, 2, 1]  # the reconcile pass, a readback per chunk
+    assert again.reconciled == 5 and len(sheet_rows(workdir / "t.db")) == 5
+
+
+@pytest.mark.parametrize("bad", [0, -3, "100", 2.5, True])
+async def test_an_adapter_max_batch_that_is_not_a_positive_whole_number_is_refused(
+    db_location: str, workdir: Path, bad: object
+) -> None:
+    adapter = BatchingAdapter(workdir / "t.db")
+    adapter.max_batch = bad  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match="max_batch must be a positive whole number"):
+        DurableWorker(db_location, SCOPE, adapter)
+
+
 async def test_a_target_that_cannot_batch_is_sent_one_record_per_request(
     db_location: str, workdir: Path
 ) -> None:

@@ -17,7 +17,14 @@ optionally, two that let a target take many records in one request (issue 16)::
     read_back_many(write_ids) -> list[TargetRow]   the rows carrying any of those write_ids
 
 (a target without ``write_batch`` is sent one record per request, as before; without
-``read_back_many``, a batch is read back one ``read_back`` per record), and two more that
+``read_back_many``, a batch is read back one ``read_back`` per record); a target that takes
+at most so many records in one request says so with an attribute::
+
+    max_batch: int                             the most records one write_batch or one
+                                               read_back_many may carry; runner sends no
+                                               more, whatever its batch size
+
+and two more that
 let runner check the target before work (SPEC L9, E6)::
 
     target_id() -> str | None                  the target's stable identity, read without
@@ -52,7 +59,7 @@ from typing import Any, Literal, Protocol
 import anyio
 
 from runner import crashpoints
-from runner.errors import RunnerError
+from runner.errors import RunnerError, UsageError
 from runner.leads.models import CRMRecord, LeadEvent
 from runner.leads.pacing import Pacer
 
@@ -235,6 +242,18 @@ def _not_sent(exc: BeforeWriteError, retry_after: float | None) -> SendResult:
     return SendResult("not_sent", error=reason, retry_after=retry_after)
 
 
+def max_batch(adapter: object) -> int | None:
+    """The adapter's own largest batch (its ``max_batch``; None: it has none); refuses a
+    value that is not a positive whole number."""
+    value = getattr(adapter, "max_batch", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"the target adapter's max_batch must be a positive whole number, "
+                         f"not {value!r}")
+    return value
+
+
 class CRMRecordPort:
     """The bridge between validated events and an adapter (L9, L14).
 
@@ -250,6 +269,7 @@ class CRMRecordPort:
     def __init__(self, adapter: CRMAdapter, pacer: Pacer | None = None,
                  read_pacer: Pacer | None = None) -> None:
         self.adapter = adapter
+        self.max_batch = max_batch(adapter)
         #: the write quota (batch writes)
         self.pacer = pacer if pacer is not None else Pacer()
         #: the read quota (readbacks, reconcile reads, status reads); unset: not paced
@@ -351,6 +371,11 @@ class CRMRecordPort:
             self._rate_limited(exc)
             return SendResult("unproven", type(exc).__name__)
         return SendResult(classify_readback(rows, record, write_id))
+
+    def batch_size(self, wanted: int) -> int:
+        """Records per request for a wanted batch size: at most the adapter's
+        ``max_batch``."""
+        return wanted if self.max_batch is None else min(wanted, self.max_batch)
 
     @property
     def batches(self) -> bool:

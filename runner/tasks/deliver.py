@@ -633,6 +633,7 @@ async def run_cycle(
     left uncertain."""
     guard = guard or NoGuard()
     summary = summary if summary is not None else CycleSummary()
+    batch_size = port.batch_size(batch_size)  # no more than the adapter takes
     try:
         summary.reconciled += await reconcile_all(store, port, clock, guard, batch_size)
         await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit,
