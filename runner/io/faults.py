@@ -37,6 +37,7 @@ from runner.leads.port import (
     RateLimited,
     TargetReadError,
     TargetRow,
+    dedupes,
 )
 
 HANG_DIR_ENV = "RUNNER_HANG_DIR"
@@ -143,6 +144,17 @@ class FaultyAdapter:
             crash("after the target write")
         if Fault.TIMEOUT in self.faults:
             raise AmbiguousWriteError("simulated timeout after the request was sent")
+
+    @property
+    def dedupes_write_id(self) -> bool:
+        """The inner adapter's declaration (faults are of calls, not of the target)."""
+        return dedupes(self.inner)
+
+    @property
+    def max_batch(self) -> int | None:
+        """The inner adapter's largest batch (None: it has none)."""
+        value: int | None = getattr(self.inner, "max_batch", None)
+        return value
 
     @property
     def batches(self) -> bool:

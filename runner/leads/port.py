@@ -24,6 +24,19 @@ at most so many records in one request says so with an attribute::
                                                read_back_many may carry; runner sends no
                                                more, whatever its batch size
 
+and one that says the target deduplicates by write_id (SPEC E7, issue 29)::
+
+    dedupes_write_id: bool                     True: a second write carrying a write_id
+                                               the target already holds never makes a
+                                               second row (a unique key, an upsert by
+                                               external id, an Idempotency-Key), and its
+                                               answer is not an error that strands the
+                                               record; the conformance kit proves it
+                                               (``runner.testing``) before you declare it.
+                                               Then, and only then, runner sends again an
+                                               uncertain record whose fresh readback shows
+                                               no row (on the backoff schedule)
+
 and two more that
 let runner check the target before work (SPEC L9, E6)::
 
@@ -254,6 +267,16 @@ def max_batch(adapter: object) -> int | None:
     return value
 
 
+def dedupes(adapter: object) -> bool:
+    """Whether the adapter declares that it deduplicates by write_id (its
+    ``dedupes_write_id``; absent: it does not); refuses a value that is not a bool."""
+    value = getattr(adapter, "dedupes_write_id", False)
+    if not isinstance(value, bool):
+        raise UsageError(f"the target adapter's dedupes_write_id must be True or False, "
+                         f"not {value!r}")
+    return value
+
+
 class CRMRecordPort:
     """The bridge between validated events and an adapter (L9, L14).
 
@@ -288,6 +311,12 @@ class CRMRecordPort:
     @staticmethod
     def map(event: LeadEvent) -> CRMRecord:
         return CRMRecord.from_event(event)
+
+    @property
+    def dedupes(self) -> bool:
+        """Whether the target deduplicates by write_id (SPEC E7): read at each use, as an
+        adapter may learn it from its target (the HTTP target's ``identity``)."""
+        return dedupes(self.adapter)
 
     @property
     def pinnable(self) -> bool:
