@@ -44,8 +44,8 @@ POINTS: Mapping[str, str] = {
                                 "the target is not called",
     "dispatch.after-write": "the target write (of a record or a batch) returned; nothing read "
                             "back or recorded",
-    "dispatch.batch-applied": "the synthetic target committed a batch; its answer is not "
-                              "returned yet",
+    "dispatch.batch-applied": "the synthetic target, or the PostgreSQL table target, "
+                              "committed a batch; its answer is not returned yet",
     "dispatch.batch-mid-readback": "the synthetic target has read back part of a batch's rows",
     "dispatch.before-confirm": "the send's outcome is known; it is not committed (it commits "
                                "with the next record's in-flight mark, or alone at the end)",

@@ -146,18 +146,24 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
     if target != "none":
         parent.add_argument("--target", required=target == "required",
                             help="the target: an http(s):// URL (the HTTP target protocol), "
-                                 "else the synthetic target's SQLite file; with "
+                                 "a postgresql:// DSN with --target-table (a table of your "
+                                 "database), else the synthetic target's SQLite file; with "
                                  "--target-adapter, whatever that adapter takes")
         parent.add_argument("--target-adapter", metavar="MODULE:FACTORY",
                             help="import MODULE and call FACTORY(target) for the adapter "
                                  "(your own code, trusted: importing it runs it)")
+        parent.add_argument("--target-table", metavar="NAME",
+                            help="with a postgresql:// --target: the table to deliver into "
+                                 "(NAME or SCHEMA.NAME; created on first use), the "
+                                 "PostgreSQL table target")
         parent.add_argument("--target-token-file", metavar="PATH",
                             help="the HTTP target's bearer token; else "
                                  "$RUNNER_TARGET_TOKEN (never logged)")
         parent.add_argument("--target-timeout", type=number(float, 0.1, 3600), default=10.0,
                             metavar="S",
                             help="seconds the HTTP target may take to answer a request "
-                                 "(read timeout; default 10)")
+                                 "(read timeout), or the PostgreSQL table target a "
+                                 "statement (default 10)")
     parent.add_argument("--now", help="the current time, ISO-8601 with a timezone")
     parent.add_argument("--config", metavar="FILE",
                         help="read options from a TOML file (keys are the long flags "
@@ -189,10 +195,16 @@ def clock_from(args: argparse.Namespace) -> Clock:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """``--db`` and ``--target`` naming one file would let the target corrupt the store."""
+    """``--db`` and ``--target`` naming one file would let the target corrupt the store;
+    ``--target-table`` goes with a postgresql:// ``--target`` only, and it with one."""
     target = getattr(args, "target", None)
+    table = getattr(args, "target_table", None)
+    if table is not None or (target or "").startswith(("postgresql://", "postgres://")):
+        from runner.io.targets.pgtable.names import check_table_option
+
+        check_table_option(target, table, getattr(args, "target_adapter", None))
     if (not target or is_postgres(args.db) or getattr(args, "target_adapter", None)
-            or target.startswith(("http://", "https://"))):
+            or target.startswith(("http://", "https://", "postgresql://", "postgres://"))):
         return
     from runner.io.fsguard import same_file
 
@@ -213,4 +225,5 @@ def open_target(args: argparse.Namespace) -> CRMAdapter | None:
     token = read_target_token(token_file) if url else None
     return open_adapter(TargetOptions(
         target, adapter=getattr(args, "target_adapter", None), token=token,
-        read_timeout=getattr(args, "target_timeout", 10.0)))
+        read_timeout=getattr(args, "target_timeout", 10.0),
+        table=getattr(args, "target_table", None)))

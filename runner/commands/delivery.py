@@ -355,6 +355,7 @@ def log_banner(args: argparse.Namespace) -> None:
 
     from runner import __version__
     from runner.io.stores import describe_location
+    from runner.io.targets.pgtable.names import describe_target
     from runner.storedata import is_postgres
 
     scope = load_scope(args.scope)  # read (and checked) already by the worker
@@ -364,7 +365,8 @@ def log_banner(args: argparse.Namespace) -> None:
         extra={"action": "runner.started", "version": __version__, "pid": os.getpid(),
                "store": describe_location(args.db) if is_postgres(args.db) else args.db,
                "scope": "/".join(fields),
-               "target": args.target, "interval": args.interval,
+               "target": describe_target(args.target, getattr(args, "target_table", None)),
+               "interval": args.interval,
                "heartbeat": args.heartbeat, "workers": args.workers or "none"})
 
 

@@ -7,7 +7,8 @@ reference server (:mod:`runner.io.targets.server`) and a user's own adapter load
 :func:`open_adapter` is where a command line's ``--target`` becomes an adapter: an
 ``http://`` or ``https://`` URL is the HTTP target, anything else the synthetic target's
 file, unless ``--target-adapter`` names a factory, which is then given the ``--target``
-text as it is.
+text as it is.  A ``postgresql://`` DSN with ``--target-table`` is the PostgreSQL table
+target (:mod:`runner.io.targets.pgtable`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class TargetOptions:
     adapter: str | None = None  # --target-adapter module:factory
     token: bytes | None = field(default=None, repr=False)
     read_timeout: float = 10.0
+    table: str | None = None  # --target-table: the PostgreSQL table target's table
 
 
 def load_factory(spec: str) -> Callable[[str | None], CRMAdapter]:
@@ -68,6 +70,9 @@ def _check_adapter(adapter: object, spec: str) -> CRMAdapter:
 def open_adapter(options: TargetOptions) -> CRMAdapter | None:
     """The adapter a command line names (None: no ``--target`` and no adapter).  Close it
     with :func:`close_adapter`."""
+    from runner.io.targets.pgtable.names import check_table_option
+
+    check_table_option(options.target, options.table, options.adapter)
     if options.adapter is not None:
         factory = load_factory(options.adapter)
         try:
@@ -78,6 +83,8 @@ def open_adapter(options: TargetOptions) -> CRMAdapter | None:
         return _check_adapter(made, options.adapter)
     if options.target is None:
         return None
+    if options.table is not None:
+        return _pg_table(options.target, options.table, options.read_timeout)
     if is_url(options.target):
         from runner.io.targets.http import HttpTarget, Timeouts
 
@@ -86,6 +93,20 @@ def open_adapter(options: TargetOptions) -> CRMAdapter | None:
     from runner.io.synthetic_target import SyntheticTarget
 
     return SyntheticTarget(options.target)
+
+
+def _pg_table(target: str, table: str, timeout: float) -> CRMAdapter:
+    try:
+        import asyncpg  # noqa: F401
+    except ImportError:
+        from runner.errors import TargetUnavailable
+        from runner.io.stores import POSTGRES_INSTALL_HINT
+
+        raise TargetUnavailable(f"the PostgreSQL table target: {POSTGRES_INSTALL_HINT}") \
+            from None
+    from runner.io.targets.pgtable.target import PgTableTarget
+
+    return PgTableTarget(target, table, timeout=timeout)
 
 
 def close_adapter(adapter: object) -> None:

@@ -1,0 +1,87 @@
+"""A failure of the PostgreSQL table target as runner's verdict: one pure function per
+call kind, no I/O, so a table test walks every case (``tests/test_pgtable_classify.py``).
+
+A write is two phases, and the adapter says which one failed:
+
+* ``connect``: getting a live session (connecting, or the ping of a session left idle)
+  before the batch's statement is sent.  Whatever fails here, the statement never left:
+  ``BeforeWriteError`` (the records are sent again).
+* ``statement``: the ``INSERT`` was handed to the driver.  Then:
+
+  - the server answered with an error of severity ``ERROR``: the statement failed, and
+    as it runs in an implicit transaction of its own, it was rolled back whole: nothing
+    was applied.  A fault of the request against this table (SQLSTATE class 22 data,
+    23 constraint, 42 syntax or access, 0A not supported, P0 a trigger's ``RAISE``) is
+    ``RejectedWrite`` with the server's reason (failed-safe, retried on the backoff
+    schedule: a person may fix the table meanwhile); any other (class 53 resources,
+    40 rollback, 55 lock, 57014 cancelled by ``statement_timeout``) is
+    ``BeforeWriteError``;
+  - anything else is ``AmbiguousWriteError``: a ``FATAL`` or ``PANIC`` ends the
+    session and may come after the commit (a fast shutdown terminates a backend between
+    its commit and its answer); a lost connection, a client timeout or an unknown error
+    says nothing about whether the server committed.
+
+A read that fails in any way is ``TargetReadError``: it never means "no rows".
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import asyncpg
+
+from runner.leads.port import (
+    AmbiguousWriteError,
+    BeforeWriteError,
+    RejectedWrite,
+    TargetError,
+    TargetReadError,
+)
+
+Phase = Literal["connect", "statement"]
+#: SQLSTATE classes of an ``ERROR`` that is the request's fault against this table
+REJECTED_CLASSES = ("22", "23", "42", "0A", "P0")
+#: the longest server message kept in an error
+MAX_REASON = 200
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncpg.PostgresError):
+        text = " ".join(str(exc.args[0] if exc.args else exc).split())[:MAX_REASON]
+        return f"{text} (SQLSTATE {exc.sqlstate})"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = " ".join(str(exc).split())[:MAX_REASON]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def severity(exc: BaseException) -> str | None:
+    """The server's severity of an error it sent (``ERROR``, ``FATAL``, ``PANIC``); None
+    for an error the client raised itself (a lost connection, a timeout)."""
+    if not isinstance(exc, asyncpg.PostgresError):
+        return None
+    found = getattr(exc, "severity_en", None) or getattr(exc, "severity", None)
+    return str(found).upper() if found else None
+
+
+def classify_write(exc: BaseException, phase: Phase, where: str) -> TargetError:
+    """What a failed batch write proves (see the module docstring)."""
+    if phase == "connect":
+        return BeforeWriteError(f"not sent: cannot reach {where}: {_reason(exc)}")
+    if severity(exc) == "ERROR":
+        sqlstate = str(getattr(exc, "sqlstate", "") or "")
+        if sqlstate[:2] in REJECTED_CLASSES:
+            return RejectedWrite(f"{where} refused the batch: {_reason(exc)}; nothing was "
+                                 "applied")
+        return BeforeWriteError(f"{where} failed the batch's statement: {_reason(exc)}; "
+                                "nothing was applied")
+    if isinstance(exc, TimeoutError):
+        return AmbiguousWriteError(f"{where} did not answer the batch in time: it may "
+                                   "have been applied")
+    return AmbiguousWriteError(f"the batch may have been applied to {where}: "
+                               f"{_reason(exc)}")
+
+
+def classify_read(exc: BaseException, where: str, doing: str) -> TargetReadError:
+    """A failed read: it says nothing about the table's rows."""
+    return TargetReadError(f"{doing} from {where} failed: {_reason(exc)}")

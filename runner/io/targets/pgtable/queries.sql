@@ -1,0 +1,84 @@
+-- The PostgreSQL table target's SQL, by name (runner.io.engine.queries).  {t} is the
+-- target table, quoted and qualified ("schema"."table"), put in when the adapter loads
+-- this file; parameters are :name.  Every read of the catalog is read-only.
+
+-- the table and its schema, as the shape check needs them: whether the schema exists,
+-- the table (absent: NULL), its kind, its comment (the identity), whether the schema
+-- holds a runner store, and whether write_id has a key ON CONFLICT (write_id) can use
+-- name: inspect_table
+SELECT n.oid IS NOT NULL AS has_schema,
+       c.oid AS table_oid,
+       c.relkind::text AS kind,
+       obj_description(c.oid, 'pg_class') AS comment,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_class m
+               WHERE m.relnamespace = n.oid AND m.relname = 'schema_migrations'
+                 AND m.relkind = 'r') AS store_schema,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+               JOIN pg_catalog.pg_attribute a
+                 ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+               WHERE i.indrelid = c.oid AND i.indisunique AND i.indimmediate
+                 AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL
+                 AND i.indnkeyatts = 1 AND a.attname = 'write_id') AS keyed
+FROM (SELECT 1) AS one
+LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = :schema::name
+LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = :table::name
+
+-- name: table_columns
+SELECT a.attname::text AS name,
+       a.atttypid::regtype::text AS type,
+       a.attnotnull AS not_null,
+       (a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '') AS has_default
+FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = :table_oid::oid AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+
+-- what runner's role may do with the table (column privileges count), and whether the
+-- server takes writes at all (a standby does not)
+-- name: table_privileges
+SELECT coalesce(bool_and(has_column_privilege(:table_oid::oid, col, 'INSERT'))
+                FILTER (WHERE col <> 'status'), false) AS can_insert,
+       coalesce(bool_and(has_column_privilege(:table_oid::oid, col, 'SELECT')), false)
+           AS can_select,
+       pg_is_in_recovery() AS read_only
+FROM unnest(ARRAY['write_id', 'tenant', 'source', 'source_lead_id', 'is_test',
+                  'contact_alias', 'status']) AS col
+
+-- creating or adopting a table is one transaction under this lock (keyed by the table):
+-- two processes preparing one table at once end with one identity
+-- name: lock_table
+SELECT pg_advisory_xact_lock(:key::bigint)
+
+-- the documented columns; every other column a user adds needs a default or NULL
+-- name: create_table
+CREATE TABLE {t} (
+    write_id       text PRIMARY KEY,
+    tenant         text NOT NULL,
+    source         text NOT NULL,
+    source_lead_id text NOT NULL,
+    is_test        boolean NOT NULL,
+    contact_alias  text,
+    status         text NOT NULL DEFAULT 'new',
+    created_at     timestamptz NOT NULL DEFAULT now()
+)
+
+-- COMMENT takes no parameters: the server quotes the names and the text (%I, %L)
+-- name: comment_statement
+SELECT format('COMMENT ON TABLE %I.%I IS %L', :schema::text, :table::text, :comment::text)
+
+-- one statement per batch, atomic; a write_id the table holds already (or twice in the
+-- batch) adds no row
+-- name: insert_rows
+INSERT INTO {t} (write_id, tenant, source, source_lead_id, is_test, contact_alias)
+SELECT * FROM unnest(:write_ids::text[], :tenants::text[], :sources::text[],
+                     :source_lead_ids::text[], :is_tests::boolean[], :aliases::text[])
+ON CONFLICT (write_id) DO NOTHING
+
+-- name: read_rows
+SELECT write_id, tenant, source, source_lead_id, is_test, contact_alias, status
+FROM {t} WHERE write_id = ANY(:write_ids::text[])
+
+-- name: read_statuses
+SELECT write_id, status FROM {t} WHERE write_id = ANY(:write_ids::text[])
+
+-- name: ping
+SELECT 1
