@@ -1,0 +1,180 @@
+"""A loopback TCP proxy in front of a PostgreSQL server that can lose an INSERT's answer
+after the server committed it: the "applied, then the answer lost" moments of a real
+server, provoked without touching the server.
+
+It forwards the client's bytes as they come and reads the server's side message by
+message (the v3 protocol: a type byte, a length, a body).  Its ``mode``:
+
+* ``pass``: forwards everything;
+* ``drop``: at an ``INSERT``'s CommandComplete it keeps the server's answer back; at the
+  ReadyForQuery that follows (the implicit transaction has committed by then) it sets
+  ``committed`` and closes both connections, so the client sees the connection lost after
+  the server applied its statement;
+* ``hold``: as ``drop``, but keeps the connection open, answering nothing, until
+  ``release`` is set (then drops it): a server that applied the batch and answers after
+  the client's timeout, or a test that acts at that moment (stops the server) and then
+  lets go.
+
+Give the client ``sslmode=disable`` (the proxy reads the plain protocol; it still passes
+a refused SSL request's one-byte answer).  Only the first INSERT of the proxy's life is
+interfered with unless ``every`` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from typing import Literal
+
+Mode = Literal["pass", "drop", "hold"]
+
+
+class PgProxy:
+    def __init__(self, upstream_port: int, mode: Mode = "pass", *, every: bool = False,
+                 upstream_host: str = "127.0.0.1") -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.mode = mode
+        self.every = every
+        self.committed = threading.Event()
+        self.release = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._closing = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._fired = False
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def dsn(self, user: str, database: str) -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{database}?sslmode=disable"
+
+    def close(self) -> None:
+        self._closing.set()
+        self.release.set()
+        _shut(self._listener)  # shutdown wakes the accept() blocked in the thread
+        with self._lock:
+            for sock in self._sockets:
+                _shut(sock)
+        self._thread.join(5)
+
+    def __enter__(self) -> PgProxy:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=10)
+                server.settimeout(None)
+            except OSError:
+                _shut(client)
+                continue
+            with self._lock:
+                self._sockets += [client, server]
+            threading.Thread(target=self._pump_up, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._pump_down, args=(server, client),
+                             daemon=True).start()
+
+    def _pump_up(self, client: socket.socket, server: socket.socket) -> None:
+        """The client's bytes to the server, as they come."""
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                server.sendall(data)
+        _shut(server)
+
+    def _arm(self) -> bool:
+        """Whether this INSERT's answer is to be lost (the first one, or every one)."""
+        with self._lock:
+            if self.mode == "pass" or (self._fired and not self.every):
+                return False
+            self._fired = True
+            return True
+
+    def _pump_down(self, server: socket.socket, client: socket.socket) -> None:
+        """The server's messages to the client, losing an INSERT's answer if armed."""
+        reader = _Reader(server)
+        withholding = False
+        try:
+            # a refused SSL or GSS request is answered with one byte ('N') before any message
+            while reader.peek() == b"N" and not reader.started:
+                client.sendall(reader.take(1))
+            while True:
+                kind, message = reader.message()
+                if kind == b"C" and message[5:].startswith(b"INSERT") and self._arm():
+                    withholding = True
+                if not withholding:
+                    client.sendall(message)
+                    continue
+                if kind == b"Z":  # ReadyForQuery: the implicit transaction has committed
+                    self.committed.set()
+                    if self.mode == "hold":
+                        while not self.release.wait(0.05):
+                            if self._closing.is_set():
+                                break
+                    break
+        except (OSError, EOFError):
+            pass
+        finally:
+            _shut(client)
+            _shut(server)
+
+
+class _Reader:
+    """Whole protocol messages from a socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+        self.started = False
+
+    def _fill(self, n: int) -> None:
+        while len(self.buffer) < n:
+            data = self.sock.recv(65536)
+            if not data:
+                raise EOFError
+            self.buffer += data
+
+    def peek(self) -> bytes:
+        self._fill(1)
+        return self.buffer[:1]
+
+    def take(self, n: int) -> bytes:
+        self._fill(n)
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def message(self) -> tuple[bytes, bytes]:
+        """(type byte, the whole message: type, length and body)."""
+        self.started = True
+        self._fill(5)
+        (length,) = struct.unpack("!I", self.buffer[1:5])
+        whole = self.take(1 + length)
+        return whole[:1], whole
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+@contextlib.contextmanager
+def pg_proxy(upstream_port: int, mode: Mode = "pass", **kw: bool) -> Iterator[PgProxy]:
+    proxy = PgProxy(upstream_port, mode, **kw)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
