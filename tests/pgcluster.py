@@ -244,7 +244,7 @@ class Cluster:
             if self.is_running():
                 try:
                     self.stop("immediate", timeout=20)
-                except Exception:  # noqa: BLE001 - then by force
+                except Exception:
                     self.kill9()
         shutil.rmtree(self.root, ignore_errors=True)
         if self in _live:

@@ -244,7 +244,7 @@ def test_the_documented_shape_passes_and_so_do_varchar_and_extra_columns() -> No
      "status must be NOT NULL with a default"),
     ({"columns": good_columns(status=Column("status", "text", True, False))},
      "status must be NOT NULL with a default"),
-    ({"columns": good_columns() + (Column("owner", "text", True, False),)},
+    ({"columns": (*good_columns(), Column("owner", "text", True, False))},
      "column owner is NOT NULL without a default"),
     ({"kind": "v"}, "it is a view, not a table"),
     ({"kind": "m"}, "it is a materialized view"),

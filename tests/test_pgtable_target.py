@@ -99,8 +99,8 @@ def test_the_table_target_conforms_with_every_condition_a_server_can_be_put_in(
     make().prepare_writes(True)
     # a table that refuses the kit's records (a CHECK constraint): the server's ERROR
     pg.execute(CREATE.format(t=f'"{schema}".refusing')
-               + "; ALTER TABLE \"{0}\".refusing ADD CONSTRAINT no_kit CHECK "
-                 "(tenant <> 'tenant-conformance')".format(schema))
+               + f"; ALTER TABLE \"{schema}\".refusing ADD CONSTRAINT no_kit CHECK "
+                 "(tenant <> 'tenant-conformance')")
     # a table whose insert ends its own session mid-statement: a FATAL, as a server that
     # fails in a way no client can tell from a failure after applying
     pg.execute(CREATE.format(t=f'"{schema}".dying') + f""";
