@@ -131,7 +131,9 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"  # a zombie is gone for our purpose
 
 
-def _wait(condition: Any, timeout: float, what: str) -> None:
+def wait_until(condition: Any, timeout: float, what: str) -> None:
+    """Wait until ``condition()`` is true, checking every 20 ms (TimeoutError after
+    ``timeout`` seconds)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -148,6 +150,8 @@ class Cluster:
     bindir: Path
     user: str | None = None  # the OS user the server runs as (None: this process's)
     settings: dict[str, str] = field(default_factory=dict)
+    #: the server's own process while it runs (``start``)
+    _server: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def data(self) -> Path:
@@ -172,11 +176,8 @@ class Cluster:
              timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a server tool (``initdb``, ``pg_ctl``, ``pg_basebackup`` …) as the
         cluster's user."""
-        argv = [str(self.bindir / name), *map(str, args)]
-        if self.user is not None:
-            argv = ["runuser", "-u", self.user, "--", *argv]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                              check=False, cwd=self.root)
+        proc = subprocess.run(self._argv(name, *args), capture_output=True, text=True,
+                              timeout=timeout, check=False, cwd=self.root)
         if check and proc.returncode != 0:
             raise RuntimeError(f"{name} failed ({proc.returncode}): "
                                f"{(proc.stderr or proc.stdout)[-800:]}")
@@ -209,11 +210,48 @@ class Cluster:
     def is_running(self) -> bool:
         return self.postmaster_pid() is not None
 
+    def _argv(self, name: str, *args: str | Path) -> list[str]:
+        argv = [str(self.bindir / name), *map(str, args)]
+        return ["runuser", "-u", self.user, "--", *argv] if self.user is not None else argv
+
+    def _ready(self) -> bool:
+        """The postmaster says it takes connections (postmaster.pid's status line)."""
+        try:
+            lines = (self.data / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return False
+        return len(lines) >= 8 and lines[7].strip() == "ready" and self.is_running()
+
     def start(self, timeout: float = 60) -> None:
-        """Start the server on its port and wait until it takes connections."""
-        self.tool("pg_ctl", "-D", self.data, "-l", self.logfile, "-o",
-                  f"-p {self.port}", "-w", "-t", str(int(timeout)), "start",
-                  timeout=timeout + 10)
+        """Start the server on its port and wait until it takes connections.
+
+        The postmaster runs as a child of this process (under ``runuser`` as root), not
+        daemonized by ``pg_ctl start``: a postmaster killed with SIGKILL is then reaped at
+        once by its parent, where an orphan could stay a zombie (whose pid a new postmaster
+        takes for a live one) until the machine's init reaps it."""
+        self._reap()
+        with open(self.logfile, "ab") as log:
+            self._server = subprocess.Popen(
+                self._argv("postgres", "-D", self.data, "-p", str(self.port)),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.root, start_new_session=True)
+        server = self._server
+        try:
+            wait_until(lambda: self._ready() or server.poll() is not None, timeout,
+                       "the server to take connections")
+        except TimeoutError:
+            server.kill()
+            raise
+        if server.poll() is not None:
+            self._reap()
+            tail = self.logfile.read_text(errors="replace")[-800:]
+            raise RuntimeError(f"the server did not start: {tail}")
+
+    def _reap(self, timeout: float = 30) -> None:
+        """Wait for the server's own process (runuser, or the postmaster) to be gone."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.wait(timeout)
 
     def stop(self, mode: StopMode = "fast", timeout: float = 60) -> None:
         """``pg_ctl stop -m MODE`` and wait until the server is down: ``fast`` ends every
@@ -221,6 +259,7 @@ class Cluster:
         quits at once (crash recovery at the next start), ``smart`` waits for sessions."""
         self.tool("pg_ctl", "-D", self.data, "-m", mode, "-w", "-t", str(int(timeout)),
                   "stop", timeout=timeout + 10)
+        self._reap()
 
     def kill9(self, timeout: float = 30) -> None:
         """SIGKILL the postmaster, then wait until it and each backend it had are gone
@@ -231,10 +270,11 @@ class Cluster:
             raise RuntimeError("the cluster is not running")
         backends = _children(pid)
         os.kill(pid, signal.SIGKILL)
-        _wait(lambda: not any(_alive(p) for p in [pid, *backends]), timeout,
+        wait_until(lambda: not any(_alive(p) for p in [pid, *backends]), timeout,
               "the killed postmaster and its backends to be gone")
 
     def restart(self, mode: StopMode = "fast") -> None:
+        """Stop (``mode``) and start again."""
         self.stop(mode)
         self.start()
 
@@ -246,6 +286,10 @@ class Cluster:
                     self.stop("immediate", timeout=20)
                 except Exception:
                     self.kill9()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self._server.kill()
+                self._reap()
         shutil.rmtree(self.root, ignore_errors=True)
         if self in _live:
             _live.remove(self)

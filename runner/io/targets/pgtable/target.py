@@ -322,9 +322,7 @@ class PgTableTarget:
                     outcome = "created"
                 if found is None:
                     found = shape.new_identity()
-                    await conn.execute(await conn.fetchval(
-                        self._sql["comment_statement"], self.location.schema,
-                        self.location.table, shape.with_identity(facts.comment, found)))
+                    await self._write_identity(conn, facts.comment, found)
                     outcome = outcome or "adopted"
             if outcome:
                 log.info("target table %s: %s", outcome, self.location.name,
@@ -332,6 +330,20 @@ class PgTableTarget:
                                 "table": self.location.name, "target_id": found})
 
         self._checking(prepare, "checking it can be written")
+
+    async def _write_identity(self, conn: asyncpg.Connection, comment: str | None,
+                              target_id: str) -> None:
+        statement = await conn.fetchval(self._sql["comment_statement"], self.location.schema,
+                                        self.location.table,
+                                        shape.with_identity(comment, target_id))
+        try:
+            await conn.execute(statement)
+        except asyncpg.InsufficientPrivilegeError:
+            raise AccessDenied(
+                f"the {self.where} has no runner identity, and adopting it writes one into "
+                "its comment, which only its owner may write: let runner's role own it, or "
+                "have its owner write the identity (see 'Deliver into a PostgreSQL "
+                "table'); nothing was changed") from None
 
     def _check_privileges(self, row: asyncpg.Record | None) -> None:
         assert row is not None
