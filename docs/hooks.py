@@ -11,7 +11,7 @@ from the measurement.  A page holds a placeholder, ``<!-- gen:NAME -->`` or
 * ``lead-transitions``, ``candidate-transitions``: from the transition tables;
 * ``outbox-kinds``: from the SQLite schema's outbox triggers;
 * ``results KIND``: the latest machine-written results file ``bench/results/KIND-*.json``
-  (``bench``, ``batch``, ``chaos`` …);
+  (``bench``, ``batch``, ``chaos``, ``pg-target`` …);
 * ``api DOTTED.NAME``: a class's signature, docstring and public methods;
 * ``include FILE``: a file of the repository (the changelog);
 * ``model-properties``, ``model-steps``: the SPIN model's named properties (from
@@ -635,6 +635,34 @@ def _render_http_target(doc: dict[str, Any]) -> str:
                       "", *rows, *quota])
 
 
+def _render_pg_target(doc: dict[str, Any]) -> str:
+    rows = ["| sender | leads/s | ratio to the bare INSERTs |", "|---|---|---|",
+            f"| runner in process (`run_cycle`), SQLite store | {_num(doc['runner_per_s'])} | "
+            f"**{doc['ratio']:.2f}** (goal >= 0.5) |",
+            f"| bare asyncpg, the same `INSERT … ON CONFLICT` batches (the floor) | "
+            f"{_num(doc['floor_per_s'])} | 1 |",
+            f"| bare asyncpg, each INSERT followed by the same readback | "
+            f"{_num(doc['floor_read_per_s'])} | runner's ratio to it: "
+            f"{doc['ratio_with_read']:.2f} |",
+            f"| runner in process, PostgreSQL store in the same database | "
+            f"{_num(doc['runner_pg_store_per_s'])} | {doc['pg_store_ratio']:.2f} |",
+            f"| runner `once` as a process, from spawn to exit | {_num(doc['once_per_s'])} | "
+            f"{doc['once_ratio']:.2f} |",
+            f"| runner `once`, its dispatch span (first send to last confirmation) | "
+            f"{_num(doc['once_span_per_s'])} | {doc['once_span_ratio']:.2f} |",
+            f"| runner's SQLite store steps alone, no target (runner's ceiling) | "
+            f"{_num(doc['store_per_s'])} | {doc['store_alone_ratio']:.2f} |"]
+    spent = dict(doc["spent"])
+    cycle = spent.pop("cycle")
+    parts = ", ".join(f"{name} {value * 1000:,.0f} ms ({value / cycle:.0%})"
+                      for name, value in spent.items())
+    return "\n".join([
+        _provenance(doc) + f" {doc['n']:,} leads per run at batch size {doc['batch_size']}, "
+        f"median of {doc['rounds']} paired rounds.", "", *rows, "",
+        f"Where runner's in-process cycle went ({doc['n']:,} leads, SQLite store, the "
+        f"median round, {cycle * 1000:,.0f} ms): {parts}."])
+
+
 def _render_accept_scale(doc: dict[str, Any]) -> str:
     chunk = doc["chunk"]
     rows = [f"| backend | first {chunk:,} leads | last {chunk:,} (store at {doc['n']:,}) | "
@@ -686,6 +714,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "status": _render_bench,
     "kill9-http": _render_kill9_http,
     "http-target": _render_http_target,
+    "pg-target": _render_pg_target,
     "kill9-http-target": _render_kill9,
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -57,3 +58,19 @@ def test_the_http_target_benchmark_runs_both_senders_against_one_server() -> Non
     assert proc.returncode == 0, proc.stderr
     assert "runner once --target http://" in proc.stdout
     assert "bare httpx, append only" in proc.stdout and "ratio" in proc.stdout
+
+
+def test_the_postgresql_table_target_benchmark_runs_runner_and_the_floor() -> None:
+    """``python -m bench pg-target --quick`` keeps working: runner (in process, and as a
+    ``once`` process) and the bare asyncpg loop deliver into tables on the test server
+    (figures are printed, not judged)."""
+    from tests import pg
+
+    pg.require()
+    proc = subprocess.run([sys.executable, "-m", "bench", "pg-target", "--quick"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "RUNNER_BENCH_PG_DSN": pg.dsn()})
+    assert proc.returncode == 0, proc.stderr
+    assert "runner, in process (run_cycle)" in proc.stdout
+    assert "bare asyncpg, the same INSERTs" in proc.stdout and "ratio" in proc.stdout
+    assert "where runner's cycle goes" in proc.stdout

@@ -1,0 +1,313 @@
+"""Delivery into the PostgreSQL table target (issue 29): runner at the default batch size
+against a bare asyncpg loop running the same ``INSERT … ON CONFLICT`` batches into a table
+of the same shape (the floor), in paired rounds so both see the same machine weather.
+
+    python -m bench pg-target           # full: 10,000 leads, 5 rounds; writes
+                                        # bench/results/pg-target-<UTC>.json
+    python -m bench pg-target --quick   # 2,000 leads, 2 rounds (writes nothing)
+
+Each round measures, one after the other, each into a fresh table:
+
+* **runner, in process**: ``DurableWorker.run_cycle()`` over N prepared leads in a SQLite
+  store, the target ``PgTableTarget`` (its table made before the clock starts, as the
+  floor's; its checks, which connect its session, made before the clock starts, as the
+  floor connects before its own): the clock runs around the whole cycle (the worker
+  lock, recovery, dispatch: per batch one store statement, one INSERT, one exact
+  readback, and the last outcomes' statement), and the time of each step is summed
+  (``_timing``: where the time goes);
+* **the floor**: one asyncpg connection (made before the clock starts), and per batch the
+  six column arrays built from the records and the same ``INSERT … SELECT * FROM
+  unnest(…) ON CONFLICT (write_id) DO NOTHING``; nothing else;
+* **the floor with readback**: the same, each batch followed by the same ``SELECT … WHERE
+  write_id = ANY($1)`` runner reads back with (what never-twice needs on the wire);
+* **runner in process, PostgreSQL store**: the same cycle with the store in a schema of
+  the target's own database (the common case);
+* **runner as a process**: ``python run.py once --target postgresql://… --target-table
+  …`` over N prepared leads, from spawn to exit (interpreter start-up, imports, opening
+  the store, creating the table, the poll pass of 100 included), and its dispatch span
+  from its own log (first ``batch.in_flight`` to last ``batch.confirmed``);
+* **runner's store steps alone**: the SQLite store's one statement per batch as dispatch
+  makes it, with no target (``bench.http_target.store_alone``): runner's ceiling.
+
+The server is the benchmark PostgreSQL (``RUNNER_BENCH_PG_DSN``, default the test server
+on 127.0.0.1:5432, database ``test``); every table is made in a schema of the run's own,
+dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+
+from bench.common import SCOPE, machine, run_child, workdir
+from bench.leads import _log_span, _prepare
+from bench.results import record
+from runner.leads.models import CRMRecord
+from runner.limits import DEFAULT_BATCH_SIZE
+
+PG_DSN = os.environ.get("RUNNER_BENCH_PG_DSN", "postgresql://root@127.0.0.1:5432/test")
+
+#: the table target's own DDL (its queries.sql), so the floor writes into runner's shape
+_DDL = "create_table"
+
+
+def _sql(name: str, table: str) -> str:
+    """One of the table target's own statements (its queries.sql), for ``table``."""
+    from runner.io.engine.queries import load
+
+    return load("runner.io.targets.pgtable")[name].numbered().replace("{t}", table)
+
+
+def _records(n: int, tag: str) -> list[tuple[CRMRecord, str]]:
+    return [(CRMRecord(tenant=SCOPE["tenant_id"], source="meta",
+                       source_lead_id=f"lead-{i:08d}", is_test=True,
+                       contact_alias=f"alias-{i}"), f"{tag}-{i:08d}") for i in range(n)]
+
+
+async def _run(sql: str) -> None:
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def _make_table(schema: str, table: str) -> None:
+    asyncio.run(_run(_sql(_DDL, f'"{schema}"."{table}"')))
+
+
+def _schema(action: str, name: str) -> None:
+    asyncio.run(_run(f'{action} SCHEMA "{name}"' + (" CASCADE" if action == "DROP" else "")))
+
+
+async def _floor(schema: str, table: str, n: int, batch: int, tag: str, *,
+                 read: bool) -> float:
+    """The bare asyncpg loop: leads per second."""
+    ident = f'"{schema}"."{table}"'
+    conn = await asyncpg.connect(PG_DSN)
+    try:
+        await conn.execute(_sql(_DDL, ident))
+        insert, select = _sql("insert_rows", ident), _sql("read_rows", ident)
+        items = _records(n, tag)
+        batches = [items[i : i + batch] for i in range(0, n, batch)]
+        started = time.perf_counter()
+        for chunk in batches:
+            ids = [w for _, w in chunk]
+            await conn.execute(insert, ids, [r.tenant for r, _ in chunk],
+                               [r.source for r, _ in chunk],
+                               [r.source_lead_id for r, _ in chunk],
+                               [r.is_test for r, _ in chunk],
+                               [r.contact_alias for r, _ in chunk])
+            if read:
+                await conn.fetch(select, ids)
+        return n / (time.perf_counter() - started)
+    finally:
+        await conn.close()
+
+
+def floor(schema: str, table: str, n: int, batch: int, tag: str, *, read: bool) -> float:
+    return asyncio.run(_floor(schema, table, n, batch, tag, read=read))
+
+
+#: where runner's time goes, summed over the timed calls (``_timing``)
+SPENT: Counter[str] = Counter()
+
+
+@contextmanager
+def _timing() -> Iterator[None]:
+    """Sum the seconds spent in the steps of a dispatch (in whichever thread runs them):
+    the store's one statement per batch, the INSERT, the readback, and the port's whole
+    send (mapping the events to records and judging the readback, around the two)."""
+    from runner.io.sqlite.delivery import BlockingDispatchSteps
+    from runner.io.targets.pgtable.target import PgTableTarget
+    from runner.leads.port import CRMRecordPort
+
+    steps = [(BlockingDispatchSteps, "finish_and_mark_batch", "store step"),
+             (PgTableTarget, "write_batch", "INSERT"),
+             (PgTableTarget, "read_back_many", "readback"),
+             (CRMRecordPort, "send_batch_blocking", "send")]
+    saved = [(cls, name, getattr(cls, name)) for cls, name, _ in steps]
+
+    def timed(fn: Any, label: str) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                SPENT[label] += time.perf_counter() - started
+        return call
+
+    for cls, name, label in steps:
+        setattr(cls, name, timed(getattr(cls, name), label))
+    try:
+        yield
+    finally:
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
+
+
+def runner_in_process(d: Path, schema: str, table: str, n: int, batch: int, r: int,
+                      store: str | None = None) -> tuple[float, dict[str, float]]:
+    """``run_cycle`` over ``n`` prepared leads in a SQLite store (``store``: that
+    PostgreSQL location instead): leads per second over the whole cycle, and where the
+    time went (seconds by step, ``_timing``)."""
+    from runner import DurableWorker
+    from runner.io.targets.pgtable.target import PgTableTarget
+
+    db = store or str(d / f"inproc{r}.db")
+    anyio.run(_prepare, db, None, n, False)
+    _make_table(schema, table)
+    target = PgTableTarget(PG_DSN, f"{schema}.{table}")
+
+    async def cycle() -> float:
+        async with DurableWorker(db, SCOPE, target, batch_size=batch) as worker:
+            # the target's checks connect its session, as the floor connects before its
+            # clock (once per open worker; a process's first cycle does it too)
+            await worker.check_target()
+            started = time.perf_counter()
+            summary = await worker.run_cycle()
+            seconds = time.perf_counter() - started
+        if summary.confirmed != n:
+            raise RuntimeError(f"run_cycle confirmed {summary.confirmed} of {n}")
+        return seconds
+
+    SPENT.clear()
+    try:
+        with _timing():
+            seconds = anyio.run(cycle)
+    finally:
+        target.close()
+    spent = dict(SPENT)
+    send = spent.pop("send", 0.0)
+    spent["mapping and judging"] = send - spent.get("INSERT", 0.0) - spent.get("readback",
+                                                                                0.0)
+    spent["the rest"] = seconds - send - spent.get("store step", 0.0)
+    spent["cycle"] = seconds
+    return n / seconds, spent
+
+
+def runner_process(d: Path, schema: str, table: str, n: int, batch: int,
+                   r: int) -> tuple[float, float]:
+    """``once`` as a process over ``n`` prepared leads: (leads per second from spawn to
+    exit, leads per second over its dispatch span from its log)."""
+    db = d / f"proc{r}.db"
+    anyio.run(_prepare, db, None, n, False)
+    scope = d / "scope.json"
+    scope.write_text(json.dumps(SCOPE))
+    wall, _, stdout, stderr = run_child(
+        ["once", "--db", str(db), "--scope", str(scope), "--target", PG_DSN,
+         "--target-table", f"{schema}.{table}", "--batch-size", str(batch),
+         "--log-format", "json"], with_stderr=True)
+    confirmed = json.loads(stdout)["confirmed"]
+    if confirmed != n:
+        raise RuntimeError(f"once confirmed {confirmed} of {n}")
+    span = _log_span(stderr, ("batch.in_flight", "lead.in_flight"),
+                     ("batch.confirmed", "lead.confirmed"))
+    return n / wall, n / span
+
+
+def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
+    from bench.http_target import store_alone
+
+    schema = f"bench_pgt_{os.getpid()}_{random.randrange(16**6):06x}"
+    found: dict[str, list[float]] = {k: [] for k in (
+        "runner", "runner_pg_store", "floor", "floor_read", "once", "once_span", "store")}
+    spent: list[dict[str, float]] = []
+    stores: list[str] = []
+    _schema("CREATE", schema)
+    try:
+        with workdir() as d:
+            floor(schema, "warm", batch, batch, "warm", read=True)  # the server's caches
+            for r in range(rounds):
+                rate, where = runner_in_process(d, schema, f"runner{r}", n, batch, r)
+                found["runner"].append(rate)
+                spent.append(where)
+                found["floor"].append(floor(schema, f"floor{r}", n, batch, f"f{r}",
+                                            read=False))
+                found["floor_read"].append(floor(schema, f"floorread{r}", n, batch,
+                                                 f"g{r}", read=True))
+                stores.append(f"{schema}_store{r}")
+                found["runner_pg_store"].append(runner_in_process(
+                    d, schema, f"pgstore{r}", n, batch, r,
+                    store=f"{PG_DSN}?schema={stores[-1]}")[0])
+                whole, span = runner_process(d, schema, f"once{r}", n, batch, r)
+                found["once"].append(whole)
+                found["once_span"].append(span)
+                found["store"].append(store_alone(n, batch, d, r))
+    finally:
+        for name in [schema, *stores]:
+            _schema("DROP", name)
+
+    def ratio(key: str) -> float:
+        return statistics.median(x / y for x, y in zip(found[key], found["floor"],
+                                                       strict=True))
+
+    return {
+        "batch_size": batch,
+        **{f"{key}_per_s": statistics.median(values) for key, values in found.items()},
+        "ratio": ratio("runner"),
+        "pg_store_ratio": ratio("runner_pg_store"),
+        "ratio_with_read": statistics.median(
+            x / y for x, y in zip(found["runner"], found["floor_read"], strict=True)),
+        "once_ratio": ratio("once"),
+        "once_span_ratio": ratio("once_span"),
+        "store_alone_ratio": ratio("store"),
+        # the median round's breakdown (by its cycle time), in seconds for n leads
+        "spent": sorted(spent, key=lambda w: w["cycle"])[len(spent) // 2],
+        "rounds": rounds,
+        "rounds_runner_per_s": [round(x) for x in found["runner"]],
+        "rounds_floor_per_s": [round(x) for x in found["floor"]],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench pg-target",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, writes nothing")
+    args = parser.parse_args(argv)
+    n, rounds = (2000, 2) if args.quick else (10_000, 5)
+    started = time.perf_counter()
+    found = measure(n, rounds)
+    seconds = time.perf_counter() - started
+    print(f"PostgreSQL table target, batch size {found['batch_size']} ({n:,} leads, "
+          f"{rounds} round(s); {machine()}; {seconds:.0f} s)\n")
+    lines = [
+        ("runner, in process (run_cycle)", "runner_per_s", "ratio", "(target >= 0.5)"),
+        ("bare asyncpg, the same INSERTs", "floor_per_s", None, "(the floor)"),
+        ("bare asyncpg, INSERT + readback", "floor_read_per_s", "ratio_with_read",
+         "(runner's ratio to it)"),
+        ("runner, in process, PostgreSQL store", "runner_pg_store_per_s", "pg_store_ratio",
+         ""),
+        ("runner once, whole process", "once_per_s", "once_ratio", "(start-up included)"),
+        ("runner once, its dispatch span", "once_span_per_s", "once_span_ratio", ""),
+        ("runner's store steps alone (SQLite)", "store_per_s", "store_alone_ratio",
+         "(no target: runner's ceiling)"),
+    ]
+    for label, rate, ratio, note in lines:
+        tail = f"   ratio {found[ratio]:.2f} {note}" if ratio else f"   {note}"
+        print(f"{label:<38} {found[rate]:>9,.0f} leads/s{tail}")
+    where = found["spent"]
+    print(f"\nwhere runner's cycle goes ({n:,} leads, SQLite store, the median round): "
+          + ", ".join(f"{k} {v * 1000:,.0f} ms" for k, v in where.items()))
+    if not args.quick:
+        record("pg-target", {"n": n, "seconds": round(seconds, 1), "summary": machine(),
+                             **found}, script="-m bench pg-target", argv=argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
