@@ -209,7 +209,13 @@ def test_a_dsns_password_never_reaches_the_output_or_the_logs(
     unreachable = run_main("once", "--db", db, "--scope", scope_file, "--target",
                            secret.replace(":5432/", f":{free_port()}/"), *table)
     assert unreachable.returncode == 74
-    for proc in (started, refused, unreachable):
+    shown = run_main("config", "show", "--", "once", "--db", secret, "--scope", scope_file,
+                     "--target", secret, *table)
+    assert shown.returncode == 0, shown.stderr
+    values = json.loads(shown.stdout)["values"]
+    assert values["target"]["value"] == pg.dsn().replace("//root@", "//root:***@")
+    assert values["target-table"]["value"] == f"{target_schema}.leads"
+    for proc in (started, refused, unreachable, shown):
         assert "s3cret" not in proc.stdout + proc.stderr
     assert status_records(db)[0]["state"] == "confirmed"
 

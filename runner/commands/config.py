@@ -39,14 +39,30 @@ async def cmd_show(args: argparse.Namespace) -> int:
                     "from": applied.sources.get(action.dest, "default")}
               for key, action in config.options(leaf).items()
               if not key.startswith("config")}
-    emit({"command": " ".join(w for w in words if not w.startswith("-"))[:80],
+    emit({"command": " ".join(str(_plain(w)) for w in words if not w.startswith("-"))[:80],
           "config": applied.path, "values": values})
     return 0
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(("postgresql://", "postgres://")):
+        return _without_password(value)
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return str(value)
+
+
+def _without_password(dsn: str) -> str:
+    """A DSN as given, its password (if any) shown as ``***`` (``--db``, ``--target``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "postgresql://(not shown: the DSN does not parse)"
+    if parts.password is None:
+        return dsn
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user.split(':', 1)[0]}:***@{host}"))
