@@ -229,3 +229,18 @@ def test_the_table_options_can_come_from_the_configuration_file(
                     "--config", config)
     assert proc.returncode == 0, proc.stderr
     assert last_json(proc.stdout)["confirmed"] == 1
+
+
+def test_runners_faults_wrap_the_table_target_and_a_lost_answer_is_reconciled(
+        into_table: CliStore, target_schema: str) -> None:
+    table = ("--target-table", f"{target_schema}.leads")
+    into_table.accept(1, 2)
+    now_due = ("--retry-base", "0", "--retry-cap", "0")  # sent again by the next run
+    assert into_table.cli("once", *table, "--fault", "outage", *now_due)["failed_safe"] == 2
+    assert pg.fetch(f'SELECT count(*) FROM "{target_schema}".leads') == [(0,)]
+    summary = into_table.cli("once", *table, "--fault", "timeout")
+    assert summary["uncertain"] == 2  # written, then the call failed
+    again = into_table.cli("once", *table)
+    assert (again["reconciled"], again["dispatched"]) == (2, 0)
+    assert {r["state"] for r in into_table.all_records()} == {"confirmed"}
+    assert pg.fetch(f'SELECT count(*) FROM "{target_schema}".leads') == [(2,)]
