@@ -33,6 +33,7 @@ from runner.storedata import (
     ObservationOutcome,
     ObservationWrite,
     PollTarget,
+    Requeue,
     ResolveSubject,
     ScopeData,
     StoreSummary,
@@ -60,6 +61,7 @@ __all__ = [
     "OperatorStore",
     "PollStore",
     "PollTarget",
+    "Requeue",
     "ResolveSubject",
     "ScopeData",
     "StatusReader",
@@ -235,11 +237,14 @@ class DeliveryStore(TargetPins, Protocol):
         ...
 
     async def record_reconcile_batch(
-        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime
+        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime,
+        requeue: Requeue | None = None,
     ) -> set[WriteId]:
         """:meth:`record_reconcile` for many records in one transaction: per record
         ``(write_id, outcome, note)``, ``outcome`` None for a matching readback
-        (confirmed).  Returns the write_ids that were still uncertain."""
+        (confirmed); and, in the same transaction, the records of ``requeue`` authorised
+        for a resend (SPEC E7: see :class:`Requeue`).  Returns the write_ids that were
+        still uncertain (changed)."""
         ...
 
 

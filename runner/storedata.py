@@ -11,6 +11,8 @@ named tuples: on Python 3.11 a frozen dataclass costs about four times as much t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from runner.errors import ConfigMismatch
@@ -160,6 +162,21 @@ class Decision(NamedTuple):
     @property
     def to_state(self) -> LeadState:
         return LeadState.CONFIRMED if self.decision == "confirmed" else LeadState.FAILED_SAFE
+
+
+class Requeue(NamedTuple):
+    """Uncertain records to send again, authorised by runner itself (SPEC E7, v17): the
+    store's target deduplicates by write_id and a fresh readback found no row for them.
+    Each still uncertain gets a kept ``resend_authorizations`` row (with its outbox event)
+    at its current attempts and becomes ``failed_safe``, due at ``due(attempts)`` (the
+    highest attempts among them: the records of one request stay one batch) with
+    ``reason`` as its ``last_error``.  ``target_id``: the pinned target (None: the adapter
+    cannot be pinned)."""
+
+    write_ids: Sequence[WriteId]
+    target_id: str | None
+    due: Callable[[int], datetime]
+    reason: str
 
 
 class PollTarget(NamedTuple):

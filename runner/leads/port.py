@@ -293,6 +293,7 @@ class CRMRecordPort:
                  read_pacer: Pacer | None = None) -> None:
         self.adapter = adapter
         self.max_batch = max_batch(adapter)
+        dedupes(adapter)  # a declaration that is not a bool is refused before any work
         #: the write quota (batch writes)
         self.pacer = pacer if pacer is not None else Pacer()
         #: the read quota (readbacks, reconcile reads, status reads); unset: not paced

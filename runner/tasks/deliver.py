@@ -35,10 +35,11 @@ from runner.clock import Clock, to_text
 from runner.errors import StoreError
 from runner.ids import WriteId
 from runner.leads.pacing import Backoff
-from runner.leads.port import CRMRecordPort, SendResult, classify_readback, readback_in_words
+from runner.leads.port import CRMRecordPort, SendResult
 from runner.leads.states import IllegalTransition, LeadState
 from runner.store import DeliveryStore, DispatchSteps, LeadWork
 from runner.tasks import target
+from runner.tasks.reconcile import reconcile_all, recover
 
 log = logging.getLogger("runner.deliver")
 
@@ -56,12 +57,15 @@ RECORD_WINDOW = 2.0
 class CycleSummary:
     """What one cycle did (L13): counts of transitions made by this cycle, and of its poll
     pass: ``polled`` records read, ``poll_failed`` of them whose read failed (all of them:
-    the pass read nothing).  A send's outcome is counted when it is committed, so a send
+    the pass read nothing).  ``requeued``: uncertain records the reconcile pass queued to
+    be sent again, on a target that deduplicates by write_id (SPEC E7).  A send's outcome
+    is counted when it is committed, so a send
     that a hard stop records uncertain counts as ``uncertain``.  ``still_uncertain``: how
     many records were uncertain when the cycle ended (None: it could not be read)."""
 
     recovered: int = 0
     reconciled: int = 0
+    requeued: int = 0
     dispatched: int = 0
     confirmed: int = 0
     failed_safe: int = 0
@@ -73,8 +77,8 @@ class CycleSummary:
     @property
     def moved(self) -> int:
         """How many record transitions the cycle made (the poll pass's aside)."""
-        return (self.recovered + self.reconciled + self.dispatched + self.confirmed
-                + self.failed_safe + self.uncertain)
+        return (self.recovered + self.reconciled + self.requeued + self.dispatched
+                + self.confirmed + self.failed_safe + self.uncertain)
 
     def to_json(self) -> dict[str, int | None]:
         return asdict(self)
@@ -102,92 +106,6 @@ class NoGuard:
     def shield(self) -> Iterator[anyio.CancelScope]:
         with anyio.CancelScope() as scope:
             yield scope
-
-
-async def recover(store: DeliveryStore, clock: Clock) -> int:
-    crashpoints.hit("recover.before-commit")
-    keys = await store.recover_in_flight(clock.now())
-    crashpoints.hit("recover.after-commit")
-    for key in keys:
-        log.warning("in flight at start: now uncertain (reconcile only, never resent)",
-                    extra={"action": "lead.recovered", "key": key, "to_state": "uncertain"})
-    return len(keys)
-
-
-async def reconcile_all(
-    store: DeliveryStore, port: CRMRecordPort, clock: Clock, guard: SendGuard | None = None,
-    batch_size: int = 1,
-) -> int:
-    """Read back every uncertain record once; returns how many were confirmed.
-
-    The pass reads its keys first (``reconcile_order``: oldest reconcile attempt first,
-    then accept order), then reads the records back ``batch_size`` at a time, each chunk
-    in one target request (``read_back_many``; paced by the target's quota like every
-    request) whose verdicts are recorded in one commit.  An adapter that cannot read many
-    write_ids at once is read one record per request.  A stop ends the pass between
-    chunks; the next pass starts with the records this one did not reach (they are now
-    the oldest).  Every call of the pass has returned when it returns: dispatch starts
-    only then (L8)."""
-    order = await store.reconcile_order()
-    size = batch_size if port.reads_many else 1  # else one request per record, as before
-    confirmed = 0
-    for start in range(0, len(order), size):
-        if guard is not None and guard.stopping:
-            return confirmed
-        chunk = await store.uncertain_by_seqs(order[start : start + size])
-        if chunk:
-            confirmed += await reconcile_chunk(store, port, clock, chunk)
-    return confirmed
-
-
-async def reconcile_chunk(
-    store: DeliveryStore, port: CRMRecordPort, clock: Clock, chunk: list[LeadWork]
-) -> int:
-    """Read a chunk of uncertain records back in one request and record every verdict in
-    one commit; returns how many were confirmed.  Each record's verdict is what
-    ``classify_readback`` makes of its own rows; a failed read leaves every record of the
-    chunk uncertain (``read_failed``), as it proves nothing either way (L6)."""
-    verdicts: list[str]
-    try:
-        rows = await port.read_back_many([work.write_id for work in chunk])
-        verdicts = [classify_readback(rows.get(work.write_id, []), port.map(work.event),
-                                      work.write_id) for work in chunk]
-    except Exception as exc:  # noqa: BLE001 - a failed read proves nothing either way (L6)
-        verdicts = ["read_failed"] * len(chunk)
-        log.warning("readback failed: %s", type(exc).__name__, extra={
-            "action": "lead.reconcile_failed", "key": chunk[0].source_lead_id,
-            "count": len(chunk)})
-    crashpoints.hit("reconcile.before-commit")
-    await store.record_reconcile_batch(
-        [(work.write_id, None if verdict == "match" else verdict,
-          verdict if verdict in ("ambiguous", "mismatch") else None)
-         for work, verdict in zip(chunk, verdicts, strict=True)], clock.now())
-    crashpoints.hit("reconcile.after-commit")
-    confirmed = [work.source_lead_id for work, v in zip(chunk, verdicts, strict=True)
-                 if v == "match"]
-    if len(chunk) == 1:  # the lines of a single readback
-        if confirmed:
-            log.info("confirmed by readback", extra={
-                "action": "lead.reconciled", "key": chunk[0].source_lead_id,
-                "from_state": "uncertain", "to_state": "confirmed"})
-        else:
-            log.warning("still uncertain: %s", readback_in_words(verdicts[0]), extra={
-                "action": "lead.still_uncertain", "key": chunk[0].source_lead_id,
-                "reason": verdicts[0]})
-        return len(confirmed)
-    if confirmed:
-        log.info("%d confirmed by readback", len(confirmed), extra={
-            "action": "batch.reconciled", "count": len(confirmed), "keys": confirmed,
-            "from_state": "uncertain", "to_state": "confirmed"})
-    by_verdict: dict[str, list[str]] = {}
-    for work, verdict in zip(chunk, verdicts, strict=True):
-        if verdict != "match":
-            by_verdict.setdefault(verdict, []).append(work.source_lead_id)
-    for verdict, keys in by_verdict.items():  # a line per verdict, not per record
-        log.warning("%d still uncertain: %s", len(keys), readback_in_words(verdict), extra={
-            "action": "batch.still_uncertain", "count": len(keys), "keys": keys,
-            "reason": verdict})
-    return len(confirmed)
 
 
 async def dispatch_all(
@@ -635,7 +553,9 @@ async def run_cycle(
     summary = summary if summary is not None else CycleSummary()
     batch_size = port.batch_size(batch_size)  # no more than the adapter takes
     try:
-        summary.reconciled += await reconcile_all(store, port, clock, guard, batch_size)
+        reconciled = await reconcile_all(store, port, clock, guard, batch_size, backoff)
+        summary.reconciled += reconciled.confirmed
+        summary.requeued += reconciled.requeued
         await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit,
                            batch_size=batch_size, backoff=backoff)
     except anyio.get_cancelled_exc_class():

@@ -42,7 +42,7 @@ from runner.leads.states import IllegalTransition, LeadState, check_transition
 from runner.limits import MAX_LAST_ERROR
 
 if TYPE_CHECKING:
-    from runner.storedata import LeadWork
+    from runner.storedata import LeadWork, Requeue
 
 #: one send step: the record that finished and its outcome, if any
 Done = tuple[WriteId, LeadState] | None
@@ -272,11 +272,39 @@ class DeliveryOps(Db):
             raise IllegalTransition(f"record {write_id} was not uncertain")
 
     async def record_reconcile_batch(
-        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime
+        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime,
+        requeue: Requeue | None = None,
     ) -> set[WriteId]:
         """``record_reconcile`` for a chunk read back in one request, in one statement:
         per record ``(write_id, outcome, note)``, ``outcome`` None when its readback
-        matched (confirmed).  Returns the write_ids that were still uncertain (changed)."""
+        matched (confirmed).  With ``requeue`` (SPEC E7), its records are authorised for a
+        resend and queued again in the same transaction (``authorize_resends``, then
+        ``requeue_authorized``).  Returns the write_ids that were still uncertain
+        (changed)."""
+        if requeue is None or not requeue.write_ids:
+            return await self._record_verdicts(verdicts, now)
+        at = to_text(now)
+        async with self.transaction():
+            changed = await self._record_verdicts(verdicts, now) if verdicts else set()
+            rows = await self.fetch("authorize_resends", write_ids=[
+                str(w) for w in requeue.write_ids], target_id=requeue.target_id, now=at)
+            if rows:
+                ids = [str(r[0]) for r in rows]
+                due = requeue.due(max(int(r[1]) for r in rows))
+                moved = await self.fetch("requeue_authorized", write_ids=ids, now=at,
+                                         retry_at=to_text(due),
+                                         reason=last_error(requeue.reason))
+                if len(moved) != len(ids):  # rolls the authorisations back too
+                    raise IllegalTransition(f"{len(ids) - len(moved)} record(s) authorised "
+                                            "for a resend were no longer uncertain")
+                changed.update(WriteId(w) for w in ids)
+        return changed
+
+    async def _record_verdicts(
+        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime
+    ) -> set[WriteId]:
+        if not verdicts:
+            return set()
         rows = await self.fetch(
             "record_reconcile_batch", write_ids=[str(w) for w, _, _ in verdicts],
             outcomes=[o for _, o, _ in verdicts], notes=[n for _, _, n in verdicts],

@@ -407,6 +407,23 @@ WHERE l.write_id = s.write_id AND l.write_id = ANY(:write_ids::text[])
   AND coalesce(l.state, '') = 'uncertain'
 RETURNING l.write_id
 
+-- a deduplicating target's uncertain records whose readback found no row (SPEC E7, v17),
+-- as on SQLite
+-- name: authorize_resends
+INSERT INTO {s}.resend_authorizations (tenant_id, source_lead_id, write_id, target_id,
+                                       attempts, readback, decided_at)
+SELECT tenant_id, source_lead_id, write_id, :target_id, attempts, 'none', :now
+FROM {s}.leads WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'uncertain'
+ORDER BY seq
+RETURNING write_id, attempts
+
+-- name: requeue_authorized
+UPDATE {s}.leads SET state = 'failed_safe', reconcile_attempts = reconcile_attempts + 1,
+    last_reconcile = 'none', last_reconcile_at = :now::text, next_attempt_at = :retry_at,
+    last_error = :reason, updated_at = :now
+WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'uncertain'
+RETURNING write_id
+
 -- ==== (end delivery) ==================================================================
 
 

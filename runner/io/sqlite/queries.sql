@@ -327,6 +327,25 @@ FROM (SELECT w.value AS write_id, o.value AS outcome, n.value AS note
 WHERE leads.write_id = s.write_id AND +leads.state = 'uncertain'  -- "+": by write_id
 RETURNING leads.write_id
 
+-- a deduplicating target's uncertain records whose readback found no row (SPEC E7, v17):
+-- each still uncertain is authorised for one resend at its current attempts (the
+-- authorisation's trigger writes its outbox event), then queued again as failed_safe, due
+-- at :retry_at; "+state": found by write_id
+-- name: authorize_resends
+INSERT INTO resend_authorizations (tenant_id, source_lead_id, write_id, target_id, attempts,
+                                   readback, decided_at)
+SELECT tenant_id, source_lead_id, write_id, :target_id, attempts, 'none', :now
+FROM leads WHERE write_id IN (SELECT value FROM json_each(:write_ids)) AND +state = 'uncertain'
+ORDER BY seq
+RETURNING write_id, attempts
+
+-- name: requeue_authorized
+UPDATE leads SET state = 'failed_safe', reconcile_attempts = reconcile_attempts + 1,
+    last_reconcile = 'none', last_reconcile_at = :now, next_attempt_at = :retry_at,
+    last_error = :reason, updated_at = :now
+WHERE write_id IN (SELECT value FROM json_each(:write_ids)) AND +state = 'uncertain'
+RETURNING write_id
+
 -- ==== (end delivery) ==================================================================
 
 
