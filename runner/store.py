@@ -86,6 +86,7 @@ class DispatchSteps(Protocol):
     def finish_and_mark(
         self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime,
         retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> int | None:
         """As :meth:`Store.finish_and_mark` (``done`` None: only the mark)."""
         ...
@@ -93,6 +94,7 @@ class DispatchSteps(Protocol):
     def finish_and_mark_batch(
         self, done: Sequence[tuple[WriteId, LeadState]], next_ids: Sequence[WriteId],
         now: datetime, retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> dict[WriteId, int]:
         """As :meth:`Store.finish_and_mark_batch`."""
         ...
@@ -177,7 +179,8 @@ class DeliveryStore(TargetPins, Protocol):
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime,
                           retry_at: datetime | None = None,
-                          reason: str | None = None) -> None:
+                          reason: str | None = None,
+                          failure: str | None = None) -> None:
         """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain); a failed_safe
         outcome is due again at ``retry_at`` (None: at once), with the target's ``reason``
         for refusing it kept as its ``last_error`` (v13; None: none; every other state
@@ -191,6 +194,7 @@ class DeliveryStore(TargetPins, Protocol):
         now: datetime,
         retry_at: datetime | None = None,
         reason: str | None = None,
+        failure: str | None = None,
     ) -> int | None:
         """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``,
         with its ``retry_at``), and ``next_write_id`` -> in_flight with ``attempts + 1``
@@ -207,6 +211,7 @@ class DeliveryStore(TargetPins, Protocol):
         now: datetime,
         retry_at: datetime | None = None,
         reason: str | None = None,
+        failure: str | None = None,
     ) -> dict[WriteId, int]:
         """A batch's step (issue 16), in one transaction: every ``done`` record's in_flight
         -> its outcome (failed_safe ones due again at ``retry_at``), and every ``next_ids``

@@ -43,8 +43,10 @@ class LeadRow(NamedTuple):
     last_polled_at: str | None
     #: whether the event carries a ``contact_alias``; never its value (K7)
     contact_alias_present: bool = False
-    #: failed_safe by a rejected write: the target's reason (v13; None otherwise)
+    #: failed_safe or uncertain: why, in words (v13: a rejected write's reason; v17: every
+    #: failure), and its kind (v17: ``runner.leads.port.FAILURES``); None otherwise
     last_error: str | None = None
+    last_failure: str | None = None
 
 
 ObservationOutcome = Literal["changed", "unchanged", "missing", "failed"]
@@ -65,6 +67,10 @@ class UncertainRow(NamedTuple):
     #: ``mismatch``, ``read_failed``), or None before the first
     last_reconcile: str | None
     last_reconcile_at: str | None
+    #: why it is uncertain: the failure of the send that made it so, in words and its kind
+    #: (v17: ``runner.leads.port.FAILURES``); None when not known (uncertain before v17)
+    last_error: str | None = None
+    last_failure: str | None = None
 
 
 class StoreSummary(NamedTuple):

@@ -64,7 +64,8 @@ def uncertain_json(row: UncertainRow, now: datetime) -> dict[str, Any]:
             "attempts": row.attempts, "reconcile_attempts": row.reconcile_attempts,
             "last_reconcile": row.last_reconcile, "last_reconcile_at": row.last_reconcile_at,
             "last_reconcile_words": readback_in_words(row.last_reconcile,
-                                                      row.reconcile_attempts)}
+                                                      row.reconcile_attempts),
+            "last_error": row.last_error, "last_failure": row.last_failure}
 
 
 async def write_uncertain(store: Store, now: datetime, write: Callable[[str], object]) -> None:

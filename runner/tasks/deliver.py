@@ -34,9 +34,11 @@ from runner import crashpoints
 from runner.clock import Clock, to_text
 from runner.errors import StoreError
 from runner.ids import WriteId
+from runner.leads.failures import FAILURES
 from runner.leads.pacing import Backoff
-from runner.leads.port import CRMRecordPort, SendResult
+from runner.leads.port import CRMRecordPort, SendResult, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
+from runner.logs import Repeats
 from runner.store import DeliveryStore, DispatchSteps, LeadWork
 from runner.tasks import target
 from runner.tasks.reconcile import reconcile_all, recover
@@ -178,7 +180,7 @@ async def dispatch_all(
         if pending:
             # recorded whatever happened; after a cancellation only within a short window
             with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
-                await _record_last(store, clock, summary, pending)
+                await _record_last(store, port, clock, summary, pending)
 
 
 class _NextPage:
@@ -229,7 +231,8 @@ async def _beside(
 
 
 async def _record_last(
-    store: DeliveryStore, clock: Clock, summary: CycleSummary, pending: list[Pending]
+    store: DeliveryStore, port: CRMRecordPort, clock: Clock, summary: CycleSummary,
+    pending: list[Pending],
 ) -> None:
     """Commit the outcomes of the last send of a dispatch run."""
     crashpoints.hit("dispatch.before-confirm")
@@ -246,31 +249,39 @@ async def _record_last(
         # way out is the one to report
         return
     crashpoints.hit("dispatch.after-confirm")
-    _counted(summary, pending)
+    _counted(summary, pending, port.repeats)
 
 
-class Retry(NamedTuple):
-    """A failed-safe outcome's retry: when it is due again, and the target's reason for
-    refusing the request (a ``RejectedWrite``; None: none given), kept as ``last_error``."""
+class Failure(NamedTuple):
+    """Why a send's outcome is failed_safe or uncertain: what happened (``kind``, one of
+    ``runner.leads.failures.FAILURES``, kept as ``last_failure``) in an operator's words
+    (``reason``, kept as ``last_error``), and, failed safe, when it is due again
+    (``at``)."""
 
-    at: datetime
-    reason: str | None = None
+    kind: str
+    reason: str
+    at: datetime | None = None
 
 
-#: a sent record, its outcome (uncertain until the send says more) and, failed safe, its
-#: retry; not committed yet
-Pending = tuple[LeadWork, LeadState, Retry | None]
+#: a record marked in flight whose send has not said more: if the run ends here, it is
+#: uncertain because the worker stopped
+STOPPED = Failure("stopped", FAILURES["stopped"])
+
+#: a sent record, its outcome (uncertain until the send says more) and why it failed (None:
+#: confirmed); not committed yet
+Pending = tuple[LeadWork, LeadState, Failure | None]
 
 
 def _done(pending: list[Pending]) -> list[tuple[WriteId, LeadState]]:
     return [(work.write_id, outcome) for work, outcome, _ in pending]
 
 
-def _retry(pending: list[Pending]) -> tuple[datetime | None, str | None]:
-    """The step's retry time and reason: its outcomes are one request's, so they share
-    one."""
-    first = next((retry for _, _, retry in pending if retry is not None), None)
-    return (None, None) if first is None else (first.at, first.reason)
+def _retry(pending: list[Pending]) -> tuple[datetime | None, str | None, str | None]:
+    """The step's retry time, reason and kind of failure: its outcomes are one request's,
+    so they share one."""
+    at = next((f.at for _, _, f in pending if f is not None and f.at is not None), None)
+    first = next((f for _, _, f in pending if f is not None), None)
+    return (at, None, None) if first is None else (at, first.reason, first.kind)
 
 
 class _PageRun:
@@ -321,7 +332,7 @@ class _PageRun:
         """The outcomes of ``pending`` are committed: count and log them."""
         if pending:
             crashpoints.hit("dispatch.after-confirm")
-        _counted(self.summary, pending)
+        _counted(self.summary, pending, self.port.repeats)
 
     def _stop(self) -> bool:
         with self._lock:
@@ -354,21 +365,20 @@ class _PageRun:
             return None
         return pending
 
-    def _outcome(self, result: SendResult, work: LeadWork,
-                 attempts: int) -> tuple[LeadState, Retry | None]:
+    def _outcome(self, result: SendResult, attempts: int) -> tuple[LeadState, Failure | None]:
         """A send's outcome (L5): only a typed "not sent" is failed-safe (due again after
         its backoff), only an exact readback is confirmed; everything else — another
-        error, a failed or inexact readback — is uncertain."""
-        if result.verdict == "not_sent":
-            return LeadState.FAILED_SAFE, Retry(self.backoff.next_attempt(
-                attempts, self.clock.now(), result.retry_after), result.error)
+        error, a failed or inexact readback — is uncertain.  Each failure says why."""
         if result.verdict == "match":
             return LeadState.CONFIRMED, None
+        if result.verdict == "not_sent":
+            return LeadState.FAILED_SAFE, Failure(
+                result.failure or "not_sent", result.error or FAILURES["not_sent"],
+                self.backoff.next_attempt(attempts, self.clock.now(), result.retry_after))
         if result.error is not None:
-            log.warning("send %s: %s", result.verdict, result.error, extra={
-                "action": "lead.send_failed", "key": work.source_lead_id,
-                "error": result.error})
-        return LeadState.UNCERTAIN, None
+            return LeadState.UNCERTAIN, Failure(result.failure or "failed", result.error)
+        return LeadState.UNCERTAIN, Failure(  # the write returned; the readback says no
+            "readback", f"{FAILURES['readback']}: {readback_in_words(result.verdict)}")
 
     def run(self) -> None:
         summary = self.summary
@@ -386,7 +396,8 @@ class _PageRun:
                                                   *_retry(pending))
             # the previous outcome is in; this record is in flight (uncertain until its
             # send says more)
-            self._go_on([(work, LeadState.UNCERTAIN, None)] if attempts is not None else [])
+            self._go_on([(work, LeadState.UNCERTAIN, STOPPED)] if attempts is not None
+                        else [])
             self._committed(pending)
             if attempts is None:
                 continue  # no longer dispatchable: someone else's state
@@ -398,9 +409,9 @@ class _PageRun:
             log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
                                        "attempts": attempts})
             # blocking, in this thread: a hard stop abandons it (the loop records uncertain)
-            outcome, retry = self._outcome(
-                self.port.send_blocking(work.event, work.write_id), work, attempts)
-            if not self._go_on([(work, outcome, retry)]):
+            outcome, failure = self._outcome(
+                self.port.send_blocking(work.event, work.write_id), attempts)
+            if not self._go_on([(work, outcome, failure)]):
                 return  # abandoned while out: the loop has recorded it uncertain
 
 
@@ -445,7 +456,7 @@ class _BatchRun(_PageRun):
             sent = [work for work in chunk if work.write_id in marked]
             # the previous outcomes are in; this batch is in flight (uncertain until the
             # request says more)
-            self._go_on([(work, LeadState.UNCERTAIN, None) for work in sent])
+            self._go_on([(work, LeadState.UNCERTAIN, STOPPED) for work in sent])
             self._committed(pending)
             if not sent:
                 continue  # none dispatchable any more: someone else's state
@@ -466,7 +477,7 @@ class _BatchRun(_PageRun):
                                                      for work in sent])
             attempts = max(marked[work.write_id] for work in sent)
             outcomes: list[Pending] = [
-                (work, *self._outcome(result, work, attempts))
+                (work, *self._outcome(result, attempts))
                 for work, result in zip(sent, results, strict=True)]
             if not self._go_on(outcomes):
                 return  # abandoned while out: the loop has recorded them uncertain
@@ -481,14 +492,17 @@ def _count(summary: CycleSummary, outcome: LeadState) -> None:
         summary.uncertain += 1
 
 
-def _counted(summary: CycleSummary, pending: list[Pending]) -> None:
+def _counted(summary: CycleSummary, pending: list[Pending], repeats: Repeats) -> None:
     """Count and log outcomes just committed.  A batch's confirmations are one line (the
-    keys listed): a line per record costs more than its commit does; every other outcome
-    is a line of its own, as it needs a look."""
+    keys listed): a line per record costs more than its commit does.  Its other outcomes
+    are one line per outcome and kind of failure (a failed batch of 1,000: one line, with
+    its size and why), and a failure said again within a minute is left out, counted in
+    the next line that says it (``repeats``), so a target that is down does not write a
+    warning per cycle."""
     for _, outcome, _ in pending:
         _count(summary, outcome)
     if len(pending) == 1:
-        _log_outcome(*pending[0])
+        _log_outcome(pending[0], repeats)
         return
     confirmed = [work.source_lead_id for work, outcome, _ in pending
                  if outcome is LeadState.CONFIRMED]
@@ -496,23 +510,54 @@ def _counted(summary: CycleSummary, pending: list[Pending]) -> None:
         log.info("%d confirmed", len(confirmed), extra={
             "action": "batch.confirmed", "count": len(confirmed), "keys": confirmed,
             "from_state": "in_flight", "to_state": "confirmed"})
-    for work, outcome, retry in pending:
-        if outcome is not LeadState.CONFIRMED:
-            _log_outcome(work, outcome, retry)
+    failed: dict[tuple[LeadState, str], list[Pending]] = {}
+    for item in pending:
+        if item[1] is not LeadState.CONFIRMED and item[2] is not None:
+            failed.setdefault((item[1], item[2].kind), []).append(item)
+    for (outcome, kind), items in failed.items():
+        repeated = repeats.admit((outcome, kind))
+        if repeated is None:
+            continue
+        failure = items[0][2]
+        assert failure is not None
+        extra: dict[str, object] = {
+            "action": f"batch.{outcome.value}", "count": len(items),
+            "keys": [work.source_lead_id for work, _, _ in items[:KEYS_SHOWN]],
+            "from_state": "in_flight", "to_state": outcome.value, "reason": kind}
+        if repeated:
+            extra["repeats"] = repeated
+        if failure.at is not None:
+            extra["next_attempt_at"] = to_text(failure.at)
+            log.warning("%d %s: %s; next attempt at %s", len(items), outcome.value,
+                        failure.reason, extra["next_attempt_at"], extra=extra)
+        else:
+            log.warning("%d %s: %s", len(items), outcome.value, failure.reason, extra=extra)
 
 
-def _log_outcome(work: LeadWork, outcome: LeadState, retry: Retry | None) -> None:
-    level = logging.INFO if outcome is LeadState.CONFIRMED else logging.WARNING
-    extra = {"action": f"lead.{outcome.value}", "key": work.source_lead_id,
-             "from_state": "in_flight", "to_state": outcome.value}
-    if retry is None:
-        log.log(level, "%s", outcome.value, extra=extra)
+#: the keys a line about many failed records names (the first ones; ``runner uncertain``
+#: and ``status --records`` list them all)
+KEYS_SHOWN = 10
+
+
+def _log_outcome(item: Pending, repeats: Repeats) -> None:
+    work, outcome, failure = item
+    extra: dict[str, object] = {"action": f"lead.{outcome.value}", "key": work.source_lead_id,
+                                "from_state": "in_flight", "to_state": outcome.value}
+    if failure is None:
+        log.info("%s", outcome.value, extra=extra)
         return
-    extra["next_attempt_at"] = to_text(retry.at)
-    if retry.reason is not None:
-        extra["reason"] = retry.reason
-    log.log(level, "%s: not sent, next attempt at %s", outcome.value, extra["next_attempt_at"],
-            extra=extra)
+    repeated = repeats.admit((outcome, failure.kind))
+    if repeated is None:
+        return
+    extra["reason"] = failure.kind
+    if repeated:
+        extra["repeats"] = repeated
+    if failure.at is None:
+        log.warning("%s: %s", outcome.value, failure.reason, extra=extra)
+        return
+    extra["next_attempt_at"] = to_text(failure.at)
+    log.warning("%s: %s; next attempt at %s", outcome.value, failure.reason,
+                extra["next_attempt_at"], extra=extra)
 
 
 @asynccontextmanager

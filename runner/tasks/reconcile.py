@@ -21,7 +21,12 @@ from typing import Protocol
 from runner import crashpoints
 from runner.clock import Clock
 from runner.leads.pacing import Backoff
-from runner.leads.port import CRMRecordPort, classify_readback, readback_in_words
+from runner.leads.port import (
+    CRMRecordPort,
+    classify_readback,
+    describe_failure,
+    readback_in_words,
+)
 from runner.store import DeliveryStore, LeadWork, Requeue
 
 log = logging.getLogger("runner.deliver")
@@ -117,11 +122,19 @@ async def reconcile_chunk(
         rows = await port.read_back_many([work.write_id for work in chunk])
         verdicts = [classify_readback(rows.get(work.write_id, []), port.map(work.event),
                                       work.write_id) for work in chunk]
+        port.repeats.forget("reconcile.read_failed")
     except Exception as exc:  # noqa: BLE001 - a failed read proves nothing either way (L6)
         verdicts = ["read_failed"] * len(chunk)
-        log.warning("readback failed: %s", type(exc).__name__, extra={
-            "action": "lead.reconcile_failed", "key": chunk[0].source_lead_id,
-            "count": len(chunk)})
+        kind, words = describe_failure(exc)
+        repeated = port.repeats.admit("reconcile.read_failed")
+        if repeated is not None:  # a target that is down: a line a minute, not a cycle
+            extra: dict[str, object] = {
+                "action": "lead.reconcile_failed", "key": chunk[0].source_lead_id,
+                "count": len(chunk), "reason": kind}
+            if repeated:
+                extra["repeats"] = repeated
+            log.warning("readback of %d uncertain failed: %s", len(chunk), words,
+                        extra=extra)
     resend = [work for work, verdict in zip(chunk, verdicts, strict=True)
               if verdict == "none"] if port.dedupes else []
     requeue = None
@@ -157,10 +170,8 @@ async def reconcile_chunk(
             log.info("confirmed by readback", extra={
                 "action": "lead.reconciled", "key": chunk[0].source_lead_id,
                 "from_state": "uncertain", "to_state": "confirmed"})
-        elif not resend:
-            log.warning("still uncertain: %s", readback_in_words(verdicts[0]), extra={
-                "action": "lead.still_uncertain", "key": chunk[0].source_lead_id,
-                "reason": verdicts[0]})
+        elif not resend and verdicts[0] != "read_failed":
+            _still_uncertain(port, verdicts[0], [chunk[0].source_lead_id], "lead")
         return result
     if confirmed:
         log.info("%d confirmed by readback", len(confirmed), extra={
@@ -171,7 +182,28 @@ async def reconcile_chunk(
         if verdict != "match" and not (resend and verdict == "none"):
             by_verdict.setdefault(verdict, []).append(work.source_lead_id)
     for verdict, keys in by_verdict.items():  # a line per verdict, not per record
-        log.warning("%d still uncertain: %s", len(keys), readback_in_words(verdict), extra={
-            "action": "batch.still_uncertain", "count": len(keys), "keys": keys,
-            "reason": verdict})
+        if verdict != "read_failed":  # said once, above
+            _still_uncertain(port, verdict, keys, "batch")
     return result
+
+
+#: the keys a line about many uncertain records names (``runner uncertain`` lists them all)
+KEYS_SHOWN = 10
+
+
+def _still_uncertain(port: CRMRecordPort, verdict: str, keys: list[str], what: str) -> None:
+    """The line for records a readback left uncertain: one per verdict, and at most one a
+    minute for the same verdict (a record read back every cycle is not news every cycle;
+    the line says how many like it were left out)."""
+    repeated = port.repeats.admit(("reconcile", verdict))
+    if repeated is None:
+        return
+    extra: dict[str, object] = {"action": f"{what}.still_uncertain", "reason": verdict}
+    if repeated:
+        extra["repeats"] = repeated
+    if what == "lead":
+        extra["key"] = keys[0]
+        log.warning("still uncertain: %s", readback_in_words(verdict), extra=extra)
+        return
+    extra.update(count=len(keys), keys=keys[:KEYS_SHOWN])
+    log.warning("%d still uncertain: %s", len(keys), readback_in_words(verdict), extra=extra)

@@ -63,6 +63,7 @@ def lead_row(row: Row) -> LeadRow:
         last_polled_at=row[8],
         contact_alias_present=bool(row[9]),
         last_error=row[10],
+        last_failure=row[11],
     )
 
 
@@ -253,7 +254,8 @@ class OperatorOps(Db):
         return [UncertainRow(
             seq=int(r[0]), source_lead_id=str(r[1]), write_id=WriteId(str(r[2])),
             attempts=int(r[3]), reconcile_attempts=int(r[4]), uncertain_since=r[5],
-            last_reconcile=r[6], last_reconcile_at=r[7]) for r in rows]
+            last_reconcile=r[6], last_reconcile_at=r[7], last_error=r[8],
+            last_failure=r[9]) for r in rows]
 
     async def resolve_subject(self, write_id: WriteId) -> ResolveSubject | None:
         from runner.storedata import ResolveSubject

@@ -4,6 +4,7 @@ kept ``resend_authorizations`` with one ``resend_authorized`` outbox event each,
 row guard of ``leads`` (v9's function, replaced) accepts either an operator's ``not_sent``
 decision or runner's authorisation at the record's current ``attempts`` for
 ``uncertain -> failed_safe``.  v16's WHEN condition already calls the guard for that move.
+It adds ``last_failure`` as on SQLite.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from runner.io.sqlite.schema import V9_TRANSITIONS, transition_list
 
 V17 = (
     """
+ALTER TABLE {s}.leads ADD COLUMN last_failure text;
+
 CREATE TABLE {s}.resend_authorizations (
     id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant_id      text NOT NULL,

@@ -65,20 +65,20 @@ SELECT write_id FROM leads WHERE write_id IN (SELECT value FROM json_each(:write
 -- name: record_page
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
        snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
-       last_error
+       last_error, last_failure
 FROM leads WHERE seq > :after_seq ORDER BY seq LIMIT :limit
 
 -- name: record_page_in_state
 -- the records in one state, in accept order (the index leads_by_state)
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
        snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
-       last_error
+       last_error, last_failure
 FROM leads WHERE state = :state AND seq > :after_seq ORDER BY state, seq LIMIT :limit
 
 -- name: find_lead
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
        snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
-       last_error
+       last_error, last_failure
 FROM leads WHERE tenant_id = :tenant_id AND source_lead_id = :source_lead_id
 
 -- name: lead_snapshot
@@ -105,7 +105,8 @@ SELECT
    FROM (SELECT * FROM operator_decisions ORDER BY id DESC LIMIT :shown)),
   (SELECT json_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at),
                       'rejected', (SELECT count(*) FROM leads
-                                   WHERE state = 'failed_safe' AND last_error IS NOT NULL))
+                                   WHERE state = 'failed_safe' AND last_error IS NOT NULL
+                                     AND coalesce(last_failure, 'rejected') = 'rejected'))
    FROM leads WHERE state = 'failed_safe' AND next_attempt_at IS NOT NULL)
 
 -- poll (runner.io.engine.observe): confirmed records, never polled first
@@ -155,7 +156,7 @@ INSERT INTO poll_health (failure, first_at, last_at) VALUES (:failure, :at, :at)
 -- operators (runner.io.engine.operators)
 -- name: uncertain_records
 SELECT seq, source_lead_id, write_id, attempts, reconcile_attempts, uncertain_since,
-       last_reconcile, last_reconcile_at
+       last_reconcile, last_reconcile_at, last_error, last_failure
 FROM leads WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit
 
 -- name: resolve_subject
@@ -169,7 +170,7 @@ VALUES (:tenant_id, :source_lead_id, :write_id, :decision, :reason, :readback, :
         :at)
 
 -- name: leave_uncertain
-UPDATE leads SET state = :state, updated_at = :at
+UPDATE leads SET state = :state, updated_at = :at, last_error = NULL, last_failure = NULL
 WHERE write_id = :write_id AND state = 'uncertain' AND attempts = :attempts RETURNING seq
 
 -- retention (runner.io.engine.retention, schema v7)
@@ -236,7 +237,8 @@ INSERT INTO target_pin (only_row, target_id, pinned_at) VALUES (1, :target_id, :
 ON CONFLICT (only_row) DO NOTHING
 
 -- name: recover_in_flight
-UPDATE leads SET state = 'uncertain', updated_at = :now
+UPDATE leads SET state = 'uncertain', updated_at = :now, last_error = :reason,
+                 last_failure = 'recovered'
 WHERE state = 'in_flight' RETURNING source_lead_id
 
 -- name: uncertain_page
@@ -272,8 +274,10 @@ UPDATE leads SET
     attempts = attempts + (write_id IS :next), updated_at = :now,
     next_attempt_at = CASE WHEN write_id IS NOT :next AND :outcome = 'failed_safe'
                            THEN :retry_at END,
-    last_error = CASE WHEN write_id IS NOT :next AND :outcome = 'failed_safe'
-                      THEN :reason END
+    last_error = CASE WHEN write_id IS NOT :next AND :outcome IN ('failed_safe', 'uncertain')
+                      THEN :reason END,
+    last_failure = CASE WHEN write_id IS NOT :next AND :outcome IN ('failed_safe', 'uncertain')
+                        THEN :failure END
 WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
 RETURNING write_id, attempts
@@ -294,7 +298,8 @@ UPDATE leads SET
     state = coalesce(s.outcome, 'in_flight'),
     attempts = attempts + (s.outcome IS NULL), updated_at = :now,
     next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at END,
-    last_error = CASE WHEN s.outcome = 'failed_safe' THEN :reason END
+    last_error = CASE WHEN s.outcome IN ('failed_safe', 'uncertain') THEN :reason END,
+    last_failure = CASE WHEN s.outcome IN ('failed_safe', 'uncertain') THEN :failure END
 FROM s
 WHERE leads.write_id = s.write_id
   AND ((s.outcome IS NOT NULL AND leads.state = 'in_flight')
@@ -304,6 +309,8 @@ RETURNING write_id, attempts
 -- name: record_reconcile
 UPDATE leads SET reconcile_attempts = reconcile_attempts + 1,
     state = CASE WHEN :ok THEN 'confirmed' ELSE state END,
+    last_error = CASE WHEN :ok THEN NULL ELSE last_error END,
+    last_failure = CASE WHEN :ok THEN NULL ELSE last_failure END,
     reconcile_note = coalesce(:note, reconcile_note),
     last_reconcile = coalesce(:outcome, last_reconcile),
     last_reconcile_at = CASE WHEN :outcome IS NULL THEN last_reconcile_at ELSE :now END,
@@ -316,6 +323,8 @@ WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq
 -- name: record_reconcile_batch
 UPDATE leads SET reconcile_attempts = reconcile_attempts + 1,
     state = CASE WHEN s.outcome IS NULL THEN 'confirmed' ELSE state END,
+    last_error = CASE WHEN s.outcome IS NULL THEN NULL ELSE last_error END,
+    last_failure = CASE WHEN s.outcome IS NULL THEN NULL ELSE last_failure END,
     reconcile_note = coalesce(s.note, reconcile_note),
     last_reconcile = coalesce(s.outcome, last_reconcile),
     last_reconcile_at = CASE WHEN s.outcome IS NULL THEN last_reconcile_at ELSE :now END,
@@ -342,7 +351,7 @@ RETURNING write_id, attempts
 -- name: requeue_authorized
 UPDATE leads SET state = 'failed_safe', reconcile_attempts = reconcile_attempts + 1,
     last_reconcile = 'none', last_reconcile_at = :now, next_attempt_at = :retry_at,
-    last_error = :reason, updated_at = :now
+    last_error = :reason, last_failure = 'requeued', updated_at = :now
 WHERE write_id IN (SELECT value FROM json_each(:write_ids)) AND +state = 'uncertain'
 RETURNING write_id
 

@@ -10,11 +10,20 @@ target keeps one row per ``write_id`` whatever arrives.  The row is kept as writ
 (UPDATE and DELETE raise) with one ``resend_authorized`` outbox event, and the guard of
 ``uncertain -> failed_safe`` now accepts either kind of evidence at the record's current
 ``attempts`` (one authorisation, one resend of one uncertain episode).
+
+v17 also keeps the kind of a record's last failure, ``last_failure`` (one of
+``runner.leads.port.FAILURES``: ``refused``, ``timed_out``, ``server_error``, ``dropped``,
+``recovered``, …), beside its words in ``last_error`` (v13, which now holds the reason of
+every failed_safe and uncertain outcome, not only a rejection), both set with the outcome
+and cleared by every other state change: an operator can tell a refused connection from a
+500 or a timeout (issue 29).
 """
 
 from __future__ import annotations
 
 V17 = """
+ALTER TABLE leads ADD COLUMN last_failure TEXT;
+
 CREATE TABLE resend_authorizations (
     id             INTEGER PRIMARY KEY,
     tenant_id      TEXT NOT NULL,
