@@ -42,7 +42,8 @@ class Applied:
 
     argv: list[str]
     path: str | None = None
-    #: option dest -> "flag" or "file"; options not named here have their default
+    #: option dest -> "flag", "file", or "flag and file" (a keyed option's keys from
+    #: both); options not named here have their default
     sources: dict[str, str] = field(default_factory=dict)
 
 

@@ -7,6 +7,7 @@ silently dropped, and ``config show`` never shows a secret."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 from runner import TargetSettings
 from runner.io.targets.compose import TargetOptions, open_adapter, takes_settings
-from tests.helpers import CliStore, event, last_json, run_cli, run_main, write_json
+from tests.helpers import ROOT, CliStore, event, last_json, run_cli, run_main, write_json
 from tests.procs import settings_adapter
 from tests.procs.settings_adapter import received
 
@@ -286,6 +287,8 @@ def test_a_repeated_option_key_is_a_usage_error(store: CliStore) -> None:
     ('target-timeout = 3\n[target]\ntimeout = 4\n',
      "target-timeout and target.timeout name one flag (--target-timeout); keep one"),
     ('[target]\nadapterr = "m:f"\n', "unknown key: target.adapterr"),
+    ('poll-limit = 3\npoll_limit = 4\n',
+     "poll-limit and poll_limit name one flag (--poll-limit); keep one"),
     ('[target]\nrate = "fast"\n', "bad.toml: target.rate: rate 'fast': give requests per time"),
 ])
 def test_a_bad_target_table_is_refused_by_key_and_nothing_runs(
@@ -380,3 +383,41 @@ options = {{ region = "eu" }}
     assert old.returncode == 2
     assert ("takes no settings, but --target-token-file, --target-option region were "
             "given") in old.stderr
+
+
+# -- the pages -------------------------------------------------------------------------
+
+
+def _blocks(page: str, language: str) -> list[str]:
+    text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)
+
+
+@pytest.mark.parametrize("page", ["reference/configuration.md", "how-to/target-adapter.md"])
+def test_the_pages_config_examples_pass_config_show(workdir: Path, scope_file: Path,
+                                                    page: str) -> None:
+    examples = _blocks(page, "toml")
+    assert examples, page
+    for i, text in enumerate(examples):
+        conf = _toml(workdir / f"example{i}.toml", text)
+        proc = run_main("config", "show", "--config", conf, "start", "--db", workdir / "q.db",
+                        "--scope", scope_file)
+        assert proc.returncode == 0, (text, proc.stderr)
+        values = json.loads(proc.stdout)["values"]
+        if "[target]" in text:
+            assert values["target-adapter"]["from"] == "file"
+            assert set(values["target-option"]["value"]) == {"region", "sheet"}
+
+
+def test_the_how_tos_settings_factory_runs_as_shown() -> None:
+    (source,) = [b for b in _blocks("how-to/target-adapter.md", "python")
+                 if "settings: TargetSettings" in b]
+    space: dict[str, Any] = {"CrmAdapter": lambda **kw: kw}
+    exec(compile(source, "target-adapter.md", "exec"), space)
+    made = space["make"]("https://crm.example/api", settings=TargetSettings(
+        token=b"t", options={"region": "us"}))
+    assert made == {"base_url": "https://crm.example/api", "token": "t", "timeout": 30.0,
+                    "region": "us", "sheet": "Leads"}
+    with pytest.raises(ValueError, match="unknown option regoin"):
+        space["make"]("https://crm.example/api", settings=TargetSettings(
+            token=b"t", options={"regoin": "us"}))

@@ -49,10 +49,10 @@ class TargetSettings:
     * ``timeout``: ``--target-timeout`` in seconds, or None when it was not given: the
       adapter then uses its own default.
     * ``options``: every ``--target-option KEY=VALUE`` (and the config file's
-      ``[target] options`` table), keys checked by :data:`OPTION_KEY`, values strings as
-      given; read-only.  runner gives them as they are: checking them (a missing or an
-      unknown key) is the factory's job, and a factory that raises stops the command with
-      one clear line (exit 2).
+      ``[target] options`` table), each key a letter or ``_`` then letters, digits,
+      ``_`` or ``-`` (at most 64), each value a string as given; read-only.  Checking
+      them (a missing or an unknown key) is the factory's job; a factory that raises
+      stops the command with one clear line (exit 2).
     """
 
     token: bytes | None = field(default=None, repr=False)
