@@ -195,13 +195,13 @@ ORDER BY seq LIMIT :limit
 -- name: record_operator_decisions
 INSERT INTO operator_decisions (tenant_id, source_lead_id, write_id, decision, reason,
                                 readback, attempts, decided_at)
-SELECT l.tenant_id, l.source_lead_id, l.write_id, :decision, :reason, :readback,
-       l.attempts, :at
+SELECT leads.tenant_id, leads.source_lead_id, leads.write_id, :decision, :reason,
+       :readback, leads.attempts, :at
 FROM json_each(:write_ids) AS d
-JOIN leads AS l ON l.write_id = d.value
-WHERE +l.state = 'uncertain'  -- "+": by write_id
-  AND l.attempts = json_extract(:attempts, '$[' || d.key || ']')
-ORDER BY l.seq
+JOIN leads ON leads.write_id = d.value
+WHERE +leads.state = 'uncertain'  -- "+": by write_id
+  AND leads.attempts = json_extract(:attempts, '$[' || d.key || ']')
+ORDER BY leads.seq
 RETURNING write_id
 
 -- the move of the records just decided (their decision rows exist: the guard lets
