@@ -64,7 +64,7 @@ def test_the_resolve_benchmark_settles_every_record_both_ways() -> None:
     the CLI, a sample resolved one process per record, the rest by one ``resolve --all``
     (the script exits non-zero unless every record was decided)."""
     proc = subprocess.run([sys.executable, "-m", "bench", "resolve", "--quick", "--backend",
-                           "sqlite"], capture_output=True, text=True, timeout=170, cwd=ROOT)
+                           "sqlite"], capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout.splitlines()[-1])
     (row,) = doc["rows"]
