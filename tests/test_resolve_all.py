@@ -413,3 +413,42 @@ def test_the_store_decides_a_record_once_per_uncertain_episode(db_location: str,
     records = by_key(db)
     assert records["lead-a"]["state"] == records["lead-b"]["state"] == "failed_safe"
     assert records["lead-sent"]["state"] == "confirmed"
+
+
+def test_no_readback_request_carries_more_than_the_adapters_max_batch(
+    db_location: str, scope_file: Path, target: Path, workdir: Path,
+) -> None:
+    """Through the library: 23 records, ``--batch-size`` 10, an adapter that takes at
+    most 4 a request: six requests of at most 4, each chunk its own commit."""
+    from runner.clock import SystemClock
+    from runner.io.stores import open_store
+    from runner.leads.port import CRMRecordPort
+    from runner.tasks.resolve import resolve_all
+    from tests.procs.resolve_adapters import Chunked
+
+    class Capped(Chunked):
+        max_batch = 4
+
+        def __init__(self, target: str) -> None:
+            super().__init__(target)
+            self.sizes: list[int] = []
+
+        def read_back_many(self, write_ids: Any) -> Any:
+            self.sizes.append(len(write_ids))
+            return super().read_back_many(write_ids)
+
+    db = db_location
+    accept_many(db, scope_file, workdir, 23)
+    crash_a_batch(db, scope_file, target, 23)
+    adapter = Capped(str(target))
+
+    async def go() -> Any:
+        async with await open_store(db) as store, store.worker_lock():
+            return await resolve_all(store, CRMRecordPort(adapter), SystemClock(),
+                                     "not-sent", REASON, chunk_size=10)
+
+    result = pg.run(go)
+    adapter.close()
+    assert result.decided == 23 and result.chunks == 6
+    assert adapter.sizes == [4, 4, 4, 4, 4, 3]
+    assert status(db)["counts"]["failed_safe"] == 23
