@@ -28,6 +28,7 @@ from runner.storedata import (
     AcceptOutcome,
     AcceptResultKind,
     Decision,
+    DecisionBatch,
     LeadRow,
     LeadWork,
     ObservationOutcome,
@@ -51,6 +52,7 @@ __all__ = [
     "AcceptOutcome",
     "AcceptResultKind",
     "Decision",
+    "DecisionBatch",
     "DeliveryStore",
     "DispatchSteps",
     "IntakeStore",
@@ -270,6 +272,32 @@ class OperatorStore(Protocol):
         the reason) and move the record from uncertain to ``decision.to_state``, guarded
         by its state and ``attempts``.  Raises IllegalTransition, having changed nothing,
         if the record is no longer uncertain at those attempts."""
+        ...
+
+    async def resolve_page(self, after_seq: int, limit: int, *,
+                           in_flight: bool = False) -> list[ResolveSubject]:
+        """Up to ``limit`` uncertain records after ``after_seq``, in accept order, as
+        ``resolve_subject`` gives them (``runner resolve --all`` pages through them);
+        ``in_flight``: in_flight records too (a dry run's view of what recovery would
+        make uncertain)."""
+        ...
+
+    async def record_operator_decisions(self, batch: DecisionBatch, now: datetime
+                                        ) -> set[WriteId]:
+        """``record_operator_decision`` for a chunk, in one transaction, set-based: for
+        every record of ``batch`` still uncertain at its attempts, one decision row (with
+        its ``operator_resolved`` event) and the move to ``batch.to_state`` (with its
+        ``state_changed`` event).  Returns the write_ids decided; a record no longer
+        uncertain at its attempts is left unchanged (and not returned)."""
+        ...
+
+    async def recover_in_flight(self, now: datetime) -> list[str]:
+        """As ``DeliveryStore.recover_in_flight``: a holder of the worker lock makes every
+        in_flight record uncertain (L7); ``resolve --all`` takes the lock, so it does."""
+        ...
+
+    async def uncertain_count(self) -> int:
+        """How many records are uncertain now."""
         ...
 
 

@@ -185,6 +185,22 @@ class Requeue(NamedTuple):
     reason: str
 
 
+class DecisionBatch(NamedTuple):
+    """One operator decision for many uncertain records (``runner resolve --all``): the
+    same ``decision``, ``reason`` and fresh ``readback`` verdict (``none`` for
+    ``not_sent``, ``match`` for ``confirmed``) for each, each record bound to the
+    ``attempts`` it had when it was read back (``records``: ``(write_id, attempts)``)."""
+
+    decision: Literal["confirmed", "not_sent"]
+    reason: str
+    readback: str
+    records: tuple[tuple[WriteId, int], ...]
+
+    @property
+    def to_state(self) -> LeadState:
+        return LeadState.CONFIRMED if self.decision == "confirmed" else LeadState.FAILED_SAFE
+
+
 class PollTarget(NamedTuple):
     """A confirmed record due for a status poll, with its last snapshot (canonical JSON)."""
 

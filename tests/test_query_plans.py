@@ -31,6 +31,11 @@ BY_WRITE_ID: dict[str, dict[str, Any]] = {
                               "reason": None, "failure": None},
     "record_reconcile_batch": {"now": "2026-01-01T00:00:00Z", "write_ids": ["w1"],
                                "outcomes": [None], "notes": [None]},
+    "record_operator_decisions": {"decision": "not_sent", "reason": "r", "readback": "none",
+                                  "at": "2026-01-01T00:00:00Z", "write_ids": ["w1", "w2"],
+                                  "attempts": [1, 1]},
+    "leave_uncertain_many": {"state": "failed_safe", "at": "2026-01-01T00:00:00Z",
+                             "write_ids": ["w1", "w2"], "attempts": [1, 1]},
 }
 STATE_INDEXES = ("leads_by_state", "leads_poll_order")
 

@@ -185,6 +185,47 @@ VALUES (:tenant_id, :source_lead_id, :write_id, :decision, :reason, :readback, :
 UPDATE {s}.leads SET state = :state, updated_at = :at, last_error = NULL, last_failure = NULL
 WHERE write_id = :write_id AND state = 'uncertain' AND attempts = :attempts RETURNING seq
 
+-- resolve --all: a page of uncertain records (with in_flight ones for a dry run, which
+-- shows what recovery would make uncertain), in accept order; one ordered range of
+-- leads_by_state (state, seq) per state, merged
+-- name: resolve_page
+SELECT seq, source_lead_id, write_id, state, canonical, tenant_id, attempts FROM (
+    (SELECT seq, source_lead_id, write_id, state, canonical, tenant_id, attempts
+     FROM {s}.leads WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit)
+    UNION ALL
+    (SELECT seq, source_lead_id, write_id, state, canonical, tenant_id, attempts
+     FROM {s}.leads WHERE :in_flight::boolean AND state = 'in_flight' AND seq > :after_seq
+     ORDER BY seq LIMIT :limit)) AS page
+ORDER BY seq LIMIT :limit
+
+-- resolve --all, one chunk's decisions (one transaction with leave_uncertain_many): a
+-- decision row (its trigger writes the operator_resolved event) for every record of the
+-- chunk still uncertain at the attempts it was read back at, in accept order; the
+-- records' rows stay locked until the move commits
+-- name: record_operator_decisions
+INSERT INTO {s}.operator_decisions (tenant_id, source_lead_id, write_id, decision, reason,
+                                    readback, attempts, decided_at)
+SELECT l.tenant_id, l.source_lead_id, l.write_id, :decision::text, :reason::text,
+       :readback::text, l.attempts, :at::text
+FROM {s}.leads AS l
+JOIN unnest(:write_ids::text[], :attempts::integer[]) AS d(write_id, attempts)
+  ON l.write_id = d.write_id
+WHERE l.write_id = ANY(:write_ids::text[]) AND coalesce(l.state, '') = 'uncertain'
+  AND l.attempts = d.attempts
+ORDER BY l.seq
+FOR UPDATE OF l
+RETURNING write_id
+
+-- the move of the records just decided (their decision rows exist: the guard lets
+-- uncertain -> failed_safe through only then), guarded by state and attempts
+-- name: leave_uncertain_many
+UPDATE {s}.leads AS l SET state = :state, updated_at = :at, last_error = NULL,
+    last_failure = NULL
+FROM unnest(:write_ids::text[], :attempts::integer[]) AS s(write_id, attempts)
+WHERE l.write_id = s.write_id AND l.write_id = ANY(:write_ids::text[])
+  AND coalesce(l.state, '') = 'uncertain' AND l.attempts = s.attempts
+RETURNING l.write_id
+
 -- retention (runner.io.engine.retention, schema v7)
 -- name: outbox_floor
 SELECT floor FROM {s}.outbox_retention

@@ -173,6 +173,49 @@ VALUES (:tenant_id, :source_lead_id, :write_id, :decision, :reason, :readback, :
 UPDATE leads SET state = :state, updated_at = :at, last_error = NULL, last_failure = NULL
 WHERE write_id = :write_id AND state = 'uncertain' AND attempts = :attempts RETURNING seq
 
+-- resolve --all: a page of uncertain records (with in_flight ones for a dry run, which
+-- shows what recovery would make uncertain), in accept order; one ordered range of
+-- leads_by_state (state, seq) per state, merged
+-- name: resolve_page
+SELECT seq, source_lead_id, write_id, state, canonical, tenant_id, attempts FROM (
+    SELECT * FROM (SELECT seq, source_lead_id, write_id, state, canonical, tenant_id,
+                          attempts
+                   FROM leads WHERE state = 'uncertain' AND seq > :after_seq
+                   ORDER BY seq LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (SELECT seq, source_lead_id, write_id, state, canonical, tenant_id,
+                          attempts
+                   FROM leads WHERE :in_flight AND state = 'in_flight' AND seq > :after_seq
+                   ORDER BY seq LIMIT :limit))
+ORDER BY seq LIMIT :limit
+
+-- resolve --all, one chunk's decisions (one transaction with leave_uncertain_many): a
+-- decision row (its trigger writes the operator_resolved event) for every record of the
+-- chunk still uncertain at the attempts it was read back at, in accept order.  The
+-- attempts are taken by index (json_extract), as in finish_and_mark_batch
+-- name: record_operator_decisions
+INSERT INTO operator_decisions (tenant_id, source_lead_id, write_id, decision, reason,
+                                readback, attempts, decided_at)
+SELECT leads.tenant_id, leads.source_lead_id, leads.write_id, :decision, :reason,
+       :readback, leads.attempts, :at
+FROM json_each(:write_ids) AS d
+JOIN leads ON leads.write_id = d.value
+WHERE +leads.state = 'uncertain'  -- "+": by write_id
+  AND leads.attempts = json_extract(:attempts, '$[' || d.key || ']')
+ORDER BY leads.seq
+RETURNING write_id
+
+-- the move of the records just decided (their decision rows exist: the guard lets
+-- uncertain -> failed_safe through only then), guarded by state and attempts
+-- name: leave_uncertain_many
+WITH s(write_id, attempts) AS MATERIALIZED (
+    SELECT d.value, json_extract(:attempts, '$[' || d.key || ']') FROM json_each(:write_ids) AS d)
+UPDATE leads SET state = :state, updated_at = :at, last_error = NULL, last_failure = NULL
+FROM s
+WHERE leads.write_id = s.write_id AND +leads.state = 'uncertain'
+  AND leads.attempts = s.attempts
+RETURNING leads.write_id
+
 -- retention (runner.io.engine.retention, schema v7)
 -- name: outbox_floor
 SELECT floor FROM outbox_retention
