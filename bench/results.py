@@ -6,6 +6,7 @@ JSON file here, and the documentation renders the latest file of each kind
     bench/results/batch-<UTC>.json     python -m bench batch      (not with --quick)
     bench/results/reconcile-<UTC>.json python -m bench reconcile  (not with --quick)
     bench/results/status-<UTC>.json    python -m bench status     (not with --quick)
+    bench/results/resolve-<UTC>.json   python -m bench resolve    (not with --quick)
     bench/results/accept-scale[-matrix|-random]-<UTC>.json  python -m bench accept-scale
                                        [--matrix|--random-keys] (not with --quick)
     bench/results/sweep-explain-<UTC>.json  python bench/sweep.py --explain   (not --quick)

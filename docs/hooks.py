@@ -694,6 +694,20 @@ def _render_accept_scale_matrix(_: dict[str, Any]) -> str:
     return "\n".join(out).rstrip()
 
 
+def _render_resolve(doc: dict[str, Any]) -> str:
+    """``python -m bench resolve``: one ``resolve --all`` against one ``resolve`` per
+    record (a sample, extrapolated), both as whole processes."""
+    rows = ["| backend | uncertain records | one `resolve --all` | chunks | one `resolve` per "
+            "record (mean of the sample) | the loop, extrapolated | ratio |",
+            "|---|---|---|---|---|---|---|"]
+    rows += [f"| {r['backend']} | {_num(r['records'])} | **{r['resolve_all_s']:,.2f} s** | "
+             f"{r['chunks']} | {r['single_mean_s'] * 1000:,.0f} ms ({r['single_sample']}) | "
+             f"{r['single_loop_s_extrapolated']:,.0f} s | {r['ratio_loop_to_all']:,.0f} |"
+             for r in doc["rows"]]
+    return "\n".join([_provenance(doc) + " Each figure is a whole process, from its spawn "
+                      "to its exit (interpreter start-up included).", "", *rows])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "accept-scale": _render_accept_scale,
     "accept-scale-random": _render_accept_scale,
@@ -703,6 +717,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "ingest": lambda doc: _render_rates(doc, "accepted by each contender"),
     "peers": lambda doc: _render_rates(doc, "delivered by each contender"),
     "reconcile": _render_reconcile,
+    "resolve": _render_resolve,
     "logcost": _render_logcost,
     "sweep-explain": _render_sweep_explain,
     "pipeline": _render_pipeline,

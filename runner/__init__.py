@@ -30,6 +30,7 @@ __all__ = [
     "Scope",
     "Snapshot",
     "TargetRow",
+    "TargetSettings",
 ]
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         Snapshot,
         TargetRow,
     )
+    from runner.leads.settings import TargetSettings
     from runner.leads.states import LeadState
     from runner.worker import DurableWorker
 
@@ -58,6 +60,7 @@ _WHERE = {
     "ReadFailure": "runner.leads.port",
     "Snapshot": "runner.leads.port",
     "TargetRow": "runner.leads.port",
+    "TargetSettings": "runner.leads.settings",
     "DurableWorker": "runner.worker",
     "LeadEvent": "runner.leads.models",
     "LeadState": "runner.leads.states",

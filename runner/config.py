@@ -8,6 +8,12 @@ parser, so it is checked exactly as the flag is; a key no command has is refused
 
 The file is applied by adding its values to the command line before argparse reads it:
 one code path parses flags and file alike.
+
+A ``[target]`` table (at the top level, or in a command's table) groups the target's
+flags: its key ``K`` is the flag ``--target-K`` (``adapter``, ``token-file``, ``timeout``,
+``rate`` …), ``location`` is ``--target`` itself, and ``options`` is a table of
+``--target-option KEY=VALUE``, values strings.  A command line's ``--target-option`` wins
+key by key: the file's other options still apply (:data:`KEYED`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,13 @@ from typing import Any
 from runner.errors import UsageError
 
 FLAG = "--config"
+#: the table of the target's flags, and its two keys that are not ``target-K``
+TARGET_TABLE = "target"
+TARGET_KEYS = {"location": "target", "options": "target-option"}
+#: an argparse action with this attribute true takes ``KEY=VALUE`` values, and a file's
+#: values join the command line's key by key (``--target-option``): a key on the command
+#: line wins, the file's other keys still apply
+KEYED = "keyed"
 
 
 @dataclass
@@ -29,7 +42,8 @@ class Applied:
 
     argv: list[str]
     path: str | None = None
-    #: option dest -> "flag" or "file"; options not named here have their default
+    #: option dest -> "flag", "file", or "flag and file" (a keyed option's keys from
+    #: both); options not named here have their default
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -83,12 +97,36 @@ def apply(parser: argparse.ArgumentParser, argv: Sequence[str]) -> Applied:
     added: list[str] = []
     for key, (spelled, value) in values.items():
         action = known.get(key)
-        if action is None or action.dest in given:
-            continue  # another command's flag, or given on the command line
+        if action is None:
+            continue  # another command's flag
+        source = "file"
+        if action.dest in given:
+            if not getattr(action, KEYED, False):
+                continue  # given on the command line
+            value = _keys_not_given(action, value, rest[words:])
+            if not value:
+                continue
+            source = "flag and file"
         added.extend(_as_args(action, value, spelled, path))
-        applied.sources[action.dest] = "file"
+        applied.sources[action.dest] = source
     applied.argv = [*rest, *added] if "--" not in rest else _before_dashes(rest, added)
     return applied
+
+
+def _keys_not_given(action: argparse.Action, value: Any, argv: Sequence[str]) -> list[Any]:
+    """A keyed option's file values (``KEY=VALUE``) whose keys ``argv`` does not give."""
+    given: set[str] = set()
+    items = iter(argv)
+    for arg in items:
+        if arg == "--":
+            break
+        for option in action.option_strings:
+            if arg == option:
+                given.add(str(next(items, "")).partition("=")[0])
+            elif arg.startswith(option + "="):
+                given.add(arg[len(option) + 1:].partition("=")[0])
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if not (isinstance(v, str) and v.partition("=")[0] in given)]
 
 
 def _before_dashes(rest: list[str], added: list[str]) -> list[str]:
@@ -106,25 +144,70 @@ def _values_for(
     unknown: list[str] = []
     top: dict[str, tuple[str, Any]] = {}
     tables: dict[str, dict[str, tuple[str, Any]]] = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and key in commands:
-            tables[key] = {_key(k): (k, v) for k, v in value.items()}
-            unknown.extend(f"[{key}] {k}" for k in value if _key(k) not in known)
+    for key, spelled, value in _entries(data, path, ""):
+        if isinstance(value, dict) and spelled in commands:
+            entries = _entries(value, path, f"[{spelled}] ")
+            tables[spelled] = {k: (name, v) for k, name, v in entries}
+            unknown.extend(f"[{spelled}] {name}" for k, name, _ in entries if k not in known)
         elif isinstance(value, dict):
-            unknown.append(f"[{key}]")
-        elif _key(key) in known:
-            top[_key(key)] = (key, value)
+            unknown.append(f"[{spelled}]")
+        elif key in known:
+            top[key] = (spelled, value)
         else:
-            unknown.append(key)
+            unknown.append(spelled)
     if unknown:
         raise UsageError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''}: "
                          f"{', '.join(unknown)} (keys are the long flags without '--', such "
-                         "as db or interval; a table is a command's name, such as [start])")
+                         "as db or interval; a table is a command's name, such as [start], "
+                         "or [target])")
     return top | (tables.get(command, {}) if command else {})
 
 
 def _key(name: str) -> str:
     return name.replace("_", "-")
+
+
+def _entries(data: Mapping[str, Any], path: str, where: str) -> list[tuple[str, str, Any]]:
+    """A table's keys as ``(flag key, spelling in the file, value)``, its ``[target]``
+    table spread into flag keys; two spellings of one flag are refused (neither is
+    dropped)."""
+    found: list[tuple[str, str, Any]] = []
+    for name, value in data.items():
+        if name == TARGET_TABLE and isinstance(value, dict):
+            found.extend(_target_entries(value, path, where))
+        else:
+            found.append((_key(name), name, value))
+    first: dict[str, str] = {}
+    for key, spelled, _ in found:
+        if key in first:
+            raise UsageError(f"{path}: {where}{first[key]} and {spelled} name one flag "
+                             f"(--{key}); keep one")
+        first[key] = spelled
+    return found
+
+
+def _target_entries(table: Mapping[str, Any], path: str,
+                    where: str) -> list[tuple[str, str, Any]]:
+    """``[target]``: ``K`` is ``target-K``, ``location`` is ``target``, and ``options`` a
+    table of ``target-option`` values (``KEY=VALUE``)."""
+    found: list[tuple[str, str, Any]] = []
+    for name, value in table.items():
+        key = TARGET_KEYS.get(_key(name), f"{TARGET_TABLE}-{_key(name)}")
+        spelled = f"{TARGET_TABLE}.{name}"
+        if key == "target-option" and isinstance(value, dict):
+            value = [_option_item(k, v, f"{path}: {where}{spelled}") for k, v in value.items()]
+        found.append((key, spelled, value))
+    return found
+
+
+def _option_item(key: str, value: Any, where: str) -> str:
+    """One entry of ``[target] options`` as ``--target-option``'s ``KEY=VALUE`` (the key
+    is checked by the flag's own parser); a value that is not a string is refused
+    without showing it (it may be a secret)."""
+    if not isinstance(value, str):
+        raise UsageError(f"{where}.{key}: an option's value is a string; write it in "
+                         "quotes")
+    return f"{key}={value}"
 
 
 def _as_args(action: argparse.Action, value: Any, key: str, path: str) -> list[str]:
@@ -136,7 +219,8 @@ def _as_args(action: argparse.Action, value: Any, key: str, path: str) -> list[s
         on = value if isinstance(action, argparse._StoreTrueAction) else not value
         return [action.option_strings[-1]] if on else []
     items = value if isinstance(value, list) else [value]
-    if isinstance(value, list) and not isinstance(action, argparse._AppendAction):
+    if isinstance(value, list) and not (isinstance(action, argparse._AppendAction)
+                                        or getattr(action, KEYED, False)):
         raise UsageError(f"{where}: takes one value, not a list")
     args: list[str] = []
     for item in items:

@@ -50,6 +50,9 @@ POINTS: Mapping[str, str] = {
     "dispatch.before-confirm": "the send's outcome is known; it is not committed (it commits "
                                "with the next record's in-flight mark, or alone at the end)",
     "dispatch.after-confirm": "the send's outcome (confirmed or other) committed",
+    "resolve.before-commit": "resolve --all read a chunk back; its decisions are not "
+                             "committed",
+    "resolve.after-commit": "a chunk of resolve --all's decisions committed",
     "poll.before-apply": "status reads returned; the pass (observations, health) not stored",
     "poll.after-apply": "a poll pass's observations and poll health committed",
     "sweep.before-commit": "a candidate sweep's updates are written, not committed",

@@ -26,6 +26,7 @@ import re
 import signal
 import sys
 import threading
+from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
 from types import FrameType
 from typing import Any, Literal, TextIO
@@ -38,6 +39,7 @@ SAFE_FIELDS = (
     "reconcile_attempts", "count", "cycle", "pid", "signal", "reason", "kind", "seconds",
     "task", "stage", "worker", "candidate", "error", "version", "store", "scope", "target",
     "interval", "heartbeat", "workers", "cycles", "moved", "keys", "next_attempt_at",
+    "repeats",
 )
 
 LEVELS = ("debug", "info", "warning", "error")
@@ -259,3 +261,36 @@ def report_error(message: str, *, fmt: LogFormat, reason: str) -> None:
             "name": "runner", "levelno": logging.ERROR, "levelname": "ERROR",
             "msg": message, "action": "command.failed", "reason": reason})
         _State.file.write_line(_State.file.format(record))
+
+
+class Repeats:
+    """Lines that say the same thing again, rate-limited (issue 29: a target down for an
+    hour must not write a warning per cycle): the first line of a kind is logged, then at
+    most one per ``window`` seconds, each saying how many like it were left out since the
+    last one.  Thread-safe (a dispatch run logs from its worker thread)."""
+
+    def __init__(self, window: float = 60.0,
+                 monotonic: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.window = window
+        self._monotonic = monotonic or time.monotonic
+        self._seen: dict[Hashable, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, key: Hashable) -> int | None:
+        """None: leave this line out (one like it was logged less than a window ago);
+        else log it, saying how many like it were left out since (0: none)."""
+        now = self._monotonic()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last[0] < self.window:
+                self._seen[key] = (last[0], last[1] + 1)
+                return None
+            self._seen[key] = (now, 0)
+            return 0 if last is None else last[1]
+
+    def forget(self, key: Hashable) -> None:
+        """The condition ended (a read that failed succeeds): its next line is logged."""
+        with self._lock:
+            self._seen.pop(key, None)

@@ -37,8 +37,9 @@ def record_json(row: LeadRow) -> dict[str, Any]:
         "snapshot": row.snapshot,
         "last_polled_at": row.last_polled_at,
         "contact_alias_present": row.contact_alias_present,
-        # failed_safe by a rejected write (HTTP 400/422): the target's reason (issue 17)
+        # failed_safe or uncertain: why, in words and its kind (issues 17, 29)
         "last_error": row.last_error,
+        "last_failure": row.last_failure,
     }
 
 

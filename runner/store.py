@@ -28,11 +28,13 @@ from runner.storedata import (
     AcceptOutcome,
     AcceptResultKind,
     Decision,
+    DecisionBatch,
     LeadRow,
     LeadWork,
     ObservationOutcome,
     ObservationWrite,
     PollTarget,
+    Requeue,
     ResolveSubject,
     ScopeData,
     StoreSummary,
@@ -50,6 +52,7 @@ __all__ = [
     "AcceptOutcome",
     "AcceptResultKind",
     "Decision",
+    "DecisionBatch",
     "DeliveryStore",
     "DispatchSteps",
     "IntakeStore",
@@ -60,6 +63,7 @@ __all__ = [
     "OperatorStore",
     "PollStore",
     "PollTarget",
+    "Requeue",
     "ResolveSubject",
     "ScopeData",
     "StatusReader",
@@ -84,6 +88,7 @@ class DispatchSteps(Protocol):
     def finish_and_mark(
         self, done: tuple[WriteId, LeadState] | None, next_write_id: WriteId, now: datetime,
         retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> int | None:
         """As :meth:`Store.finish_and_mark` (``done`` None: only the mark)."""
         ...
@@ -91,6 +96,7 @@ class DispatchSteps(Protocol):
     def finish_and_mark_batch(
         self, done: Sequence[tuple[WriteId, LeadState]], next_ids: Sequence[WriteId],
         now: datetime, retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> dict[WriteId, int]:
         """As :meth:`Store.finish_and_mark_batch`."""
         ...
@@ -175,7 +181,8 @@ class DeliveryStore(TargetPins, Protocol):
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime,
                           retry_at: datetime | None = None,
-                          reason: str | None = None) -> None:
+                          reason: str | None = None,
+                          failure: str | None = None) -> None:
         """in_flight -> ``outcome`` (confirmed, failed_safe or uncertain); a failed_safe
         outcome is due again at ``retry_at`` (None: at once), with the target's ``reason``
         for refusing it kept as its ``last_error`` (v13; None: none; every other state
@@ -189,6 +196,7 @@ class DeliveryStore(TargetPins, Protocol):
         now: datetime,
         retry_at: datetime | None = None,
         reason: str | None = None,
+        failure: str | None = None,
     ) -> int | None:
         """In one transaction: ``done``'s in_flight -> its outcome (as ``finish_send``,
         with its ``retry_at``), and ``next_write_id`` -> in_flight with ``attempts + 1``
@@ -205,6 +213,7 @@ class DeliveryStore(TargetPins, Protocol):
         now: datetime,
         retry_at: datetime | None = None,
         reason: str | None = None,
+        failure: str | None = None,
     ) -> dict[WriteId, int]:
         """A batch's step (issue 16), in one transaction: every ``done`` record's in_flight
         -> its outcome (failed_safe ones due again at ``retry_at``), and every ``next_ids``
@@ -235,11 +244,14 @@ class DeliveryStore(TargetPins, Protocol):
         ...
 
     async def record_reconcile_batch(
-        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime
+        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime,
+        requeue: Requeue | None = None,
     ) -> set[WriteId]:
         """:meth:`record_reconcile` for many records in one transaction: per record
         ``(write_id, outcome, note)``, ``outcome`` None for a matching readback
-        (confirmed).  Returns the write_ids that were still uncertain."""
+        (confirmed); and, in the same transaction, the records of ``requeue`` authorised
+        for a resend (SPEC E7: see :class:`Requeue`).  Returns the write_ids that were
+        still uncertain (changed)."""
         ...
 
 
@@ -260,6 +272,32 @@ class OperatorStore(Protocol):
         the reason) and move the record from uncertain to ``decision.to_state``, guarded
         by its state and ``attempts``.  Raises IllegalTransition, having changed nothing,
         if the record is no longer uncertain at those attempts."""
+        ...
+
+    async def resolve_page(self, after_seq: int, limit: int, *,
+                           in_flight: bool = False) -> list[ResolveSubject]:
+        """Up to ``limit`` uncertain records after ``after_seq``, in accept order, as
+        ``resolve_subject`` gives them (``runner resolve --all`` pages through them);
+        ``in_flight``: in_flight records too (a dry run's view of what recovery would
+        make uncertain)."""
+        ...
+
+    async def record_operator_decisions(self, batch: DecisionBatch, now: datetime
+                                        ) -> set[WriteId]:
+        """``record_operator_decision`` for a chunk, in one transaction, set-based: for
+        every record of ``batch`` still uncertain at its attempts, one decision row (with
+        its ``operator_resolved`` event) and the move to ``batch.to_state`` (with its
+        ``state_changed`` event).  Returns the write_ids decided; a record no longer
+        uncertain at its attempts is left unchanged (and not returned)."""
+        ...
+
+    async def recover_in_flight(self, now: datetime) -> list[str]:
+        """As ``DeliveryStore.recover_in_flight``: a holder of the worker lock makes every
+        in_flight record uncertain (L7); ``resolve --all`` takes the lock, so it does."""
+        ...
+
+    async def uncertain_count(self) -> int:
+        """How many records are uncertain now."""
         ...
 
 

@@ -11,6 +11,8 @@ named tuples: on Python 3.11 a frozen dataclass costs about four times as much t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from runner.errors import ConfigMismatch
@@ -41,8 +43,10 @@ class LeadRow(NamedTuple):
     last_polled_at: str | None
     #: whether the event carries a ``contact_alias``; never its value (K7)
     contact_alias_present: bool = False
-    #: failed_safe by a rejected write: the target's reason (v13; None otherwise)
+    #: failed_safe or uncertain: why, in words (v13: a rejected write's reason; v17: every
+    #: failure), and its kind (v17: ``runner.leads.port.FAILURES``); None otherwise
     last_error: str | None = None
+    last_failure: str | None = None
 
 
 ObservationOutcome = Literal["changed", "unchanged", "missing", "failed"]
@@ -63,6 +67,10 @@ class UncertainRow(NamedTuple):
     #: ``mismatch``, ``read_failed``), or None before the first
     last_reconcile: str | None
     last_reconcile_at: str | None
+    #: why it is uncertain: the failure of the send that made it so, in words and its kind
+    #: (v17: ``runner.leads.port.FAILURES``); None when not known (uncertain before v17)
+    last_error: str | None = None
+    last_failure: str | None = None
 
 
 class StoreSummary(NamedTuple):
@@ -156,6 +164,37 @@ class Decision(NamedTuple):
     reason: str
     readback: str | None
     attempts: int
+
+    @property
+    def to_state(self) -> LeadState:
+        return LeadState.CONFIRMED if self.decision == "confirmed" else LeadState.FAILED_SAFE
+
+
+class Requeue(NamedTuple):
+    """Uncertain records to send again, authorised by runner itself (SPEC E7, v17): the
+    store's target deduplicates by write_id and a fresh readback found no row for them.
+    Each still uncertain gets a kept ``resend_authorizations`` row (with its outbox event)
+    at its current attempts and becomes ``failed_safe``, due at ``due(attempts)`` (the
+    highest attempts among them: the records of one request stay one batch) with
+    ``reason`` as its ``last_error``.  ``target_id``: the pinned target (None: the adapter
+    cannot be pinned)."""
+
+    write_ids: Sequence[WriteId]
+    target_id: str | None
+    due: Callable[[int], datetime]
+    reason: str
+
+
+class DecisionBatch(NamedTuple):
+    """One operator decision for many uncertain records (``runner resolve --all``): the
+    same ``decision``, ``reason`` and fresh ``readback`` verdict (``none`` for
+    ``not_sent``, ``match`` for ``confirmed``) for each, each record bound to the
+    ``attempts`` it had when it was read back (``records``: ``(write_id, attempts)``)."""
+
+    decision: Literal["confirmed", "not_sent"]
+    reason: str
+    readback: str
+    records: tuple[tuple[WriteId, int], ...]
 
     @property
     def to_state(self) -> LeadState:

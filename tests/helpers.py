@@ -408,3 +408,23 @@ class CliStore:
             target.close()
 
         pg.run(go)  # on a loop of its own: callable from sync and async tests
+
+
+def outbox_events(location: str | Path) -> list[tuple[str, dict[str, Any]]]:
+    """Every outbox event of a store on either backend, as ``(kind, payload)``, in order,
+    read straight from its table."""
+    import sqlite3
+
+    from tests import pg
+
+    db = str(location)
+    if pg.is_pg(db):
+        rows = pg.fetch(f'SELECT kind, payload::text FROM "{pg.schema_of(db)}".outbox '
+                        "ORDER BY seq")
+    else:
+        conn = sqlite3.connect(db)
+        try:
+            rows = conn.execute("SELECT kind, payload FROM outbox ORDER BY seq").fetchall()
+        finally:
+            conn.close()
+    return [(str(kind), json.loads(payload)) for kind, payload in rows]

@@ -74,3 +74,16 @@ def test_the_postgresql_table_target_benchmark_runs_runner_and_the_floor() -> No
     assert "runner, in process (run_cycle)" in proc.stdout
     assert "bare asyncpg, the same INSERTs" in proc.stdout and "ratio" in proc.stdout
     assert "where runner's cycle goes" in proc.stdout
+
+
+def test_the_resolve_benchmark_settles_every_record_both_ways() -> None:
+    """``python -m bench resolve --quick`` keeps working: a crashed batch arranged through
+    the CLI, a sample resolved one process per record, the rest by one ``resolve --all``
+    (the script exits non-zero unless every record was decided)."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "resolve", "--quick", "--backend",
+                           "sqlite"], capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout.splitlines()[-1])
+    (row,) = doc["rows"]
+    assert row["backend"] == "sqlite" and row["records"] == 200 and row["chunks"] == 1
+    assert row["resolve_all_s"] > 0 and row["single_mean_s"] > 0

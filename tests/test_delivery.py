@@ -31,8 +31,9 @@ async def test_confirmed_on_exact_readback(db_location: str, target: Path) -> No
         for i in range(3):
             await worker.accept(event(i))
         summary = await worker.run_cycle()
-        assert summary.to_json() == {"recovered": 0, "reconciled": 0, "dispatched": 3,
-                                     "confirmed": 3, "failed_safe": 0, "uncertain": 0,
+        assert summary.to_json() == {"recovered": 0, "reconciled": 0, "requeued": 0,
+                                     "dispatched": 3, "confirmed": 3, "failed_safe": 0,
+                                     "uncertain": 0,
                                      "poll_failed": 0,
                                      "polled": 0, "still_uncertain": 0}
         recs = await records(worker)

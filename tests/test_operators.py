@@ -381,6 +381,11 @@ def test_the_latest_guard_allows_exactly_the_transition_table() -> None:
     from runner.leads.states import allowed_pairs
 
     assert sorted(schema.V9_TRANSITIONS) == sorted(allowed_pairs())
-    later = [v for v in schema.MIGRATIONS if v > 9 and "transition" in schema.MIGRATIONS[v]]
+    later = [v for v in schema.MIGRATIONS
+             if v > 9 and "leads_transition_guard" in schema.MIGRATIONS[v]]
     assert later == [16]  # no other later migration installs another guard
+    # v17 replaces only the evidence guard of uncertain -> failed_safe (SPEC E7)
+    resend = [v for v in schema.MIGRATIONS
+              if v > 9 and "leads_resend_needs_decision" in schema.MIGRATIONS[v]]
+    assert resend == [17]
     assert schema.transition_tokens(schema.V9_TRANSITIONS) in schema.MIGRATIONS[16]

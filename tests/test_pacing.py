@@ -495,8 +495,9 @@ def test_a_rate_limited_target_gets_every_record_once(cli_store: CliStore) -> No
         assert child.finish() == 0, child.err
     finally:
         child.kill()
-    refused = [line for line in child.err if "lead.failed_safe" in line]
-    assert refused and all("next_attempt_at" in line for line in refused)  # it did refuse
+    refused = [line for line in child.err if ".failed_safe" in line]  # one line a batch
+    assert refused and all("next_attempt_at" in line and "reason=rate_limited" in line
+                           for line in refused)  # it did refuse
     doc = s.status()
     assert doc["counts"]["confirmed"] == 12 and doc["retries"]["waiting"] == 0
     rows = sheet_rows(s.target)

@@ -126,7 +126,11 @@ def test_a_postgresql_store_delivers_beside_itself_but_never_into_its_own_tables
     ("once", ["--target", "{dsn}", "--target-table", "leads", "--target-adapter",
               "tests.procs.example_adapter:make"], "not for a --target-adapter"),
     ("once", ["--target", "{dsn}", "--target-table", "leads", "--target-token-file",
-              "{dir}/token"], "--target-token-file is for an http(s):// --target"),
+              "{dir}/token"], "the PostgreSQL table target takes no --target-token-file"),
+    ("once", ["--target", "{dsn}", "--target-table", "leads", "--target-option", "a=b"],
+     "the PostgreSQL table target takes no --target-option a"),
+    ("once", ["--target", "{dir}/sheet.db", "--target-timeout", "5"],
+     "--target-timeout for those and a postgresql:// --target"),
 ])
 def test_the_table_option_without_a_postgresql_target_or_the_reverse_is_a_usage_error(
         workdir: Path, scope_file: Path, target_schema: str, command: str,
@@ -222,13 +226,17 @@ def test_a_dsns_password_never_reaches_the_output_or_the_logs(
 
 def test_the_table_options_can_come_from_the_configuration_file(
         into_table: CliStore, target_schema: str, workdir: Path) -> None:
-    config = workdir / "runner.toml"
-    config.write_text(f'target = "{pg.dsn()}"\ntarget-table = "{target_schema}.leads"\n')
-    into_table.accept(1)
-    proc = run_main("once", "--db", into_table.db, "--scope", into_table.scope,
-                    "--config", config)
-    assert proc.returncode == 0, proc.stderr
-    assert last_json(proc.stdout)["confirmed"] == 1
+    flat, grouped = workdir / "flat.toml", workdir / "grouped.toml"
+    flat.write_text(f'target = "{pg.dsn()}"\ntarget-table = "{target_schema}.leads"\n')
+    grouped.write_text(f'[target]\nlocation = "{pg.dsn()}"\ntable = "{target_schema}.leads"\n'
+                       "timeout = 20\n")
+    for i, config in enumerate((flat, grouped), 1):
+        into_table.accept(i)
+        proc = run_main("once", "--db", into_table.db, "--scope", into_table.scope,
+                        "--config", config)
+        assert proc.returncode == 0, proc.stderr
+        assert last_json(proc.stdout)["confirmed"] == 1
+    assert len(table_rows(target_schema)) == 2
 
 
 def test_runners_faults_wrap_the_table_target_and_a_lost_answer_is_reconciled(

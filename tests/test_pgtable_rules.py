@@ -108,6 +108,24 @@ def test_a_write_failure_is_classified_by_its_phase_and_the_servers_severity(
     assert "\n" not in found.message
 
 
+@pytest.mark.parametrize(("exc", "phase", "kind"), [
+    (ConnectionRefusedError(111, "Connection refused"), "connect", "refused"),
+    (server(E.AdminShutdownError, "FATAL"), "connect", "refused"),
+    (server(E.CheckViolationError, "ERROR"), "statement", "rejected"),
+    (server(E.DiskFullError, "ERROR"), "statement", "not_sent"),
+    (server(E.AdminShutdownError, "FATAL"), "statement", "server_error"),
+    (server(E.InternalServerError, "PANIC"), "statement", "server_error"),
+    (TimeoutError(), "statement", "timed_out"),
+    (E.ConnectionDoesNotExistError("closed in the middle"), "statement", "dropped"),
+    (ConnectionResetError(104, "reset"), "statement", "dropped"),
+    (E.InterfaceError("connection is closed"), "statement", "dropped"),
+    (RuntimeError("anything"), "statement", "ambiguous"),
+])
+def test_each_write_failure_says_what_happened_for_the_operator(
+        exc: BaseException, phase: str, kind: str) -> None:
+    assert classify_write(exc, phase, WHERE).failure == kind  # type: ignore[arg-type]
+
+
 def test_a_rejected_write_carries_the_servers_reason_and_sqlstate() -> None:
     found = classify_write(server(E.CheckViolationError, "ERROR",
                                   'new row violates check constraint "no_tests"'),

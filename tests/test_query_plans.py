@@ -28,9 +28,14 @@ BY_WRITE_ID: dict[str, dict[str, Any]] = {
     "observe_changed": {"at": "2026-01-01T00:00:00Z", "changes": [["w1", "{}"]]},
     "finish_and_mark_batch": {"now": "2026-01-01T00:00:00Z", "done": ["w1"],
                               "outcomes": ["confirmed"], "next": ["w2"], "retry_at": None,
-                              "reason": None},
+                              "reason": None, "failure": None},
     "record_reconcile_batch": {"now": "2026-01-01T00:00:00Z", "write_ids": ["w1"],
                                "outcomes": [None], "notes": [None]},
+    "record_operator_decisions": {"decision": "not_sent", "reason": "r", "readback": "none",
+                                  "at": "2026-01-01T00:00:00Z", "write_ids": ["w1", "w2"],
+                                  "attempts": [1, 1]},
+    "leave_uncertain_many": {"state": "failed_safe", "at": "2026-01-01T00:00:00Z",
+                             "write_ids": ["w1", "w2"], "attempts": [1, 1]},
 }
 STATE_INDEXES = ("leads_by_state", "leads_poll_order")
 

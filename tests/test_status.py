@@ -27,7 +27,8 @@ from tests.helpers import (
 from tests.pipeline_fixtures import query
 
 RECORD_FIELDS = {"source_lead_id", "state", "write_id", "attempts", "reconcile_attempts",
-                 "snapshot", "last_polled_at", "contact_alias_present", "last_error"}
+                 "snapshot", "last_polled_at", "contact_alias_present", "last_error",
+                 "last_failure"}
 
 
 @pytest.fixture

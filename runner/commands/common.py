@@ -135,6 +135,40 @@ def plugin_option(parser: argparse.ArgumentParser, help_text: str) -> None:
                         help=f"{help_text} (repeatable; trusted code: it runs as runner)")
 
 
+def target_option(text: str) -> tuple[str, str]:
+    """An argparse ``type`` for ``--target-option``: ``KEY=VALUE`` as ``(key, value)``, the
+    key checked (``runner.leads.settings.OPTION_KEY``), the value any string.  An error
+    never shows the value (it may be a secret)."""
+    from runner.leads.settings import check_option_key
+
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError("takes KEY=VALUE (no '=' was given)")
+    try:
+        return check_option_key(key), value
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+class OptionAction(argparse.Action):
+    """``--target-option KEY=VALUE``, repeated: a dict of key to value on the namespace;
+    a key given twice is a usage error.  ``keyed``: a config file's options join the
+    command line's key by key (``runner.config``); ``masked``: ``config show`` hides the
+    values."""
+
+    keyed = True
+    masked = True
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        key, value = values
+        options = dict(getattr(namespace, self.dest, None) or {})
+        if key in options:
+            parser.error(f"{option_string or self.dest} {key}: given twice (each key once)")
+        options[key] = value
+        setattr(namespace, self.dest, options)
+
+
 def common_options(*, scope: str = "none", target: str = "none") -> Parser:
     """Options shared by commands.  ``scope``/``target``: ``required|optional|none``."""
     parent = Parser(add_help=False)
@@ -150,20 +184,26 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
                                  "database), else the synthetic target's SQLite file; with "
                                  "--target-adapter, whatever that adapter takes")
         parent.add_argument("--target-adapter", metavar="MODULE:FACTORY",
-                            help="import MODULE and call FACTORY(target) for the adapter "
-                                 "(your own code, trusted: importing it runs it)")
+                            help="import MODULE and call FACTORY(target), or FACTORY(target, "
+                                 "settings=...) when it has a settings parameter, for the "
+                                 "adapter (your own code, trusted: importing it runs it)")
         parent.add_argument("--target-table", metavar="NAME",
                             help="with a postgresql:// --target: the table to deliver into "
                                  "(NAME or SCHEMA.NAME; created on first use), the "
                                  "PostgreSQL table target")
         parent.add_argument("--target-token-file", metavar="PATH",
-                            help="the HTTP target's bearer token; else "
-                                 "$RUNNER_TARGET_TOKEN (never logged)")
-        parent.add_argument("--target-timeout", type=number(float, 0.1, 3600), default=10.0,
-                            metavar="S",
+                            help="the HTTP target's bearer token, or a --target-adapter's "
+                                 "settings.token; else $RUNNER_TARGET_TOKEN (never logged)")
+        parent.add_argument("--target-timeout", type=number(float, 0.1, 3600), metavar="S",
                             help="seconds the HTTP target may take to answer a request "
-                                 "(read timeout), or the PostgreSQL table target a "
-                                 "statement (default 10)")
+                                 "(read timeout; default 10), the PostgreSQL table target "
+                                 "a statement (default 10), or a --target-adapter's "
+                                 "settings.timeout (default: none, the adapter's own)")
+        parent.add_argument("--target-option", action=OptionAction, metavar="KEY=VALUE",
+                            type=target_option,
+                            help="an option for a --target-adapter factory "
+                                 "(settings.options; repeatable, each KEY once; values are "
+                                 "masked by config show, yet keep secrets in files)")
     parent.add_argument("--now", help="the current time, ISO-8601 with a timezone")
     parent.add_argument("--config", metavar="FILE",
                         help="read options from a TOML file (keys are the long flags "
@@ -196,7 +236,9 @@ def clock_from(args: argparse.Namespace) -> Clock:
 
 def check_paths(args: argparse.Namespace) -> None:
     """``--db`` and ``--target`` naming one file would let the target corrupt the store;
+    a companion flag the target would not take is refused (:func:`check_target`);
     ``--target-table`` goes with a postgresql:// ``--target`` only, and it with one."""
+    check_target(args)
     target = getattr(args, "target", None)
     table = getattr(args, "target_table", None)
     if table is not None or (target or "").startswith(("postgresql://", "postgres://")):
@@ -212,18 +254,44 @@ def check_paths(args: argparse.Namespace) -> None:
         raise UsageError("--db and --target name the same file; use two separate files")
 
 
+def target_given(args: argparse.Namespace) -> tuple[str, ...]:
+    """The companion flags of ``--target`` a command line gave, as the refusals name
+    them: ``--target-token-file``, ``--target-timeout``, ``--target-option KEY``."""
+    given = [flag for flag, dest in (("--target-token-file", "target_token_file"),
+                                     ("--target-timeout", "target_timeout"))
+             if getattr(args, dest, None) is not None]
+    given.extend(f"--target-option {key}" for key in getattr(args, "target_option", None) or {})
+    return tuple(given)
+
+
+def check_target(args: argparse.Namespace) -> None:
+    """Refuse, before anything is opened, a companion flag that the command line's built-in
+    target would not take (a ``--target-adapter`` factory's answer is read when it is
+    loaded).  Light: ``status`` can afford it."""
+    given = target_given(args)
+    if not given or not hasattr(args, "target"):
+        return
+    from runner.io.targets.compose import check_given
+
+    check_given(args.target, getattr(args, "target_adapter", None), given)
+
+
 def open_target(args: argparse.Namespace) -> CRMAdapter | None:
     """The adapter of a command line's ``--target`` and its companions (None: none).
     Close it with ``runner.io.targets.close_adapter``."""
-    from runner.io.targets.compose import TargetOptions, open_adapter
+    from runner.io.targets.compose import TargetOptions, is_url, open_adapter
+    from runner.leads.settings import TargetSettings
 
     target: str | None = getattr(args, "target", None)
-    url = target is not None and target.startswith(("http://", "https://"))
+    adapter: str | None = getattr(args, "target_adapter", None)
     token_file = getattr(args, "target_token_file", None)
-    if token_file is not None and not url:
-        raise UsageError("--target-token-file is for an http(s):// --target")
-    token = read_target_token(token_file) if url else None
-    return open_adapter(TargetOptions(
-        target, adapter=getattr(args, "target_adapter", None), token=token,
-        read_timeout=getattr(args, "target_timeout", 10.0),
-        table=getattr(args, "target_table", None)))
+    token = None
+    if adapter is not None:  # the adapter's bytes, whatever they are
+        token = read_secret(token_file, TARGET_TOKEN_ENV, "target token")
+    elif target is not None and is_url(target):  # an HTTP header's
+        token = read_target_token(token_file)
+    settings = TargetSettings(token=token, timeout=getattr(args, "target_timeout", None),
+                              options=getattr(args, "target_option", None) or {})
+    return open_adapter(TargetOptions(target, adapter=adapter, settings=settings,
+                                      given=target_given(args),
+                                      table=getattr(args, "target_table", None)))

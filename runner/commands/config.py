@@ -14,7 +14,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     verbs = config.add_subparsers(dest="verb", required=True, parser_class=Parser)
     show = verbs.add_parser(
         "show", help="print the options a command line would run with, each with where it "
-                     "came from: flag, file (--config) or default (changes nothing)")
+                     "came from: flag, file (--config), 'flag and file' (--target-option) "
+                     "or default (changes nothing)")
     show.add_argument("--config", metavar="FILE",
                       help="a TOML file of options (keys are the long flags without '--')")
     show.add_argument("words", nargs=argparse.REMAINDER, metavar="COMMAND ...",
@@ -35,13 +36,25 @@ async def cmd_show(args: argparse.Namespace) -> int:
     namespace = parser.parse_args(applied.argv)
     leaf, _ = config.leaf(parser, applied.argv)
     assert leaf is not None  # parse_args found the command
-    values = {key: {"value": _plain(getattr(namespace, action.dest)),
+    values = {key: {"value": _shown(action, getattr(namespace, action.dest)),
                     "from": applied.sources.get(action.dest, "default")}
               for key, action in config.options(leaf).items()
               if not key.startswith("config")}
     emit({"command": " ".join(str(_plain(w)) for w in words if not w.startswith("-"))[:80],
           "config": applied.path, "values": values})
     return 0
+
+
+#: what ``config show`` prints for a masked option's value (``--target-option``'s)
+MASK = "***"
+
+
+def _shown(action: argparse.Action, value: Any) -> Any:
+    """A value as ``config show`` prints it: a masked action's values hidden, keys kept
+    (an option's value may be a secret; the token itself is never in the options)."""
+    if getattr(action, "masked", False) and isinstance(value, dict):
+        return dict.fromkeys(sorted(value), MASK)
+    return _plain(value)
 
 
 def _plain(value: Any) -> Any:
@@ -51,6 +64,8 @@ def _plain(value: Any) -> Any:
         return value
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
     return str(value)
 
 

@@ -13,12 +13,16 @@ from runner.commands.common import (
     clock_from,
     common_options,
     emit,
+    number,
 )
 from runner.io.stores import describe_location, open_store, store_exists
+from runner.limits import BATCH_SIZE_RANGE, DEFAULT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from datetime import datetime
 
+    from runner.clock import Clock
+    from runner.leads.port import CRMRecordPort
     from runner.store import Store
     from runner.storedata import UncertainRow
 
@@ -35,14 +39,28 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
     resolve = sub.add_parser(
         "resolve", parents=[common_options(scope="optional", target="optional")],
-        help="record an operator's decision on one uncertain record: confirmed (the row "
-             "was verified by other means) or not-sent (after a fresh readback that finds "
-             "no row, the record is sent again)")
-    resolve.add_argument("--write-id", required=True, metavar="W",
-                         help="the uncertain record's write_id (see 'runner uncertain')")
+        help="record an operator's decision on one uncertain record (--write-id), or on "
+             "every one whose fresh readback is conclusive (--all): confirmed (the row is "
+             "there) or not-sent (after a fresh readback that finds no row, the record is "
+             "sent again)")
+    which = resolve.add_mutually_exclusive_group(required=True)
+    which.add_argument("--write-id", metavar="W",
+                       help="the uncertain record's write_id (see 'runner uncertain')")
+    which.add_argument("--all", dest="resolve_all", action="store_true",
+                       help="every uncertain record (in-flight ones are made uncertain "
+                            "first) whose fresh readback, in chunks, is conclusive: no row "
+                            "for not-sent, exactly one equal row for confirmed; the others "
+                            "are left alone and listed with why (needs --target)")
+    low, high = BATCH_SIZE_RANGE
+    resolve.add_argument("--batch-size", type=number(int, low, high),
+                         default=DEFAULT_BATCH_SIZE, metavar="N",
+                         help=f"with --all: records per readback request and per commit "
+                              f"({low}-{high}, default {DEFAULT_BATCH_SIZE}; at most the "
+                              "adapter's max_batch); a single --write-id is one record")
     resolve.add_argument("--as", dest="resolve_as", required=True,
                          choices=["confirmed", "not-sent"],
-                         help="confirmed: you verified the row in the target; not-sent: the "
+                         help="confirmed: you verified the row in the target (with --all: "
+                              "runner reads it back and finds it equal); not-sent: the "
                               "original request can no longer arrive (needs --target)")
     resolve.add_argument("--reason", required=True, metavar="TEXT",
                          help="why: kept with the decision and its outbox event (1-1000 "
@@ -64,7 +82,8 @@ def uncertain_json(row: UncertainRow, now: datetime) -> dict[str, Any]:
             "attempts": row.attempts, "reconcile_attempts": row.reconcile_attempts,
             "last_reconcile": row.last_reconcile, "last_reconcile_at": row.last_reconcile_at,
             "last_reconcile_words": readback_in_words(row.last_reconcile,
-                                                      row.reconcile_attempts)}
+                                                      row.reconcile_attempts),
+            "last_error": row.last_error, "last_failure": row.last_failure}
 
 
 async def write_uncertain(store: Store, now: datetime, write: Callable[[str], object]) -> None:
@@ -106,9 +125,13 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     scope = load_scope(args.scope) if args.scope else None
     if not await store_exists(args.db):
         raise StoreNotFound(f"no store at {describe_location(args.db)}")
-    if args.target is None and args.resolve_as == "not-sent":
+    if args.target is None and (args.resolve_as == "not-sent" or args.resolve_all):
         from runner.errors import RuleViolation
 
+        if args.resolve_all:
+            raise RuleViolation("--all needs --target: runner reads every record back "
+                                "before it decides it", reason="target_required",
+                                detail={"as": args.resolve_as})
         raise RuleViolation("--as not-sent needs --target: runner reads the target back "
                             "before it lets a record be sent again", reason="target_required",
                             detail={"write_id": args.write_id})
@@ -125,6 +148,9 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
             port = CRMRecordPort(target) if target is not None else None
         # a writing command: a store at an older schema is upgraded (as 'once' does)
         async with await open_store(args.db, scope=scope) as store, store.worker_lock():
+            if args.resolve_all:
+                assert port is not None  # --all needs --target (checked above)
+                return await resolve_all_until_signalled(store, port, clock, args)
             result = await resolve(store, port, clock, args.write_id, args.resolve_as,
                                    args.reason, dry_run=args.dry_run)
     finally:
@@ -134,6 +160,37 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
             close_adapter(target)
     emit(result.to_json())
     return 0
+
+
+#: seconds a chunk's commit may take to finish after a first SIGINT/SIGTERM
+COMMIT_GRACE = 30.0
+
+
+async def resolve_all_until_signalled(store: Store, port: CRMRecordPort, clock: Clock,
+                                      args: argparse.Namespace) -> int:
+    """``resolve --all`` under the worker lock, stopped by SIGINT/SIGTERM between chunks
+    (``runner.signals``): a first signal abandons a readback in progress (its chunk stays
+    uncertain) or lets a commit in progress finish, then the answer is printed and the exit
+    code is 0; a second one stops at once (130/143; a chunk not yet committed is rolled
+    back).  The answer is printed either way, with what was committed."""
+    import anyio
+
+    from runner import signals
+    from runner.tasks.resolve import ResolveAllResult, resolve_all
+
+    shutdown = signals.Shutdown(COMMIT_GRACE)
+    result = ResolveAllResult(args.resolve_as, args.dry_run)
+    with signals.receiver() as received:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(signals.watch, received, shutdown, tg)
+            await resolve_all(store, port, clock, args.resolve_as, args.reason,
+                              chunk_size=args.batch_size, dry_run=args.dry_run,
+                              guard=shutdown, result=result)
+            tg.cancel_scope.cancel()
+    if shutdown.hard:
+        result.stopped = True
+    emit(result.to_json())
+    return shutdown.exit_code
 
 
 def probe_lock(db: str) -> None:

@@ -9,4 +9,5 @@ its failure classification.  The tasks that run them on an interval are in
     states.py   LeadState and the allowed transitions
     intake.py   validation, canonical JSON, group commit: accept answers after the commit
     port.py     the CRM target port: CRMAdapter, CRMRecordPort, BeforeWriteError, readback
+    settings.py TargetSettings: what a command line gives a --target-adapter factory
 """

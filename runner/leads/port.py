@@ -73,21 +73,31 @@ import anyio
 
 from runner import crashpoints
 from runner.errors import RunnerError, UsageError
+from runner.leads.failures import FAILURES
 from runner.leads.models import CRMRecord, LeadEvent
 from runner.leads.pacing import Pacer
+from runner.logs import Repeats
 
 
 class TargetError(RunnerError):
-    """A target call failed.  Never an exit code of its own: it becomes a record state."""
+    """A target call failed.  Never an exit code of its own: it becomes a record state.
+
+    ``failure``: what happened, as one of :data:`FAILURES` (a subclass has its own; an
+    adapter that knows better sets it on the instance, as the HTTP target does for a
+    timeout, a 5xx or a connection dropped after sending): kept with the record
+    (``last_failure``) and logged, so that an operator can tell a refused connection
+    from a 500 or a timeout."""
 
     exit_code = 69
     reason = "target_error"
+    failure = "failed"
 
 
 class BeforeWriteError(TargetError):
     """The request was guaranteed not dispatched: the record may be sent again (L5)."""
 
     reason = "before_write"
+    failure = "not_sent"
 
 
 class RateLimited(BeforeWriteError):
@@ -96,6 +106,7 @@ class RateLimited(BeforeWriteError):
     seconds when the target said how long (None: it did not say)."""
 
     reason = "rate_limited"
+    failure = "rate_limited"
 
     def __init__(self, message: str = "rate limited", *,
                  retry_after: float | None = None) -> None:
@@ -109,18 +120,35 @@ class RejectedWrite(BeforeWriteError):
     its configuration may be fixed meanwhile); the message carries the target's reason."""
 
     reason = "rejected"
+    failure = "rejected"
 
 
 class AmbiguousWriteError(TargetError):
     """The request may or may not have been applied (timeout, dropped connection, …)."""
 
     reason = "ambiguous_write"
+    failure = "ambiguous"
 
 
 class TargetReadError(TargetError):
     """A read (readback or status) failed; it says nothing about the target's rows."""
 
     reason = "read_failed"
+    failure = "read_failed"
+
+
+def describe_failure(exc: BaseException) -> tuple[str, str]:
+    """A failed request's kind (one of :data:`FAILURES`) and an operator's line about it:
+    the kind in words, then what the adapter said (never the record's data: adapters
+    name records by write_id at most)."""
+    if isinstance(exc, TargetError):
+        kind = exc.failure if exc.failure in FAILURES else type(exc).failure
+        detail = exc.message
+    else:
+        kind = ("timed_out" if isinstance(exc, TimeoutError)
+                else "not_sent" if isinstance(exc, BeforeWriteError) else "failed")
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return kind, f"{FAILURES[kind]}: {detail}"
 
 
 @dataclass(frozen=True)
@@ -242,17 +270,28 @@ class SendResult:
     """What a send proved: see :meth:`CRMRecordPort.send_blocking`."""
 
     verdict: Literal["not_sent", "failed", "unproven"] | Readback
-    #: ``failed``/``unproven``: the error's type; ``not_sent`` by a ``RejectedWrite``: the
-    #: target's reason (kept with the failed_safe record, ``last_error``); else None
+    #: ``not_sent``, ``failed``, ``unproven``: what happened in words (kept with the
+    #: record, ``last_error``); else None
     error: str | None = None
     #: ``not_sent`` by a ``RateLimited`` answer that said when to come back (seconds)
     retry_after: float | None = None
+    #: the kind of ``error`` (one of :data:`FAILURES`; ``last_failure``)
+    failure: str | None = None
 
 
 def _not_sent(exc: BeforeWriteError, retry_after: float | None) -> SendResult:
-    """A send that certainly did not leave; a rejected one carries the target's reason."""
-    reason = exc.message if isinstance(exc, RejectedWrite) else None
-    return SendResult("not_sent", error=reason, retry_after=retry_after)
+    """A send that certainly did not leave, with what the adapter said."""
+    kind, words = describe_failure(exc)
+    return SendResult("not_sent", error=words, retry_after=retry_after, failure=kind)
+
+
+def _failed(verdict: Literal["failed", "unproven"], exc: BaseException) -> SendResult:
+    """A send that may have been applied: ``failed`` (the write raised) or ``unproven``
+    (the write returned, the readback raised)."""
+    kind, words = describe_failure(exc)
+    if verdict == "unproven":
+        kind, words = "unproven", f"{FAILURES['unproven']}: {words}"
+    return SendResult(verdict, error=words, failure=kind)
 
 
 def max_batch(adapter: object) -> int | None:
@@ -293,10 +332,13 @@ class CRMRecordPort:
                  read_pacer: Pacer | None = None) -> None:
         self.adapter = adapter
         self.max_batch = max_batch(adapter)
+        dedupes(adapter)  # a declaration that is not a bool is refused before any work
         #: the write quota (batch writes)
         self.pacer = pacer if pacer is not None else Pacer()
         #: the read quota (readbacks, reconcile reads, status reads); unset: not paced
         self.read_pacer = read_pacer if read_pacer is not None else Pacer()
+        #: this target's failures said again within a minute are logged once (issue 29)
+        self.repeats = Repeats()
 
     def _rate_limited(self, exc: BaseException) -> float | None:
         """Let both pacers honour a RateLimited answer (to a write or a read: every later
@@ -391,14 +433,14 @@ class CRMRecordPort:
         except BeforeWriteError as exc:
             return _not_sent(exc, self._rate_limited(exc))
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
-            return SendResult("failed", type(exc).__name__)
+            return _failed("failed", exc)
         crashpoints.hit("dispatch.after-write")
         try:
             self.read_pacer.take_blocking()
             rows = self.adapter.read_back(write_id)
         except Exception as exc:  # noqa: BLE001 - written, but not proven
             self._rate_limited(exc)
-            return SendResult("unproven", type(exc).__name__)
+            return _failed("unproven", exc)
         return SendResult(classify_readback(rows, record, write_id))
 
     def batch_size(self, wanted: int) -> int:
@@ -430,14 +472,14 @@ class CRMRecordPort:
         except BeforeWriteError as exc:
             return [_not_sent(exc, self._rate_limited(exc))] * n
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
-            return [SendResult("failed", type(exc).__name__)] * n
+            return [_failed("failed", exc)] * n
         crashpoints.hit("dispatch.after-write")
         try:
             self.read_pacer.take_blocking()
             rows = self._read_back_many([write_id for _, write_id in records])
         except Exception as exc:  # noqa: BLE001 - written, but not proven
             self._rate_limited(exc)
-            return [SendResult("unproven", type(exc).__name__)] * n
+            return [_failed("unproven", exc)] * n
         by_id: dict[str, list[TargetRow]] = {}
         for row in rows:
             by_id.setdefault(row.write_id, []).append(row)

@@ -34,11 +34,14 @@ from runner import crashpoints
 from runner.clock import Clock, to_text
 from runner.errors import StoreError
 from runner.ids import WriteId
+from runner.leads.failures import FAILURES
 from runner.leads.pacing import Backoff
-from runner.leads.port import CRMRecordPort, SendResult, classify_readback, readback_in_words
+from runner.leads.port import CRMRecordPort, SendResult, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
+from runner.logs import Repeats
 from runner.store import DeliveryStore, DispatchSteps, LeadWork
 from runner.tasks import target
+from runner.tasks.reconcile import reconcile_all, recover
 
 log = logging.getLogger("runner.deliver")
 
@@ -56,12 +59,15 @@ RECORD_WINDOW = 2.0
 class CycleSummary:
     """What one cycle did (L13): counts of transitions made by this cycle, and of its poll
     pass: ``polled`` records read, ``poll_failed`` of them whose read failed (all of them:
-    the pass read nothing).  A send's outcome is counted when it is committed, so a send
+    the pass read nothing).  ``requeued``: uncertain records the reconcile pass queued to
+    be sent again, on a target that deduplicates by write_id (SPEC E7).  A send's outcome
+    is counted when it is committed, so a send
     that a hard stop records uncertain counts as ``uncertain``.  ``still_uncertain``: how
     many records were uncertain when the cycle ended (None: it could not be read)."""
 
     recovered: int = 0
     reconciled: int = 0
+    requeued: int = 0
     dispatched: int = 0
     confirmed: int = 0
     failed_safe: int = 0
@@ -73,8 +79,8 @@ class CycleSummary:
     @property
     def moved(self) -> int:
         """How many record transitions the cycle made (the poll pass's aside)."""
-        return (self.recovered + self.reconciled + self.dispatched + self.confirmed
-                + self.failed_safe + self.uncertain)
+        return (self.recovered + self.reconciled + self.requeued + self.dispatched
+                + self.confirmed + self.failed_safe + self.uncertain)
 
     def to_json(self) -> dict[str, int | None]:
         return asdict(self)
@@ -102,92 +108,6 @@ class NoGuard:
     def shield(self) -> Iterator[anyio.CancelScope]:
         with anyio.CancelScope() as scope:
             yield scope
-
-
-async def recover(store: DeliveryStore, clock: Clock) -> int:
-    crashpoints.hit("recover.before-commit")
-    keys = await store.recover_in_flight(clock.now())
-    crashpoints.hit("recover.after-commit")
-    for key in keys:
-        log.warning("in flight at start: now uncertain (reconcile only, never resent)",
-                    extra={"action": "lead.recovered", "key": key, "to_state": "uncertain"})
-    return len(keys)
-
-
-async def reconcile_all(
-    store: DeliveryStore, port: CRMRecordPort, clock: Clock, guard: SendGuard | None = None,
-    batch_size: int = 1,
-) -> int:
-    """Read back every uncertain record once; returns how many were confirmed.
-
-    The pass reads its keys first (``reconcile_order``: oldest reconcile attempt first,
-    then accept order), then reads the records back ``batch_size`` at a time, each chunk
-    in one target request (``read_back_many``; paced by the target's quota like every
-    request) whose verdicts are recorded in one commit.  An adapter that cannot read many
-    write_ids at once is read one record per request.  A stop ends the pass between
-    chunks; the next pass starts with the records this one did not reach (they are now
-    the oldest).  Every call of the pass has returned when it returns: dispatch starts
-    only then (L8)."""
-    order = await store.reconcile_order()
-    size = batch_size if port.reads_many else 1  # else one request per record, as before
-    confirmed = 0
-    for start in range(0, len(order), size):
-        if guard is not None and guard.stopping:
-            return confirmed
-        chunk = await store.uncertain_by_seqs(order[start : start + size])
-        if chunk:
-            confirmed += await reconcile_chunk(store, port, clock, chunk)
-    return confirmed
-
-
-async def reconcile_chunk(
-    store: DeliveryStore, port: CRMRecordPort, clock: Clock, chunk: list[LeadWork]
-) -> int:
-    """Read a chunk of uncertain records back in one request and record every verdict in
-    one commit; returns how many were confirmed.  Each record's verdict is what
-    ``classify_readback`` makes of its own rows; a failed read leaves every record of the
-    chunk uncertain (``read_failed``), as it proves nothing either way (L6)."""
-    verdicts: list[str]
-    try:
-        rows = await port.read_back_many([work.write_id for work in chunk])
-        verdicts = [classify_readback(rows.get(work.write_id, []), port.map(work.event),
-                                      work.write_id) for work in chunk]
-    except Exception as exc:  # noqa: BLE001 - a failed read proves nothing either way (L6)
-        verdicts = ["read_failed"] * len(chunk)
-        log.warning("readback failed: %s", type(exc).__name__, extra={
-            "action": "lead.reconcile_failed", "key": chunk[0].source_lead_id,
-            "count": len(chunk)})
-    crashpoints.hit("reconcile.before-commit")
-    await store.record_reconcile_batch(
-        [(work.write_id, None if verdict == "match" else verdict,
-          verdict if verdict in ("ambiguous", "mismatch") else None)
-         for work, verdict in zip(chunk, verdicts, strict=True)], clock.now())
-    crashpoints.hit("reconcile.after-commit")
-    confirmed = [work.source_lead_id for work, v in zip(chunk, verdicts, strict=True)
-                 if v == "match"]
-    if len(chunk) == 1:  # the lines of a single readback
-        if confirmed:
-            log.info("confirmed by readback", extra={
-                "action": "lead.reconciled", "key": chunk[0].source_lead_id,
-                "from_state": "uncertain", "to_state": "confirmed"})
-        else:
-            log.warning("still uncertain: %s", readback_in_words(verdicts[0]), extra={
-                "action": "lead.still_uncertain", "key": chunk[0].source_lead_id,
-                "reason": verdicts[0]})
-        return len(confirmed)
-    if confirmed:
-        log.info("%d confirmed by readback", len(confirmed), extra={
-            "action": "batch.reconciled", "count": len(confirmed), "keys": confirmed,
-            "from_state": "uncertain", "to_state": "confirmed"})
-    by_verdict: dict[str, list[str]] = {}
-    for work, verdict in zip(chunk, verdicts, strict=True):
-        if verdict != "match":
-            by_verdict.setdefault(verdict, []).append(work.source_lead_id)
-    for verdict, keys in by_verdict.items():  # a line per verdict, not per record
-        log.warning("%d still uncertain: %s", len(keys), readback_in_words(verdict), extra={
-            "action": "batch.still_uncertain", "count": len(keys), "keys": keys,
-            "reason": verdict})
-    return len(confirmed)
 
 
 async def dispatch_all(
@@ -260,7 +180,7 @@ async def dispatch_all(
         if pending:
             # recorded whatever happened; after a cancellation only within a short window
             with anyio.CancelScope(shield=True), anyio.move_on_after(RECORD_WINDOW):
-                await _record_last(store, clock, summary, pending)
+                await _record_last(store, port, clock, summary, pending)
 
 
 class _NextPage:
@@ -311,7 +231,8 @@ async def _beside(
 
 
 async def _record_last(
-    store: DeliveryStore, clock: Clock, summary: CycleSummary, pending: list[Pending]
+    store: DeliveryStore, port: CRMRecordPort, clock: Clock, summary: CycleSummary,
+    pending: list[Pending],
 ) -> None:
     """Commit the outcomes of the last send of a dispatch run."""
     crashpoints.hit("dispatch.before-confirm")
@@ -328,31 +249,39 @@ async def _record_last(
         # way out is the one to report
         return
     crashpoints.hit("dispatch.after-confirm")
-    _counted(summary, pending)
+    _counted(summary, pending, port.repeats)
 
 
-class Retry(NamedTuple):
-    """A failed-safe outcome's retry: when it is due again, and the target's reason for
-    refusing the request (a ``RejectedWrite``; None: none given), kept as ``last_error``."""
+class Failure(NamedTuple):
+    """Why a send's outcome is failed_safe or uncertain: what happened (``kind``, one of
+    ``runner.leads.failures.FAILURES``, kept as ``last_failure``) in an operator's words
+    (``reason``, kept as ``last_error``), and, failed safe, when it is due again
+    (``at``)."""
 
-    at: datetime
-    reason: str | None = None
+    kind: str
+    reason: str
+    at: datetime | None = None
 
 
-#: a sent record, its outcome (uncertain until the send says more) and, failed safe, its
-#: retry; not committed yet
-Pending = tuple[LeadWork, LeadState, Retry | None]
+#: a record marked in flight whose send has not said more: if the run ends here, it is
+#: uncertain because the worker stopped
+STOPPED = Failure("stopped", FAILURES["stopped"])
+
+#: a sent record, its outcome (uncertain until the send says more) and why it failed (None:
+#: confirmed); not committed yet
+Pending = tuple[LeadWork, LeadState, Failure | None]
 
 
 def _done(pending: list[Pending]) -> list[tuple[WriteId, LeadState]]:
     return [(work.write_id, outcome) for work, outcome, _ in pending]
 
 
-def _retry(pending: list[Pending]) -> tuple[datetime | None, str | None]:
-    """The step's retry time and reason: its outcomes are one request's, so they share
-    one."""
-    first = next((retry for _, _, retry in pending if retry is not None), None)
-    return (None, None) if first is None else (first.at, first.reason)
+def _retry(pending: list[Pending]) -> tuple[datetime | None, str | None, str | None]:
+    """The step's retry time, reason and kind of failure: its outcomes are one request's,
+    so they share one."""
+    at = next((f.at for _, _, f in pending if f is not None and f.at is not None), None)
+    first = next((f for _, _, f in pending if f is not None), None)
+    return (at, None, None) if first is None else (at, first.reason, first.kind)
 
 
 class _PageRun:
@@ -403,7 +332,7 @@ class _PageRun:
         """The outcomes of ``pending`` are committed: count and log them."""
         if pending:
             crashpoints.hit("dispatch.after-confirm")
-        _counted(self.summary, pending)
+        _counted(self.summary, pending, self.port.repeats)
 
     def _stop(self) -> bool:
         with self._lock:
@@ -436,21 +365,20 @@ class _PageRun:
             return None
         return pending
 
-    def _outcome(self, result: SendResult, work: LeadWork,
-                 attempts: int) -> tuple[LeadState, Retry | None]:
+    def _outcome(self, result: SendResult, attempts: int) -> tuple[LeadState, Failure | None]:
         """A send's outcome (L5): only a typed "not sent" is failed-safe (due again after
         its backoff), only an exact readback is confirmed; everything else — another
-        error, a failed or inexact readback — is uncertain."""
-        if result.verdict == "not_sent":
-            return LeadState.FAILED_SAFE, Retry(self.backoff.next_attempt(
-                attempts, self.clock.now(), result.retry_after), result.error)
+        error, a failed or inexact readback — is uncertain.  Each failure says why."""
         if result.verdict == "match":
             return LeadState.CONFIRMED, None
+        if result.verdict == "not_sent":
+            return LeadState.FAILED_SAFE, Failure(
+                result.failure or "not_sent", result.error or FAILURES["not_sent"],
+                self.backoff.next_attempt(attempts, self.clock.now(), result.retry_after))
         if result.error is not None:
-            log.warning("send %s: %s", result.verdict, result.error, extra={
-                "action": "lead.send_failed", "key": work.source_lead_id,
-                "error": result.error})
-        return LeadState.UNCERTAIN, None
+            return LeadState.UNCERTAIN, Failure(result.failure or "failed", result.error)
+        return LeadState.UNCERTAIN, Failure(  # the write returned; the readback says no
+            "readback", f"{FAILURES['readback']}: {readback_in_words(result.verdict)}")
 
     def run(self) -> None:
         summary = self.summary
@@ -468,7 +396,8 @@ class _PageRun:
                                                   *_retry(pending))
             # the previous outcome is in; this record is in flight (uncertain until its
             # send says more)
-            self._go_on([(work, LeadState.UNCERTAIN, None)] if attempts is not None else [])
+            self._go_on([(work, LeadState.UNCERTAIN, STOPPED)] if attempts is not None
+                        else [])
             self._committed(pending)
             if attempts is None:
                 continue  # no longer dispatchable: someone else's state
@@ -480,9 +409,9 @@ class _PageRun:
             log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
                                        "attempts": attempts})
             # blocking, in this thread: a hard stop abandons it (the loop records uncertain)
-            outcome, retry = self._outcome(
-                self.port.send_blocking(work.event, work.write_id), work, attempts)
-            if not self._go_on([(work, outcome, retry)]):
+            outcome, failure = self._outcome(
+                self.port.send_blocking(work.event, work.write_id), attempts)
+            if not self._go_on([(work, outcome, failure)]):
                 return  # abandoned while out: the loop has recorded it uncertain
 
 
@@ -527,7 +456,7 @@ class _BatchRun(_PageRun):
             sent = [work for work in chunk if work.write_id in marked]
             # the previous outcomes are in; this batch is in flight (uncertain until the
             # request says more)
-            self._go_on([(work, LeadState.UNCERTAIN, None) for work in sent])
+            self._go_on([(work, LeadState.UNCERTAIN, STOPPED) for work in sent])
             self._committed(pending)
             if not sent:
                 continue  # none dispatchable any more: someone else's state
@@ -548,7 +477,7 @@ class _BatchRun(_PageRun):
                                                      for work in sent])
             attempts = max(marked[work.write_id] for work in sent)
             outcomes: list[Pending] = [
-                (work, *self._outcome(result, work, attempts))
+                (work, *self._outcome(result, attempts))
                 for work, result in zip(sent, results, strict=True)]
             if not self._go_on(outcomes):
                 return  # abandoned while out: the loop has recorded them uncertain
@@ -563,14 +492,17 @@ def _count(summary: CycleSummary, outcome: LeadState) -> None:
         summary.uncertain += 1
 
 
-def _counted(summary: CycleSummary, pending: list[Pending]) -> None:
+def _counted(summary: CycleSummary, pending: list[Pending], repeats: Repeats) -> None:
     """Count and log outcomes just committed.  A batch's confirmations are one line (the
-    keys listed): a line per record costs more than its commit does; every other outcome
-    is a line of its own, as it needs a look."""
+    keys listed): a line per record costs more than its commit does.  Its other outcomes
+    are one line per outcome and kind of failure (a failed batch of 1,000: one line, with
+    its size and why), and a failure said again within a minute is left out, counted in
+    the next line that says it (``repeats``), so a target that is down does not write a
+    warning per cycle."""
     for _, outcome, _ in pending:
         _count(summary, outcome)
     if len(pending) == 1:
-        _log_outcome(*pending[0])
+        _log_outcome(pending[0], repeats)
         return
     confirmed = [work.source_lead_id for work, outcome, _ in pending
                  if outcome is LeadState.CONFIRMED]
@@ -578,23 +510,54 @@ def _counted(summary: CycleSummary, pending: list[Pending]) -> None:
         log.info("%d confirmed", len(confirmed), extra={
             "action": "batch.confirmed", "count": len(confirmed), "keys": confirmed,
             "from_state": "in_flight", "to_state": "confirmed"})
-    for work, outcome, retry in pending:
-        if outcome is not LeadState.CONFIRMED:
-            _log_outcome(work, outcome, retry)
+    failed: dict[tuple[LeadState, str], list[Pending]] = {}
+    for item in pending:
+        if item[1] is not LeadState.CONFIRMED and item[2] is not None:
+            failed.setdefault((item[1], item[2].kind), []).append(item)
+    for (outcome, kind), items in failed.items():
+        repeated = repeats.admit((outcome, kind))
+        if repeated is None:
+            continue
+        failure = items[0][2]
+        assert failure is not None
+        extra: dict[str, object] = {
+            "action": f"batch.{outcome.value}", "count": len(items),
+            "keys": [work.source_lead_id for work, _, _ in items[:KEYS_SHOWN]],
+            "from_state": "in_flight", "to_state": outcome.value, "reason": kind}
+        if repeated:
+            extra["repeats"] = repeated
+        if failure.at is not None:
+            extra["next_attempt_at"] = to_text(failure.at)
+            log.warning("%d %s: %s; next attempt at %s", len(items), outcome.value,
+                        failure.reason, extra["next_attempt_at"], extra=extra)
+        else:
+            log.warning("%d %s: %s", len(items), outcome.value, failure.reason, extra=extra)
 
 
-def _log_outcome(work: LeadWork, outcome: LeadState, retry: Retry | None) -> None:
-    level = logging.INFO if outcome is LeadState.CONFIRMED else logging.WARNING
-    extra = {"action": f"lead.{outcome.value}", "key": work.source_lead_id,
-             "from_state": "in_flight", "to_state": outcome.value}
-    if retry is None:
-        log.log(level, "%s", outcome.value, extra=extra)
+#: the keys a line about many failed records names (the first ones; ``runner uncertain``
+#: and ``status --records`` list them all)
+KEYS_SHOWN = 10
+
+
+def _log_outcome(item: Pending, repeats: Repeats) -> None:
+    work, outcome, failure = item
+    extra: dict[str, object] = {"action": f"lead.{outcome.value}", "key": work.source_lead_id,
+                                "from_state": "in_flight", "to_state": outcome.value}
+    if failure is None:
+        log.info("%s", outcome.value, extra=extra)
         return
-    extra["next_attempt_at"] = to_text(retry.at)
-    if retry.reason is not None:
-        extra["reason"] = retry.reason
-    log.log(level, "%s: not sent, next attempt at %s", outcome.value, extra["next_attempt_at"],
-            extra=extra)
+    repeated = repeats.admit((outcome, failure.kind))
+    if repeated is None:
+        return
+    extra["reason"] = failure.kind
+    if repeated:
+        extra["repeats"] = repeated
+    if failure.at is None:
+        log.warning("%s: %s", outcome.value, failure.reason, extra=extra)
+        return
+    extra["next_attempt_at"] = to_text(failure.at)
+    log.warning("%s: %s; next attempt at %s", outcome.value, failure.reason,
+                extra["next_attempt_at"], extra=extra)
 
 
 @asynccontextmanager
@@ -635,7 +598,9 @@ async def run_cycle(
     summary = summary if summary is not None else CycleSummary()
     batch_size = port.batch_size(batch_size)  # no more than the adapter takes
     try:
-        summary.reconciled += await reconcile_all(store, port, clock, guard, batch_size)
+        reconciled = await reconcile_all(store, port, clock, guard, batch_size, backoff)
+        summary.reconciled += reconciled.confirmed
+        summary.requeued += reconciled.requeued
         await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit,
                            batch_size=batch_size, backoff=backoff)
     except anyio.get_cancelled_exc_class():

@@ -73,6 +73,17 @@ def _short(target_id: str) -> str:
     return target_id[:12]
 
 
+def _apart(pinned: str, found: str) -> tuple[str, str]:
+    """Two different ids, each cut to 12 characters unless that makes them look the same:
+    then both cut where they first differ, and a little beyond (never the same text
+    twice in one refusal)."""
+    if pinned[:12] != found[:12]:
+        return pinned[:12], found[:12]
+    at = next((i for i, (a, b) in enumerate(zip(pinned, found, strict=False)) if a != b),
+              min(len(pinned), len(found)))
+    return pinned[: at + 4], found[: at + 4]
+
+
 def _as_runner_error(exc: Exception, doing: str) -> RunnerError:
     """An adapter's failure in a check as one of ours: the run stops with its code."""
     if isinstance(exc, RunnerError) and not isinstance(exc, TargetError):
@@ -133,9 +144,9 @@ async def check_for_writes(store: TargetPins, port: CRMRecordPort, clock: Clock)
             raise TargetMismatch(f"the store is pinned to target {_short(pinned)}: "
                                  f"{exc.message}; nothing was changed") from None
         if found != pinned:
-            raise TargetMismatch(
-                f"the store is pinned to target {_short(pinned)}, not to this one "
-                f"({_short(found) if found else 'no identity'}); nothing was changed")
+            was, now = _apart(pinned, found) if found else (_short(pinned), "no identity")
+            raise TargetMismatch(f"the store is pinned to target {was}, not to this one "
+                                 f"({now}); nothing was changed")
         await _prepare(port, create=False)
         return
     sent = port.pinnable and await _has_sent(store)
@@ -148,8 +159,9 @@ async def check_for_writes(store: TargetPins, port: CRMRecordPort, clock: Clock)
         return  # not pinnable: trusted, as before pinning
     now_pinned = await store.pin_target(found, clock.now())
     if now_pinned != found:  # another process pinned another target meanwhile
-        raise TargetMismatch(f"the store is pinned to target {_short(now_pinned)}, not to "
-                             f"this one ({_short(found)}); nothing was changed")
+        was, now = _apart(now_pinned, found)
+        raise TargetMismatch(f"the store is pinned to target {was}, not to "
+                             f"this one ({now}); nothing was changed")
     log.info("target pinned: %s", _short(found),
              extra={"action": "target.pinned", "target_id": found})
 

@@ -23,7 +23,10 @@ class HangingLeadFacts(LeadFacts):
         self.marker = marker
 
     async def process(self, items: Sequence[Item]) -> Sequence[Outcome]:
-        await anyio.Path(self.marker).write_text(",".join(str(i.input_id) for i in items))
+        # written whole, then renamed: the test waits for the file, then reads it
+        partial = anyio.Path(self.marker + ".partial")
+        await partial.write_text(",".join(str(i.input_id) for i in items))
+        await partial.rename(self.marker)
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 

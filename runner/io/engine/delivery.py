@@ -38,11 +38,12 @@ import anyio.from_thread
 from runner.clock import to_text
 from runner.ids import WriteId
 from runner.io.engine.base import Db, Row
+from runner.leads.failures import FAILURES
 from runner.leads.states import IllegalTransition, LeadState, check_transition
 from runner.limits import MAX_LAST_ERROR
 
 if TYPE_CHECKING:
-    from runner.storedata import LeadWork
+    from runner.storedata import LeadWork, Requeue
 
 #: one send step: the record that finished and its outcome, if any
 Done = tuple[WriteId, LeadState] | None
@@ -61,17 +62,18 @@ def last_error(reason: str | None) -> str | None:
 
 def step_params(done: Done, next_write_id: WriteId | None, now: datetime,
                 retry_at: datetime | None = None,
-                reason: str | None = None) -> dict[str, Any]:
+                reason: str | None = None, failure: str | None = None) -> dict[str, Any]:
     """The ``finish_and_mark`` parameters of a step; refuses an outcome that is not a
     transition out of in_flight.  ``retry_at``: when a failed_safe outcome is due again
-    (None: at once); ``reason``: the target's reason for refusing it (``last_error``)."""
+    (None: at once); ``reason``: why a failed_safe or uncertain outcome failed
+    (``last_error``), ``failure`` its kind (``last_failure``)."""
     if done is not None:
         check_transition(LeadState.IN_FLIGHT, done[1])
     return {"now": to_text(now), "next": next_write_id,
             "done": None if done is None else done[0],
             "outcome": None if done is None else done[1].value,
             "retry_at": None if retry_at is None else to_text(retry_at),
-            "reason": last_error(reason)}
+            "reason": last_error(reason), "failure": failure}
 
 
 def step_result(rows: Sequence[Row], done: Done, next_write_id: WriteId | None) -> int | None:
@@ -89,17 +91,17 @@ Outcomes = Sequence[tuple[WriteId, LeadState]]
 
 def batch_params(done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
                  retry_at: datetime | None = None,
-                 reason: str | None = None) -> dict[str, Any]:
+                 reason: str | None = None, failure: str | None = None) -> dict[str, Any]:
     """The ``finish_and_mark_batch`` parameters; refuses an outcome that is not a
     transition out of in_flight.  ``retry_at``: when the failed_safe outcomes are due
-    again (None: at once), ``reason`` why the target refused them; one of each for the
-    step, as its outcomes are one request's."""
+    again (None: at once), ``reason`` why they (or the uncertain ones) failed and
+    ``failure`` its kind; one of each for the step, as its outcomes are one request's."""
     for _, outcome in done:
         check_transition(LeadState.IN_FLIGHT, outcome)
     return {"now": to_text(now), "done": [str(w) for w, _ in done],
             "outcomes": [o.value for _, o in done], "next": [str(w) for w in next_ids],
             "retry_at": None if retry_at is None else to_text(retry_at),
-            "reason": last_error(reason)}
+            "reason": last_error(reason), "failure": failure}
 
 
 def batch_result(
@@ -119,11 +121,13 @@ class _Finishing(Protocol):
     async def finish_and_mark(
         self, done: Done, next_write_id: WriteId, now: datetime,
         retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> int | None: ...
 
     async def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
         retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> dict[WriteId, int]: ...
 
 
@@ -138,16 +142,18 @@ class LoopDispatchSteps:
 
     def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime,
                         retry_at: datetime | None = None,
-                        reason: str | None = None) -> int | None:
+                        reason: str | None = None,
+                        failure: str | None = None) -> int | None:
         return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now,
-                                     retry_at, reason)
+                                     retry_at, reason, failure)
 
     def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
         retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> dict[WriteId, int]:
         return anyio.from_thread.run(self._store.finish_and_mark_batch, done, next_ids, now,
-                                     retry_at, reason)
+                                     retry_at, reason, failure)
 
 
 @asynccontextmanager
@@ -189,7 +195,10 @@ class DeliveryOps(Db):
         return str((await self.fetch("pinned_target"))[0][0])
 
     async def recover_in_flight(self, now: datetime) -> list[str]:
-        return [str(r[0]) for r in await self.fetch("recover_in_flight", now=to_text(now))]
+        """Every in-flight record becomes uncertain, its ``last_error`` saying why (the
+        kind ``recovered``)."""
+        return [str(r[0]) for r in await self.fetch(
+            "recover_in_flight", now=to_text(now), reason=FAILURES["recovered"])]
 
     async def uncertain_page(self, after_seq: int, limit: int) -> list[LeadWork]:
         rows = await self.fetch("uncertain_page", after_seq=after_seq, limit=limit)
@@ -219,19 +228,21 @@ class DeliveryOps(Db):
 
     async def finish_send(self, write_id: WriteId, outcome: LeadState, now: datetime,
                           retry_at: datetime | None = None,
-                          reason: str | None = None) -> None:
+                          reason: str | None = None,
+                          failure: str | None = None) -> None:
         # marks nothing, so it is not fenced: an outcome is recorded also after the worker
         # lock's session has ended
         done = (write_id, outcome)
         rows = await self.fetch("finish_and_mark", **step_params(done, None, now, retry_at,
-                                                              reason))
+                                                              reason, failure))
         step_result(rows, done, None)
 
     async def finish_and_mark(
         self, done: Done, next_write_id: WriteId, now: datetime,
         retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> int | None:
-        rows = await self._marking(step_params(done, next_write_id, now, retry_at, reason))
+        rows = await self._marking(step_params(done, next_write_id, now, retry_at, reason, failure))
         return step_result(rows, done, next_write_id)
 
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
@@ -241,8 +252,9 @@ class DeliveryOps(Db):
     async def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
         retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> dict[WriteId, int]:
-        params = batch_params(done, next_ids, now, retry_at, reason)
+        params = batch_params(done, next_ids, now, retry_at, reason, failure)
         if next_ids:
             rows = await self._marking_batch(params)
         else:  # marks nothing, so not fenced (as finish_send)
@@ -272,11 +284,39 @@ class DeliveryOps(Db):
             raise IllegalTransition(f"record {write_id} was not uncertain")
 
     async def record_reconcile_batch(
-        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime
+        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime,
+        requeue: Requeue | None = None,
     ) -> set[WriteId]:
         """``record_reconcile`` for a chunk read back in one request, in one statement:
         per record ``(write_id, outcome, note)``, ``outcome`` None when its readback
-        matched (confirmed).  Returns the write_ids that were still uncertain (changed)."""
+        matched (confirmed).  With ``requeue`` (SPEC E7), its records are authorised for a
+        resend and queued again in the same transaction (``authorize_resends``, then
+        ``requeue_authorized``).  Returns the write_ids that were still uncertain
+        (changed)."""
+        if requeue is None or not requeue.write_ids:
+            return await self._record_verdicts(verdicts, now)
+        at = to_text(now)
+        async with self.transaction():
+            changed = await self._record_verdicts(verdicts, now) if verdicts else set()
+            rows = await self.fetch("authorize_resends", write_ids=[
+                str(w) for w in requeue.write_ids], target_id=requeue.target_id, now=at)
+            if rows:
+                ids = [str(r[0]) for r in rows]
+                due = requeue.due(max(int(r[1]) for r in rows))
+                moved = await self.fetch("requeue_authorized", write_ids=ids, now=at,
+                                         retry_at=to_text(due),
+                                         reason=last_error(requeue.reason))
+                if len(moved) != len(ids):  # rolls the authorisations back too
+                    raise IllegalTransition(f"{len(ids) - len(moved)} record(s) authorised "
+                                            "for a resend were no longer uncertain")
+                changed.update(WriteId(w) for w in ids)
+        return changed
+
+    async def _record_verdicts(
+        self, verdicts: Sequence[tuple[WriteId, str | None, str | None]], now: datetime
+    ) -> set[WriteId]:
+        if not verdicts:
+            return set()
         rows = await self.fetch(
             "record_reconcile_batch", write_ids=[str(w) for w, _, _ in verdicts],
             outcomes=[o for _, o, _ in verdicts], notes=[n for _, _, n in verdicts],

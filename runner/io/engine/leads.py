@@ -27,7 +27,7 @@ from runner.errors import OutboxPruned, RunnerError
 from runner.figures import LeadFigures
 from runner.ids import WriteId
 from runner.io.engine.base import Db, Row
-from runner.io.engine.delivery import lead_work
+from runner.io.engine.delivery import lead_work, lead_works
 from runner.leads.states import IllegalTransition, LeadState, check_transition
 from runner.retention import PruneFacts, PruneResult, RetentionState, below_floor, plan_prune
 from runner.storedata import LeadRow, ScopeData, StoreSummary, UncertainRow
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         AcceptItem,
         AcceptOutcome,
         Decision,
+        DecisionBatch,
         ObservationWrite,
         PollTarget,
         ResolveSubject,
@@ -63,6 +64,7 @@ def lead_row(row: Row) -> LeadRow:
         last_polled_at=row[8],
         contact_alias_present=bool(row[9]),
         last_error=row[10],
+        last_failure=row[11],
     )
 
 
@@ -253,7 +255,8 @@ class OperatorOps(Db):
         return [UncertainRow(
             seq=int(r[0]), source_lead_id=str(r[1]), write_id=WriteId(str(r[2])),
             attempts=int(r[3]), reconcile_attempts=int(r[4]), uncertain_since=r[5],
-            last_reconcile=r[6], last_reconcile_at=r[7]) for r in rows]
+            last_reconcile=r[6], last_reconcile_at=r[7], last_error=r[8],
+            last_failure=r[9]) for r in rows]
 
     async def resolve_subject(self, write_id: WriteId) -> ResolveSubject | None:
         from runner.storedata import ResolveSubject
@@ -281,6 +284,43 @@ class OperatorOps(Db):
                 raise IllegalTransition(
                     f"record {decision.write_id} is no longer uncertain at attempts "
                     f"{decision.attempts}")
+
+    async def resolve_page(self, after_seq: int, limit: int, *,
+                           in_flight: bool = False) -> list[ResolveSubject]:
+        from runner.storedata import ResolveSubject
+
+        rows = await self.fetch("resolve_page", after_seq=after_seq, limit=limit,
+                                in_flight=in_flight)
+        works = lead_works(rows)  # seq, source_lead_id, write_id, state, canonical, ...
+        return [ResolveSubject(work=work, tenant_id=str(row[5]), attempts=int(row[6]))
+                for work, row in zip(works, rows, strict=True)]
+
+    async def record_operator_decisions(self, batch: DecisionBatch, now: datetime
+                                        ) -> set[WriteId]:
+        """Two set-based statements in one transaction: the decision rows of the records
+        still uncertain at their attempts (their events by trigger), then those records'
+        move; a move that misses a decided record rolls the chunk back."""
+        check_transition(LeadState.UNCERTAIN, batch.to_state)
+        wanted = dict(batch.records)  # one decision per record, whatever the caller gave
+        if not wanted:
+            return set()
+        at = to_text(now)
+        async with self.transaction():
+            rows = await self.fetch(
+                "record_operator_decisions", decision=batch.decision, reason=batch.reason,
+                readback=batch.readback, at=at, write_ids=[str(w) for w in wanted],
+                attempts=list(wanted.values()))
+            decided = [WriteId(str(r[0])) for r in rows]
+            if not decided:
+                return set()
+            moved = await self.fetch(
+                "leave_uncertain_many", state=batch.to_state.value, at=at,
+                write_ids=[str(w) for w in decided], attempts=[wanted[w] for w in decided])
+            if len(moved) != len(decided):  # rolls the decisions back too
+                raise IllegalTransition(
+                    f"{len(decided) - len(moved)} record(s) changed while their decisions "
+                    "were recorded")
+        return set(decided)
 
 
 # -- the outbox's retention: export, watermark, prune (schema v7) --------------------

@@ -69,18 +69,21 @@ RETURNING write_id
 -- records and status
 -- name: record_page
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
-       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error
+       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error,
+       last_failure
 FROM {s}.leads WHERE seq > :after_seq ORDER BY seq LIMIT :limit
 
 -- name: record_page_in_state
 -- the records in one state, in accept order (the index leads_by_state)
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
-       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error
+       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error,
+       last_failure
 FROM {s}.leads WHERE state = :state AND seq > :after_seq ORDER BY state, seq LIMIT :limit
 
 -- name: find_lead
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
-       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error
+       snapshot, last_polled_at, canonical::jsonb ? 'contact_alias', last_error,
+       last_failure
 FROM {s}.leads WHERE tenant_id = :tenant_id AND source_lead_id = :source_lead_id
 
 -- name: lead_snapshot
@@ -106,7 +109,9 @@ SELECT
   (SELECT json_build_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at),
                             'rejected', (SELECT count(*) FROM {s}.leads
                                          WHERE state = 'failed_safe'
-                                           AND last_error IS NOT NULL))::text
+                                           AND last_error IS NOT NULL
+                                           AND coalesce(last_failure, 'rejected')
+                                               = 'rejected'))::text
    FROM {s}.leads WHERE state = 'failed_safe' AND next_attempt_at IS NOT NULL)
 
 -- poll (runner.io.engine.observe): confirmed records, never polled first
@@ -163,7 +168,7 @@ INSERT INTO {s}.poll_health (failure, first_at, last_at) VALUES (:failure, :at, 
 -- operators (runner.io.engine.operators)
 -- name: uncertain_records
 SELECT seq, source_lead_id, write_id, attempts, reconcile_attempts, uncertain_since,
-       last_reconcile, last_reconcile_at
+       last_reconcile, last_reconcile_at, last_error, last_failure
 FROM {s}.leads WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit
 
 -- name: resolve_subject
@@ -177,8 +182,49 @@ VALUES (:tenant_id, :source_lead_id, :write_id, :decision, :reason, :readback, :
         :at)
 
 -- name: leave_uncertain
-UPDATE {s}.leads SET state = :state, updated_at = :at
+UPDATE {s}.leads SET state = :state, updated_at = :at, last_error = NULL, last_failure = NULL
 WHERE write_id = :write_id AND state = 'uncertain' AND attempts = :attempts RETURNING seq
+
+-- resolve --all: a page of uncertain records (with in_flight ones for a dry run, which
+-- shows what recovery would make uncertain), in accept order; one ordered range of
+-- leads_by_state (state, seq) per state, merged
+-- name: resolve_page
+SELECT seq, source_lead_id, write_id, state, canonical, tenant_id, attempts FROM (
+    (SELECT seq, source_lead_id, write_id, state, canonical, tenant_id, attempts
+     FROM {s}.leads WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit)
+    UNION ALL
+    (SELECT seq, source_lead_id, write_id, state, canonical, tenant_id, attempts
+     FROM {s}.leads WHERE :in_flight::boolean AND state = 'in_flight' AND seq > :after_seq
+     ORDER BY seq LIMIT :limit)) AS page
+ORDER BY seq LIMIT :limit
+
+-- resolve --all, one chunk's decisions (one transaction with leave_uncertain_many): a
+-- decision row (its trigger writes the operator_resolved event) for every record of the
+-- chunk still uncertain at the attempts it was read back at, in accept order; the
+-- records' rows stay locked until the move commits
+-- name: record_operator_decisions
+INSERT INTO {s}.operator_decisions (tenant_id, source_lead_id, write_id, decision, reason,
+                                    readback, attempts, decided_at)
+SELECT l.tenant_id, l.source_lead_id, l.write_id, :decision::text, :reason::text,
+       :readback::text, l.attempts, :at::text
+FROM {s}.leads AS l
+JOIN unnest(:write_ids::text[], :attempts::integer[]) AS d(write_id, attempts)
+  ON l.write_id = d.write_id
+WHERE l.write_id = ANY(:write_ids::text[]) AND coalesce(l.state, '') = 'uncertain'
+  AND l.attempts = d.attempts
+ORDER BY l.seq
+FOR UPDATE OF l
+RETURNING write_id
+
+-- the move of the records just decided (their decision rows exist: the guard lets
+-- uncertain -> failed_safe through only then), guarded by state and attempts
+-- name: leave_uncertain_many
+UPDATE {s}.leads AS l SET state = :state, updated_at = :at, last_error = NULL,
+    last_failure = NULL
+FROM unnest(:write_ids::text[], :attempts::integer[]) AS s(write_id, attempts)
+WHERE l.write_id = s.write_id AND l.write_id = ANY(:write_ids::text[])
+  AND coalesce(l.state, '') = 'uncertain' AND l.attempts = s.attempts
+RETURNING l.write_id
 
 -- retention (runner.io.engine.retention, schema v7)
 -- name: outbox_floor
@@ -244,7 +290,8 @@ INSERT INTO {s}.target_pin (target_id, pinned_at) VALUES (:target_id, :now)
 ON CONFLICT (only_row) DO NOTHING
 
 -- name: recover_in_flight
-UPDATE {s}.leads SET state = 'uncertain', updated_at = :now
+UPDATE {s}.leads SET state = 'uncertain', updated_at = :now, last_error = :reason,
+                     last_failure = 'recovered'
 WHERE state = 'in_flight' RETURNING source_lead_id
 
 -- name: uncertain_page
@@ -291,8 +338,10 @@ UPDATE {s}.leads SET
     updated_at = :now,
     next_attempt_at = CASE WHEN write_id IS DISTINCT FROM :next
                             AND :outcome = 'failed_safe' THEN :retry_at::text END,
-    last_error = CASE WHEN write_id IS DISTINCT FROM :next AND :outcome = 'failed_safe'
-                      THEN :reason::text END
+    last_error = CASE WHEN write_id IS DISTINCT FROM :next
+                       AND :outcome IN ('failed_safe', 'uncertain') THEN :reason::text END,
+    last_failure = CASE WHEN write_id IS DISTINCT FROM :next
+                         AND :outcome IN ('failed_safe', 'uncertain') THEN :failure::text END
 WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
 RETURNING write_id, attempts
@@ -316,8 +365,10 @@ changed AS (
         updated_at = :now,
         next_attempt_at = CASE WHEN write_id IS DISTINCT FROM :next
                                 AND :outcome = 'failed_safe' THEN :retry_at::text END,
-        last_error = CASE WHEN write_id IS DISTINCT FROM :next AND :outcome = 'failed_safe'
-                          THEN :reason::text END
+        last_error = CASE WHEN write_id IS DISTINCT FROM :next
+                           AND :outcome IN ('failed_safe', 'uncertain') THEN :reason::text END,
+        last_failure = CASE WHEN write_id IS DISTINCT FROM :next
+                             AND :outcome IN ('failed_safe', 'uncertain') THEN :failure::text END
     WHERE (SELECT held FROM fence)
       AND ((write_id = :done AND state = 'in_flight')
            OR (write_id = :next AND state IN ('prepared', 'failed_safe')))
@@ -338,7 +389,8 @@ UPDATE {s}.leads AS l SET
     attempts = l.attempts + CASE WHEN s.outcome IS NULL THEN 1 ELSE 0 END,
     updated_at = :now,
     next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at::text END,
-    last_error = CASE WHEN s.outcome = 'failed_safe' THEN :reason::text END
+    last_error = CASE WHEN s.outcome IN ('failed_safe', 'uncertain') THEN :reason::text END,
+    last_failure = CASE WHEN s.outcome IN ('failed_safe', 'uncertain') THEN :failure::text END
 FROM (SELECT d.write_id, d.outcome
       FROM unnest(:done::text[], :outcomes::text[]) AS d(write_id, outcome)
       UNION ALL
@@ -367,7 +419,10 @@ changed AS (
         attempts = l.attempts + CASE WHEN s.outcome IS NULL THEN 1 ELSE 0 END,
         updated_at = :now,
         next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at::text END,
-        last_error = CASE WHEN s.outcome = 'failed_safe' THEN :reason::text END
+        last_error = CASE WHEN s.outcome IN ('failed_safe', 'uncertain')
+                          THEN :reason::text END,
+        last_failure = CASE WHEN s.outcome IN ('failed_safe', 'uncertain')
+                            THEN :failure::text END
     FROM (SELECT d.write_id, d.outcome
           FROM unnest(:done::text[], :outcomes::text[]) AS d(write_id, outcome)
           UNION ALL
@@ -384,6 +439,8 @@ SELECT fence.held, changed.write_id, changed.attempts FROM fence LEFT JOIN chang
 -- name: record_reconcile
 UPDATE {s}.leads SET reconcile_attempts = reconcile_attempts + 1,
     state = CASE WHEN :ok THEN 'confirmed' ELSE state END,
+    last_error = CASE WHEN :ok THEN NULL ELSE last_error END,
+    last_failure = CASE WHEN :ok THEN NULL ELSE last_failure END,
     reconcile_note = coalesce(:note, reconcile_note),
     last_reconcile = coalesce(:outcome::text, last_reconcile),
     last_reconcile_at = CASE WHEN :outcome::text IS NULL THEN last_reconcile_at ELSE :now END,
@@ -397,6 +454,8 @@ WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq
 -- name: record_reconcile_batch
 UPDATE {s}.leads AS l SET reconcile_attempts = l.reconcile_attempts + 1,
     state = CASE WHEN s.outcome IS NULL THEN 'confirmed' ELSE l.state END,
+    last_error = CASE WHEN s.outcome IS NULL THEN NULL ELSE l.last_error END,
+    last_failure = CASE WHEN s.outcome IS NULL THEN NULL ELSE l.last_failure END,
     reconcile_note = coalesce(s.note, l.reconcile_note),
     last_reconcile = coalesce(s.outcome, l.last_reconcile),
     last_reconcile_at = CASE WHEN s.outcome IS NULL THEN l.last_reconcile_at
@@ -406,6 +465,23 @@ FROM unnest(:write_ids::text[], :outcomes::text[], :notes::text[]) AS s(write_id
 WHERE l.write_id = s.write_id AND l.write_id = ANY(:write_ids::text[])
   AND coalesce(l.state, '') = 'uncertain'
 RETURNING l.write_id
+
+-- a deduplicating target's uncertain records whose readback found no row (SPEC E7, v17),
+-- as on SQLite
+-- name: authorize_resends
+INSERT INTO {s}.resend_authorizations (tenant_id, source_lead_id, write_id, target_id,
+                                       attempts, readback, decided_at)
+SELECT tenant_id, source_lead_id, write_id, :target_id, attempts, 'none', :now
+FROM {s}.leads WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'uncertain'
+ORDER BY seq
+RETURNING write_id, attempts
+
+-- name: requeue_authorized
+UPDATE {s}.leads SET state = 'failed_safe', reconcile_attempts = reconcile_attempts + 1,
+    last_reconcile = 'none', last_reconcile_at = :now::text, next_attempt_at = :retry_at,
+    last_error = :reason, last_failure = 'requeued', updated_at = :now
+WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'uncertain'
+RETURNING write_id
 
 -- ==== (end delivery) ==================================================================
 

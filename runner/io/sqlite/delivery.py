@@ -41,16 +41,18 @@ class BlockingDispatchSteps:
 
     def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime,
                         retry_at: datetime | None = None,
-                        reason: str | None = None) -> int | None:
-        rows = self._run(_STEP, step_params(done, next_write_id, now, retry_at, reason))
+                        reason: str | None = None,
+                        failure: str | None = None) -> int | None:
+        rows = self._run(_STEP, step_params(done, next_write_id, now, retry_at, reason, failure))
         return step_result(rows, done, next_write_id)
 
     def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
         retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
     ) -> dict[WriteId, int]:
         rows = self._run(_BATCH_STEP, bindable(batch_params(done, next_ids, now, retry_at,
-                                                            reason)))
+                                                            reason, failure)))
         return batch_result(rows, done, next_ids)
 
     def _run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:

@@ -65,20 +65,20 @@ SELECT write_id FROM leads WHERE write_id IN (SELECT value FROM json_each(:write
 -- name: record_page
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
        snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
-       last_error
+       last_error, last_failure
 FROM leads WHERE seq > :after_seq ORDER BY seq LIMIT :limit
 
 -- name: record_page_in_state
 -- the records in one state, in accept order (the index leads_by_state)
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
        snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
-       last_error
+       last_error, last_failure
 FROM leads WHERE state = :state AND seq > :after_seq ORDER BY state, seq LIMIT :limit
 
 -- name: find_lead
 SELECT seq, tenant_id, source_lead_id, write_id, state, attempts, reconcile_attempts,
        snapshot, last_polled_at, json_type(canonical, '$.contact_alias') IS NOT NULL,
-       last_error
+       last_error, last_failure
 FROM leads WHERE tenant_id = :tenant_id AND source_lead_id = :source_lead_id
 
 -- name: lead_snapshot
@@ -105,7 +105,8 @@ SELECT
    FROM (SELECT * FROM operator_decisions ORDER BY id DESC LIMIT :shown)),
   (SELECT json_object('waiting', count(*), 'next_attempt_at', min(next_attempt_at),
                       'rejected', (SELECT count(*) FROM leads
-                                   WHERE state = 'failed_safe' AND last_error IS NOT NULL))
+                                   WHERE state = 'failed_safe' AND last_error IS NOT NULL
+                                     AND coalesce(last_failure, 'rejected') = 'rejected'))
    FROM leads WHERE state = 'failed_safe' AND next_attempt_at IS NOT NULL)
 
 -- poll (runner.io.engine.observe): confirmed records, never polled first
@@ -155,7 +156,7 @@ INSERT INTO poll_health (failure, first_at, last_at) VALUES (:failure, :at, :at)
 -- operators (runner.io.engine.operators)
 -- name: uncertain_records
 SELECT seq, source_lead_id, write_id, attempts, reconcile_attempts, uncertain_since,
-       last_reconcile, last_reconcile_at
+       last_reconcile, last_reconcile_at, last_error, last_failure
 FROM leads WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit
 
 -- name: resolve_subject
@@ -169,8 +170,51 @@ VALUES (:tenant_id, :source_lead_id, :write_id, :decision, :reason, :readback, :
         :at)
 
 -- name: leave_uncertain
-UPDATE leads SET state = :state, updated_at = :at
+UPDATE leads SET state = :state, updated_at = :at, last_error = NULL, last_failure = NULL
 WHERE write_id = :write_id AND state = 'uncertain' AND attempts = :attempts RETURNING seq
+
+-- resolve --all: a page of uncertain records (with in_flight ones for a dry run, which
+-- shows what recovery would make uncertain), in accept order; one ordered range of
+-- leads_by_state (state, seq) per state, merged
+-- name: resolve_page
+SELECT seq, source_lead_id, write_id, state, canonical, tenant_id, attempts FROM (
+    SELECT * FROM (SELECT seq, source_lead_id, write_id, state, canonical, tenant_id,
+                          attempts
+                   FROM leads WHERE state = 'uncertain' AND seq > :after_seq
+                   ORDER BY seq LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (SELECT seq, source_lead_id, write_id, state, canonical, tenant_id,
+                          attempts
+                   FROM leads WHERE :in_flight AND state = 'in_flight' AND seq > :after_seq
+                   ORDER BY seq LIMIT :limit))
+ORDER BY seq LIMIT :limit
+
+-- resolve --all, one chunk's decisions (one transaction with leave_uncertain_many): a
+-- decision row (its trigger writes the operator_resolved event) for every record of the
+-- chunk still uncertain at the attempts it was read back at, in accept order.  The
+-- attempts are taken by index (json_extract), as in finish_and_mark_batch
+-- name: record_operator_decisions
+INSERT INTO operator_decisions (tenant_id, source_lead_id, write_id, decision, reason,
+                                readback, attempts, decided_at)
+SELECT leads.tenant_id, leads.source_lead_id, leads.write_id, :decision, :reason,
+       :readback, leads.attempts, :at
+FROM json_each(:write_ids) AS d
+JOIN leads ON leads.write_id = d.value
+WHERE +leads.state = 'uncertain'  -- "+": by write_id
+  AND leads.attempts = json_extract(:attempts, '$[' || d.key || ']')
+ORDER BY leads.seq
+RETURNING write_id
+
+-- the move of the records just decided (their decision rows exist: the guard lets
+-- uncertain -> failed_safe through only then), guarded by state and attempts
+-- name: leave_uncertain_many
+WITH s(write_id, attempts) AS MATERIALIZED (
+    SELECT d.value, json_extract(:attempts, '$[' || d.key || ']') FROM json_each(:write_ids) AS d)
+UPDATE leads SET state = :state, updated_at = :at, last_error = NULL, last_failure = NULL
+FROM s
+WHERE leads.write_id = s.write_id AND +leads.state = 'uncertain'
+  AND leads.attempts = s.attempts
+RETURNING leads.write_id
 
 -- retention (runner.io.engine.retention, schema v7)
 -- name: outbox_floor
@@ -236,7 +280,8 @@ INSERT INTO target_pin (only_row, target_id, pinned_at) VALUES (1, :target_id, :
 ON CONFLICT (only_row) DO NOTHING
 
 -- name: recover_in_flight
-UPDATE leads SET state = 'uncertain', updated_at = :now
+UPDATE leads SET state = 'uncertain', updated_at = :now, last_error = :reason,
+                 last_failure = 'recovered'
 WHERE state = 'in_flight' RETURNING source_lead_id
 
 -- name: uncertain_page
@@ -272,8 +317,10 @@ UPDATE leads SET
     attempts = attempts + (write_id IS :next), updated_at = :now,
     next_attempt_at = CASE WHEN write_id IS NOT :next AND :outcome = 'failed_safe'
                            THEN :retry_at END,
-    last_error = CASE WHEN write_id IS NOT :next AND :outcome = 'failed_safe'
-                      THEN :reason END
+    last_error = CASE WHEN write_id IS NOT :next AND :outcome IN ('failed_safe', 'uncertain')
+                      THEN :reason END,
+    last_failure = CASE WHEN write_id IS NOT :next AND :outcome IN ('failed_safe', 'uncertain')
+                        THEN :failure END
 WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
 RETURNING write_id, attempts
@@ -294,7 +341,8 @@ UPDATE leads SET
     state = coalesce(s.outcome, 'in_flight'),
     attempts = attempts + (s.outcome IS NULL), updated_at = :now,
     next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at END,
-    last_error = CASE WHEN s.outcome = 'failed_safe' THEN :reason END
+    last_error = CASE WHEN s.outcome IN ('failed_safe', 'uncertain') THEN :reason END,
+    last_failure = CASE WHEN s.outcome IN ('failed_safe', 'uncertain') THEN :failure END
 FROM s
 WHERE leads.write_id = s.write_id
   AND ((s.outcome IS NOT NULL AND leads.state = 'in_flight')
@@ -304,6 +352,8 @@ RETURNING write_id, attempts
 -- name: record_reconcile
 UPDATE leads SET reconcile_attempts = reconcile_attempts + 1,
     state = CASE WHEN :ok THEN 'confirmed' ELSE state END,
+    last_error = CASE WHEN :ok THEN NULL ELSE last_error END,
+    last_failure = CASE WHEN :ok THEN NULL ELSE last_failure END,
     reconcile_note = coalesce(:note, reconcile_note),
     last_reconcile = coalesce(:outcome, last_reconcile),
     last_reconcile_at = CASE WHEN :outcome IS NULL THEN last_reconcile_at ELSE :now END,
@@ -316,6 +366,8 @@ WHERE write_id = :write_id AND state = 'uncertain' RETURNING seq
 -- name: record_reconcile_batch
 UPDATE leads SET reconcile_attempts = reconcile_attempts + 1,
     state = CASE WHEN s.outcome IS NULL THEN 'confirmed' ELSE state END,
+    last_error = CASE WHEN s.outcome IS NULL THEN NULL ELSE last_error END,
+    last_failure = CASE WHEN s.outcome IS NULL THEN NULL ELSE last_failure END,
     reconcile_note = coalesce(s.note, reconcile_note),
     last_reconcile = coalesce(s.outcome, last_reconcile),
     last_reconcile_at = CASE WHEN s.outcome IS NULL THEN last_reconcile_at ELSE :now END,
@@ -326,6 +378,25 @@ FROM (SELECT w.value AS write_id, o.value AS outcome, n.value AS note
       JOIN json_each(:notes) AS n ON n.key = w.key) AS s
 WHERE leads.write_id = s.write_id AND +leads.state = 'uncertain'  -- "+": by write_id
 RETURNING leads.write_id
+
+-- a deduplicating target's uncertain records whose readback found no row (SPEC E7, v17):
+-- each still uncertain is authorised for one resend at its current attempts (the
+-- authorisation's trigger writes its outbox event), then queued again as failed_safe, due
+-- at :retry_at; "+state": found by write_id
+-- name: authorize_resends
+INSERT INTO resend_authorizations (tenant_id, source_lead_id, write_id, target_id, attempts,
+                                   readback, decided_at)
+SELECT tenant_id, source_lead_id, write_id, :target_id, attempts, 'none', :now
+FROM leads WHERE write_id IN (SELECT value FROM json_each(:write_ids)) AND +state = 'uncertain'
+ORDER BY seq
+RETURNING write_id, attempts
+
+-- name: requeue_authorized
+UPDATE leads SET state = 'failed_safe', reconcile_attempts = reconcile_attempts + 1,
+    last_reconcile = 'none', last_reconcile_at = :now, next_attempt_at = :retry_at,
+    last_error = :reason, last_failure = 'requeued', updated_at = :now
+WHERE write_id IN (SELECT value FROM json_each(:write_ids)) AND +state = 'uncertain'
+RETURNING write_id
 
 -- ==== (end delivery) ==================================================================
 

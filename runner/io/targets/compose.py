@@ -7,23 +7,86 @@ reference server (:mod:`runner.io.targets.server`) and a user's own adapter load
 :func:`open_adapter` is where a command line's ``--target`` becomes an adapter: an
 ``http://`` or ``https://`` URL is the HTTP target, anything else the synthetic target's
 file, unless ``--target-adapter`` names a factory, which is then given the ``--target``
-text as it is.  A ``postgresql://`` DSN with ``--target-table`` is the PostgreSQL table
-target (:mod:`runner.io.targets.pgtable`).
+text as it is, and its :class:`~runner.leads.settings.TargetSettings` when it has a
+parameter named ``settings`` (issue 29).  A ``postgresql://`` DSN with ``--target-table``
+is the PostgreSQL table target (:mod:`runner.io.targets.pgtable`).
+
+Nothing the command line gives is dropped: each built-in target declares the companion
+flags it takes (:class:`BuiltinTarget`), :func:`check_given` refuses the others before
+anything is opened, and a factory without ``settings`` is refused when any were given.
+This module imports no driver and no model, so every command (``status`` too) can check.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import UsageError
-from runner.leads.port import CRMAdapter
+from runner.leads.settings import TargetSettings
+
+if TYPE_CHECKING:
+    from runner.leads.port import CRMAdapter
+
+#: the companion flags of ``--target``, as :attr:`TargetOptions.given` names them
+TOKEN_FLAG = "--target-token-file"  # noqa: S105 - a flag's name, not a secret
+TIMEOUT_FLAG = "--target-timeout"
+OPTION_FLAG = "--target-option"
 
 
 def is_url(target: str) -> bool:
     return target.startswith(("http://", "https://"))
+
+
+@dataclass(frozen=True)
+class BuiltinTarget:
+    """A target runner ships, and the companion flags it takes: ``--target-token-file``,
+    ``--target-timeout``, or ``--target-option KEY`` for each option key it reads."""
+
+    name: str
+    takes: frozenset[str] = frozenset()
+
+
+HTTP_TARGET = BuiltinTarget("HTTP target", frozenset({TOKEN_FLAG, TIMEOUT_FLAG}))
+SYNTHETIC_TARGET = BuiltinTarget("synthetic target (a SQLite file)")
+#: its table is ``--target-table``, checked on its own (``pgtable.names``)
+PG_TABLE_TARGET = BuiltinTarget("PostgreSQL table target", frozenset({TIMEOUT_FLAG}))
+
+
+def builtin_target(target: str) -> BuiltinTarget:
+    """The built-in target a ``--target`` names without ``--target-adapter``."""
+    if is_url(target):
+        return HTTP_TARGET
+    if target.startswith(("postgresql://", "postgres://")):
+        return PG_TABLE_TARGET
+    return SYNTHETIC_TARGET
+
+
+def _listed(flags: Sequence[str]) -> str:
+    return ", ".join(flags)
+
+
+def check_given(target: str | None, adapter: str | None, given: Sequence[str]) -> None:
+    """Refuse (exit 2) the companion flags nothing would take: ``given`` names them
+    (``--target-timeout``, ``--target-option region``).  A factory's own answer is
+    checked when it is loaded (:func:`open_adapter`)."""
+    if adapter is not None or not given:
+        return
+    if target is None:
+        raise UsageError(f"{_listed(given)} needs --target (or --target-adapter)")
+    builtin = builtin_target(target)
+    refused = [flag for flag in given if flag not in builtin.takes]
+    if refused:
+        hints = []
+        if any(flag.startswith(OPTION_FLAG) for flag in refused):
+            hints.append(f"{OPTION_FLAG} is for a --target-adapter factory")
+        if any(not flag.startswith(OPTION_FLAG) for flag in refused):
+            hints.append(f"{TOKEN_FLAG} is for an http(s):// --target or a factory, "
+                         f"{TIMEOUT_FLAG} for those and a postgresql:// --target")
+        raise UsageError(f"the {builtin.name} takes no {_listed(refused)} "
+                         f"({'; '.join(hints)})")
 
 
 @dataclass(frozen=True)
@@ -32,12 +95,14 @@ class TargetOptions:
 
     target: str | None
     adapter: str | None = None  # --target-adapter module:factory
-    token: bytes | None = field(default=None, repr=False)
-    read_timeout: float = 10.0
+    settings: TargetSettings = field(default_factory=TargetSettings)
+    #: the companion flags the command line gave (``--target-option region``…), for
+    #: refusals: what a target or a factory cannot take is an error, never dropped
+    given: tuple[str, ...] = ()
     table: str | None = None  # --target-table: the PostgreSQL table target's table
 
 
-def load_factory(spec: str) -> Callable[[str | None], CRMAdapter]:
+def load_factory(spec: str) -> Callable[..., CRMAdapter]:
     """``module:factory`` -> the factory (trusted code: importing it runs it)."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -54,7 +119,7 @@ def load_factory(spec: str) -> Callable[[str | None], CRMAdapter]:
             raise UsageError(f"--target-adapter {spec!r}: {module_name!r} has no {attr!r}")
     if not callable(found):
         raise UsageError(f"--target-adapter {spec!r}: {attr!r} is not callable")
-    factory: Callable[[str | None], CRMAdapter] = found
+    factory: Callable[..., CRMAdapter] = found
     return factory
 
 
@@ -67,35 +132,62 @@ def _check_adapter(adapter: object, spec: str) -> CRMAdapter:
     return adapter  # type: ignore[return-value]
 
 
+def takes_settings(factory: Callable[..., Any]) -> bool:
+    """Whether a factory has a parameter named ``settings`` that a keyword can fill (its
+    signature, read once; a callable without one takes only the target)."""
+    import inspect
+
+    try:
+        parameter = inspect.signature(factory).parameters.get("settings")
+    except (TypeError, ValueError):  # a callable Python cannot describe: one argument
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _make(options: TargetOptions, spec: str) -> object:
+    factory = load_factory(spec)
+    with_settings = takes_settings(factory)
+    if options.given and not with_settings:
+        raise UsageError(
+            f"--target-adapter {spec!r} takes no settings, but {_listed(options.given)} "
+            f"{'was' if len(options.given) == 1 else 'were'} given: give the factory a "
+            "parameter named settings (def make(target, settings): ...; see 'Write a "
+            "target adapter')")
+    try:
+        if with_settings:
+            return factory(options.target, settings=options.settings)
+        return factory(options.target)
+    except Exception as exc:  # noqa: BLE001 - a user's factory: any failure is theirs
+        raise UsageError(f"--target-adapter {spec!r} failed: "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
 def open_adapter(options: TargetOptions) -> CRMAdapter | None:
     """The adapter a command line names (None: no ``--target`` and no adapter).  Close it
     with :func:`close_adapter`."""
     from runner.io.targets.pgtable.names import check_table_option
 
+    check_given(options.target, options.adapter, options.given)
     check_table_option(options.target, options.table, options.adapter)
     if options.adapter is not None:
-        factory = load_factory(options.adapter)
-        try:
-            made = factory(options.target)
-        except Exception as exc:  # noqa: BLE001 - a user's factory: any failure is theirs
-            raise UsageError(f"--target-adapter {options.adapter!r} failed: "
-                             f"{type(exc).__name__}: {exc}") from None
-        return _check_adapter(made, options.adapter)
+        return _check_adapter(_make(options, options.adapter), options.adapter)
     if options.target is None:
         return None
     if options.table is not None:
-        return _pg_table(options.target, options.table, options.read_timeout)
+        return _pg_table(options.target, options.table, options.settings.timeout)
     if is_url(options.target):
         from runner.io.targets.http import HttpTarget, Timeouts
 
-        return HttpTarget(options.target, token=options.token,
-                          timeouts=Timeouts(read=options.read_timeout))
+        timeout = options.settings.timeout
+        return HttpTarget(options.target, token=options.settings.token,
+                          timeouts=Timeouts() if timeout is None else Timeouts(read=timeout))
     from runner.io.synthetic_target import SyntheticTarget
 
     return SyntheticTarget(options.target)
 
 
-def _pg_table(target: str, table: str, timeout: float) -> CRMAdapter:
+def _pg_table(target: str, table: str, timeout: float | None) -> CRMAdapter:
     try:
         import asyncpg  # noqa: F401
     except ImportError:
@@ -104,9 +196,10 @@ def _pg_table(target: str, table: str, timeout: float) -> CRMAdapter:
 
         raise TargetUnavailable(f"the PostgreSQL table target: {POSTGRES_INSTALL_HINT}") \
             from None
-    from runner.io.targets.pgtable.target import PgTableTarget
+    from runner.io.targets.pgtable.target import DEFAULT_TIMEOUT, PgTableTarget
 
-    return PgTableTarget(target, table, timeout=timeout)
+    return PgTableTarget(target, table,
+                         timeout=DEFAULT_TIMEOUT if timeout is None else timeout)
 
 
 def close_adapter(adapter: object) -> None:

@@ -135,10 +135,12 @@ def classify_append(status: int, headers: Mapping[str, str], body: bytes, sent: 
         try:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return AmbiguousWriteError("the target answered 200 with a body that is not JSON")
+            return _kind(AmbiguousWriteError(
+                "the target answered 200 with a body that is not JSON"), "malformed")
         appended = doc.get("appended") if isinstance(doc, dict) else None
         if type(appended) is not int or appended != sent:
-            return AmbiguousWriteError(f"the target answered 200 without appended={sent}")
+            return _kind(AmbiguousWriteError(
+                f"the target answered 200 without appended={sent}"), "malformed")
         return None
     retry_after = parse_retry_after(headers.get("retry-after"), now)
     if status == 429:
@@ -152,7 +154,9 @@ def classify_append(status: int, headers: Mapping[str, str], body: bytes, sent: 
     if 400 <= status < 500:
         return BeforeWriteError(f"the target refused the request ({status}): "
                                 f"{_reason(body)}; nothing was applied")
-    return AmbiguousWriteError(f"the target answered {status}; the rows may have been applied")
+    return _kind(AmbiguousWriteError(
+        f"the target answered {status}; the rows may have been applied"),
+        "server_error" if 500 <= status < 600 else "ambiguous")
 
 
 #: transport failures that happen before any byte of the request is written
@@ -165,12 +169,28 @@ _NOT_SENT: tuple[type[BaseException], ...] = (
 )
 
 
+def _kind(error: TargetError, failure: str) -> TargetError:
+    """``error`` with its kind of failure (``TargetError.failure``)."""
+    error.failure = failure
+    return error
+
+
 def classify_exception(exc: BaseException) -> TargetError:
     """A failure of the request itself -> the error to raise.  Only a failure that is
     certainly before the request was written is ``BeforeWriteError``; anything else
     (a read or write timeout, a reset or close after sending, an error of our own) may
-    have reached the server."""
+    have reached the server.  Each carries its kind (``failure``): ``refused`` (nothing
+    sent), ``timed_out``, ``dropped`` (the connection closed after sending) or
+    ``failed``."""
+    name = type(exc).__name__
     if isinstance(exc, _NOT_SENT):
-        return BeforeWriteError(f"the request was not sent ({type(exc).__name__})")
-    return AmbiguousWriteError(f"the request may have reached the target "
-                               f"({type(exc).__name__})")
+        return _kind(BeforeWriteError(f"the request was not sent ({name})"), "refused")
+    if isinstance(exc, httpx.TimeoutException):
+        return _kind(AmbiguousWriteError(f"no answer within the timeout ({name}); the "
+                                         "request may have reached the target"), "timed_out")
+    if isinstance(exc, httpx.TransportError):
+        return _kind(AmbiguousWriteError(f"the connection dropped after sending ({name}); "
+                                         "the request may have reached the target"),
+                     "dropped")
+    return _kind(AmbiguousWriteError(f"the request may have reached the target ({name})"),
+                 "failed")

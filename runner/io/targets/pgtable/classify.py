@@ -64,11 +64,30 @@ def severity(exc: BaseException) -> str | None:
     return str(found).upper() if found else None
 
 
+#: the client's own errors that mean the connection is gone (it may have been after the
+#: statement reached the server)
+_DROPPED: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.PostgresConnectionError, asyncpg.exceptions.InterfaceError,
+    asyncpg.exceptions.InternalClientError, ConnectionError, EOFError,
+)
+
+
+def _kind(error: TargetError, failure: str) -> TargetError:
+    """``error`` with its kind of failure (``TargetError.failure``: ``last_failure``)."""
+    error.failure = failure
+    return error
+
+
 def classify_write(exc: BaseException, phase: Phase, where: str) -> TargetError:
-    """What a failed batch write proves (see the module docstring)."""
+    """What a failed batch write proves (see the module docstring).  Each error carries
+    its kind of failure: ``refused`` (no session), ``rejected`` or ``not_sent`` (the
+    server refused the statement), ``server_error`` (the server ended the session),
+    ``timed_out``, ``dropped`` (the connection was lost) or ``ambiguous``."""
     if phase == "connect":
-        return BeforeWriteError(f"not sent: cannot reach {where}: {_reason(exc)}")
-    if severity(exc) == "ERROR":
+        return _kind(BeforeWriteError(f"not sent: cannot reach {where}: {_reason(exc)}"),
+                     "refused")
+    found = severity(exc)
+    if found == "ERROR":
         sqlstate = str(getattr(exc, "sqlstate", "") or "")
         if sqlstate[:2] in REJECTED_CLASSES:
             return RejectedWrite(f"{where} refused the batch: {_reason(exc)}; nothing was "
@@ -76,10 +95,13 @@ def classify_write(exc: BaseException, phase: Phase, where: str) -> TargetError:
         return BeforeWriteError(f"{where} failed the batch's statement: {_reason(exc)}; "
                                 "nothing was applied")
     if isinstance(exc, TimeoutError):
-        return AmbiguousWriteError(f"{where} did not answer the batch in time: it may "
-                                   "have been applied")
-    return AmbiguousWriteError(f"the batch may have been applied to {where}: "
-                               f"{_reason(exc)}")
+        return _kind(AmbiguousWriteError(f"{where} did not answer the batch in time: it "
+                                         "may have been applied"), "timed_out")
+    error = AmbiguousWriteError(f"the batch may have been applied to {where}: "
+                                f"{_reason(exc)}")
+    if found is not None:  # FATAL, PANIC: the server ended the session
+        return _kind(error, "server_error")
+    return _kind(error, "dropped") if isinstance(exc, _DROPPED) else error
 
 
 def classify_read(exc: BaseException, where: str, doing: str) -> TargetReadError:

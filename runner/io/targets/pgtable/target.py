@@ -386,8 +386,13 @@ class PgTableTarget:
                     self._drop()
                 raise classify_write(exc, phase, self.where) from None
 
-        self._call(insert, lambda: AmbiguousWriteError(
-            f"{self.where} did not answer the batch in time: it may have been applied"))
+        def late() -> Exception:
+            error = AmbiguousWriteError(f"{self.where} did not answer the batch in time: "
+                                        "it may have been applied")
+            error.failure = "timed_out"
+            return error
+
+        self._call(insert, late)
         crashpoints.hit("dispatch.batch-applied")
 
     def _fetch(self, name: str, write_ids: Sequence[str], doing: str) -> list[Any]:
