@@ -20,6 +20,9 @@ Each round measures, one after the other, each into a fresh table:
   unnest(…) ON CONFLICT (write_id) DO NOTHING``; nothing else;
 * **the floor with readback**: the same, each batch followed by the same ``SELECT … WHERE
   write_id = ANY($1)`` runner reads back with (what never-twice needs on the wire);
+* **the adapter alone**: ``PgTableTarget.write_batch`` and ``read_back_many`` per batch,
+  called from a plain thread with no runner around them (its session made before the
+  clock): its distance from the floor with readback is the adapter's own cost;
 * **runner in process, PostgreSQL store**: the same cycle with the store in a schema of
   the target's own database (the common case);
 * **runner as a process**: ``python run.py once --target postgresql://… --target-table
@@ -121,6 +124,28 @@ async def _floor(schema: str, table: str, n: int, batch: int, tag: str, *,
 
 def floor(schema: str, table: str, n: int, batch: int, tag: str, *, read: bool) -> float:
     return asyncio.run(_floor(schema, table, n, batch, tag, read=read))
+
+
+def adapter_alone(schema: str, table: str, n: int, batch: int, tag: str) -> float:
+    """The target adapter alone, no runner: per batch its ``write_batch`` and its
+    ``read_back_many`` (what runner calls), from a plain thread; its session is made
+    before the clock starts (its check).  Leads per second: the adapter's own cost is its
+    distance from the floor with readback."""
+    from runner.io.targets.pgtable.target import PgTableTarget
+
+    _make_table(schema, table)
+    target = PgTableTarget(PG_DSN, f"{schema}.{table}")
+    try:
+        target.prepare_writes(True)  # adopts the table: its identity, its session
+        items = _records(n, tag)
+        batches = [items[i : i + batch] for i in range(0, n, batch)]
+        started = time.perf_counter()
+        for chunk in batches:
+            target.write_batch(chunk)
+            target.read_back_many([w for _, w in chunk])
+        return n / (time.perf_counter() - started)
+    finally:
+        target.close()
 
 
 #: where runner's time goes, summed over the timed calls (``_timing``)
@@ -225,7 +250,8 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
 
     schema = f"bench_pgt_{os.getpid()}_{random.randrange(16**6):06x}"
     found: dict[str, list[float]] = {k: [] for k in (
-        "runner", "runner_pg_store", "floor", "floor_read", "once", "once_span", "store")}
+        "runner", "runner_pg_store", "floor", "floor_read", "adapter", "once", "once_span",
+        "store")}
     spent: list[dict[str, float]] = []
     stores: list[str] = []
     _schema("CREATE", schema)
@@ -240,6 +266,8 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
                                             read=False))
                 found["floor_read"].append(floor(schema, f"floorread{r}", n, batch,
                                                  f"g{r}", read=True))
+                found["adapter"].append(adapter_alone(schema, f"adapter{r}", n, batch,
+                                                      f"a{r}"))
                 stores.append(f"{schema}_store{r}")
                 found["runner_pg_store"].append(runner_in_process(
                     d, schema, f"pgstore{r}", n, batch, r,
@@ -263,6 +291,8 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
         "pg_store_ratio": ratio("runner_pg_store"),
         "ratio_with_read": statistics.median(
             x / y for x, y in zip(found["runner"], found["floor_read"], strict=True)),
+        "adapter_ratio": statistics.median(
+            x / y for x, y in zip(found["adapter"], found["floor_read"], strict=True)),
         "once_ratio": ratio("once"),
         "once_span_ratio": ratio("once_span"),
         "store_alone_ratio": ratio("store"),
@@ -290,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         ("bare asyncpg, the same INSERTs", "floor_per_s", None, "(the floor)"),
         ("bare asyncpg, INSERT + readback", "floor_read_per_s", "ratio_with_read",
          "(runner's ratio to it)"),
+        ("the adapter alone (write + readback)", "adapter_per_s", "adapter_ratio",
+         "(of INSERT + readback: its own cost)"),
         ("runner, in process, PostgreSQL store", "runner_pg_store_per_s", "pg_store_ratio",
          ""),
         ("runner once, whole process", "once_per_s", "once_ratio", "(start-up included)"),

@@ -644,6 +644,10 @@ def _render_pg_target(doc: dict[str, Any]) -> str:
             f"| bare asyncpg, each INSERT followed by the same readback | "
             f"{_num(doc['floor_read_per_s'])} | runner's ratio to it: "
             f"{doc['ratio_with_read']:.2f} |",
+            *([f"| the target adapter alone, no runner (its `write_batch` and "
+               f"`read_back_many` per batch) | {_num(doc['adapter_per_s'])} | its ratio to "
+               f"the floor with readback: {doc['adapter_ratio']:.2f} |"]
+              if "adapter_per_s" in doc else []),
             f"| runner in process, PostgreSQL store in the same database | "
             f"{_num(doc['runner_pg_store_per_s'])} | {doc['pg_store_ratio']:.2f} |",
             f"| runner `once` as a process, from spawn to exit | {_num(doc['once_per_s'])} | "
