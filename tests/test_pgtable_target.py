@@ -7,6 +7,7 @@ that stops or restarts is a private cluster (tests/test_pgtable_restart.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -160,7 +161,7 @@ def test_a_new_table_has_the_documented_columns_and_a_stable_identity(
     # another adapter, and the same adapter after the server ended its session
     assert make().target_id() == first
     pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-               "application_name LIKE '% target'")
+               "application_name LIKE $1", f"runner pid={os.getpid()} % target")
     assert target.target_id() == first
     target.prepare_writes(True)  # nothing to do: the same identity
     assert make().target_id() == first
