@@ -138,7 +138,7 @@ def test_the_table_target_conforms_with_every_condition_a_server_can_be_put_in(
     assert [c.name for c in report.skipped] == ["rate_limited: write"], report.text()
 
 
-def test_a_new_table_has_the_documented_columns_and_a_stable_identity(
+def test_a_new_table_has_the_documented_columns_and_an_identity_that_survives_reconnects(
         make: Make, schema: str) -> None:
     target = make()
     target.prepare_writes(True)
@@ -163,6 +163,12 @@ def test_a_new_table_has_the_documented_columns_and_a_stable_identity(
     pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
                "application_name LIKE $1", f"runner pid={os.getpid()} % target")
     assert target.target_id() == first
+    # a read on a session the server ended a moment ago is made again on a new one
+    for call in (lambda: target.read_back_many(["w-x"]), target.target_id,
+                 lambda: target.prepare_writes(True)):
+        pg.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                   "application_name LIKE $1", f"runner pid={os.getpid()} % target")
+        call()
     target.prepare_writes(True)  # nothing to do: the same identity
     assert make().target_id() == first
 

@@ -72,6 +72,12 @@ _DROPPED: tuple[type[BaseException], ...] = (
 )
 
 
+def session_lost(exc: BaseException) -> bool:
+    """Whether a failure says the session is gone (the connection lost, or ended by the
+    server with a ``FATAL``), rather than anything about the statement."""
+    return isinstance(exc, _DROPPED) or severity(exc) in ("FATAL", "PANIC")
+
+
 def _kind(error: TargetError, failure: str) -> TargetError:
     """``error`` with its kind of failure (``TargetError.failure``: ``last_failure``)."""
     error.failure = failure

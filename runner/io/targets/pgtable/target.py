@@ -47,7 +47,12 @@ from runner.io.postgres.connection import (
     translate,
 )
 from runner.io.targets.pgtable import shape
-from runner.io.targets.pgtable.classify import Phase, classify_read, classify_write
+from runner.io.targets.pgtable.classify import (
+    Phase,
+    classify_read,
+    classify_write,
+    session_lost,
+)
 from runner.io.targets.pgtable.names import TableLocation, parse_location
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
@@ -183,6 +188,21 @@ class PgTableTarget:
         self._last_used = time.monotonic()
         return self._conn
 
+    async def _repeatable(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """``fn(session)`` for a call that is safe to repeat (a read, the checks before
+        work): when a session kept from before turns out to be gone (the server ended it
+        a moment ago, and the client had not noticed yet), once more on a new one.  A
+        write is never repeated here: its failure is classified as it is."""
+        kept = self._conn
+        conn = await self._session()
+        try:
+            return await fn(conn)
+        except Exception as exc:
+            if conn is not kept or not session_lost(exc):
+                raise
+            self._drop()
+            return await fn(await self._session())
+
     def _drop(self) -> None:
         """Forget the session (ended at once: a session that failed is not reused)."""
         conn, self._conn = self._conn, None
@@ -278,8 +298,8 @@ class PgTableTarget:
     def target_id(self) -> str:
         """The table's identity (its comment's ``runner-target-id``), read without
         creating or changing anything."""
-        async def read() -> str:
-            facts, _ = await self._facts(await self._session())
+        async def read(conn: asyncpg.Connection) -> str:
+            facts, _ = await self._facts(conn)
             self._checked(facts, create=False)
             found = shape.identity(facts.comment)
             if found is None:
@@ -288,7 +308,7 @@ class PgTableTarget:
                     "start, of a store that has not delivered yet adopts it)")
             return found
 
-        return self._checking(read, "reading its identity")
+        return self._checking(lambda: self._repeatable(read), "reading its identity")
 
     def prepare_writes(self, create: bool) -> None:
         """Check that writes can start, before any record is marked in flight: the server
@@ -296,8 +316,7 @@ class PgTableTarget:
         insert into it and read it.  With ``create``, a missing table is created with its
         identity, or a table of the right shape without one adopted (its identity written
         into its comment), in one transaction; a refusal changes nothing."""
-        async def prepare() -> None:
-            conn = await self._session()
+        async def prepare(conn: asyncpg.Connection) -> None:
             outcome = ""
             async with conn.transaction():
                 await conn.execute(self._sql["lock_table"],
@@ -329,7 +348,7 @@ class PgTableTarget:
                          extra={"action": f"target.table_{outcome}",
                                 "table": self.location.name, "target_id": found})
 
-        self._checking(prepare, "checking it can be written")
+        self._checking(lambda: self._repeatable(prepare), "checking it can be written")
 
     async def _write_identity(self, conn: asyncpg.Connection, comment: str | None,
                               target_id: str) -> None:
@@ -396,13 +415,14 @@ class PgTableTarget:
         crashpoints.hit("dispatch.batch-applied")
 
     def _fetch(self, name: str, write_ids: Sequence[str], doing: str) -> list[Any]:
+        async def fetch(conn: asyncpg.Connection) -> list[Any]:
+            rows = await conn.fetch(self._sql[name], list(write_ids), timeout=self.timeout)
+            self._last_used = time.monotonic()
+            return list(rows)
+
         async def read() -> list[Any]:
             try:
-                conn = await self._session()
-                rows = await conn.fetch(self._sql[name], list(write_ids),
-                                        timeout=self.timeout)
-                self._last_used = time.monotonic()
-                return list(rows)
+                return await self._repeatable(fetch)
             except Exception as exc:  # noqa: BLE001 - any failure is a failed read
                 if not _server_error(exc):
                     self._drop()
