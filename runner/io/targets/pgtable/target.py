@@ -14,7 +14,9 @@ limit; measured 1.2-1.4 times as fast as ``executemany`` of the same rows).  Bef
 the session is made sure of: a session that is closed, or idle for more than
 ``PING_AFTER`` seconds (a server restarted meanwhile, a proxy that dropped it), is pinged
 or replaced first, and a failure there is "not sent" (:mod:`.classify`).  Reads go by
-``write_id = ANY(array)``: one statement for any number of write_ids.
+``write_id = ANY(array)``: one statement for any number of write_ids; a read, or the
+checks before work, on a kept session that turns out gone is made once more on a new
+one (``_repeatable``), a write never.
 
 The table is created, or a user's table adopted, only by ``prepare_writes(create=True)``
 (runner's check before the first send of a store that has not delivered yet); reads and
