@@ -17,28 +17,10 @@ optionally, two that let a target take many records in one request (issue 16)::
     read_back_many(write_ids) -> list[TargetRow]   the rows carrying any of those write_ids
 
 (a target without ``write_batch`` is sent one record per request, as before; without
-``read_back_many``, a batch is read back one ``read_back`` per record); a target that takes
-at most so many records in one request says so with an attribute::
-
-    max_batch: int                             the most records one write_batch or one
-                                               read_back_many may carry; runner sends no
-                                               more, whatever its batch size
-
-and one that says the target deduplicates by write_id (SPEC E7, issue 29)::
-
-    dedupes_write_id: bool                     True: a second write carrying a write_id
-                                               the target already holds never makes a
-                                               second row (a unique key, an upsert by
-                                               external id, an Idempotency-Key), and its
-                                               answer is not an error that strands the
-                                               record; the conformance kit proves it
-                                               (``runner.testing``) before you declare it.
-                                               Then, and only then, runner sends again an
-                                               uncertain record whose fresh readback shows
-                                               no row (on the backoff schedule)
-
-and two more that
-let runner check the target before work (SPEC L9, E6)::
+``read_back_many``, a batch is read back one ``read_back`` per record); attributes that
+declare the target's limits and promises (``max_batch``, ``max_read``,
+``dedupes_write_id``: :mod:`runner.leads.capabilities`, read and checked there); and two
+methods that let runner check the target before work (SPEC L9, E6)::
 
     target_id() -> str | None                  the target's stable identity, read without
                                                creating or changing anything; None: this
@@ -72,7 +54,12 @@ from typing import Any, Literal, Protocol
 import anyio
 
 from runner import crashpoints
-from runner.errors import RunnerError, UsageError
+from runner.errors import RunnerError
+
+# re-exported: adapters and wrappers read the declarations from the port, as before
+from runner.leads.capabilities import dedupes as dedupes
+from runner.leads.capabilities import max_batch as max_batch
+from runner.leads.capabilities import max_read as max_read
 from runner.leads.failures import FAILURES
 from runner.leads.models import CRMRecord, LeadEvent
 from runner.leads.pacing import Pacer
@@ -242,7 +229,23 @@ def classify_readback(rows: Sequence[TargetRow], expected: CRMRecord, write_id: 
         return "none"
     if len(mine) > 1:
         return "ambiguous"
-    return "match" if dict(mine[0].fields) == expected.fields() else "mismatch"
+    return "match" if exactly(mine[0].fields, expected.fields()) else "mismatch"
+
+
+_ABSENT = object()
+
+
+def exactly(found: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
+    """Whether a row's fields are exactly these: the same names, and each value equal
+    *and of the same type* (``1`` is not ``True``, ``1.0`` is not ``1``: a target that
+    answers another type is not answering the record)."""
+    if len(found) != len(fields):
+        return False
+    for name, value in fields.items():
+        got = found.get(name, _ABSENT)
+        if got.__class__ is not value.__class__ or got != value:
+            return False
+    return True
 
 
 #: what a reconcile verdict means, in words (``runner uncertain``, the logs); ``read_failed``
@@ -294,28 +297,6 @@ def _failed(verdict: Literal["failed", "unproven"], exc: BaseException) -> SendR
     return SendResult(verdict, error=words, failure=kind)
 
 
-def max_batch(adapter: object) -> int | None:
-    """The adapter's own largest batch (its ``max_batch``; None: it has none); refuses a
-    value that is not a positive whole number."""
-    value = getattr(adapter, "max_batch", None)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"the target adapter's max_batch must be a positive whole number, "
-                         f"not {value!r}")
-    return value
-
-
-def dedupes(adapter: object) -> bool:
-    """Whether the adapter declares that it deduplicates by write_id (its
-    ``dedupes_write_id``; absent: it does not); refuses a value that is not a bool."""
-    value = getattr(adapter, "dedupes_write_id", False)
-    if not isinstance(value, bool):
-        raise UsageError(f"the target adapter's dedupes_write_id must be True or False, "
-                         f"not {value!r}")
-    return value
-
-
 class CRMRecordPort:
     """The bridge between validated events and an adapter (L9, L14).
 
@@ -332,6 +313,7 @@ class CRMRecordPort:
                  read_pacer: Pacer | None = None) -> None:
         self.adapter = adapter
         self.max_batch = max_batch(adapter)
+        self.max_read = max_read(adapter)
         dedupes(adapter)  # a declaration that is not a bool is refused before any work
         #: the write quota (batch writes)
         self.pacer = pacer if pacer is not None else Pacer()
@@ -401,22 +383,41 @@ class CRMRecordPort:
         """Whether the adapter reads many write_ids in one request (``read_back_many``)."""
         return callable(getattr(self.adapter, "read_back_many", None))
 
+    def read_size(self, wanted: int) -> int:
+        """write_ids per ``read_back_many`` request for a wanted number: at most the
+        adapter's ``max_batch`` and its ``max_read``."""
+        for limit in (self.max_batch, self.max_read):
+            if limit is not None:
+                wanted = min(wanted, limit)
+        return max(wanted, 1)
+
+    def status_size(self, wanted: int) -> int:
+        """write_ids per ``observe_status`` request for a wanted number: at most the
+        adapter's ``max_read``."""
+        return max(wanted if self.max_read is None else min(wanted, self.max_read), 1)
+
     async def read_back_many(self, write_ids: Sequence[str]) -> dict[str, list[TargetRow]]:
-        """One request (one read token) for the rows of many write_ids, grouped by write_id
-        (an adapter without ``read_back_many``: one paced ``read_back`` each)."""
+        """The rows of many write_ids, grouped by write_id: one request (one read token)
+        per ``read_size`` write_ids, so a caller may ask for any number (an adapter
+        without ``read_back_many``: one paced ``read_back`` each).  A failed request
+        raises; what earlier requests found is then not returned (a read proves nothing
+        unless it is whole)."""
         if not self.reads_many:
             return {w: await self.read_back(w) for w in write_ids}
-        await self.read_pacer.take()
-        try:
-            rows = await anyio.to_thread.run_sync(self._read_back_many, list(write_ids),
-                                                  abandon_on_cancel=True)
-        except RateLimited as exc:
-            self._rate_limited(exc)
-            raise
         by_id: dict[str, list[TargetRow]] = {w: [] for w in write_ids}
-        for row in rows:
-            if row.write_id in by_id:
-                by_id[row.write_id].append(row)
+        size = self.read_size(len(by_id))
+        ids = list(by_id)  # each write_id once
+        for start in range(0, len(ids), size):
+            await self.read_pacer.take()
+            try:
+                rows = await anyio.to_thread.run_sync(self._read_once, ids[start : start + size],
+                                                      abandon_on_cancel=True)
+            except RateLimited as exc:
+                self._rate_limited(exc)
+                raise
+            for row in rows:
+                if row.write_id in by_id:
+                    by_id[row.write_id].append(row)
         return by_id
 
     def send_blocking(self, event: LeadEvent, write_id: str) -> SendResult:
@@ -487,21 +488,43 @@ class CRMRecordPort:
                 for record, write_id in records]
 
     def _read_back_many(self, write_ids: Sequence[str]) -> list[TargetRow]:
-        many = getattr(self.adapter, "read_back_many", None)
-        if callable(many):
-            return list(many(write_ids))
-        return [row for write_id in write_ids for row in self.adapter.read_back(write_id)]
+        """The rows of these write_ids, blocking, in requests of at most ``read_size``
+        write_ids; the caller has taken the first request's read token, this takes one
+        for each request after it."""
+        if not self.reads_many:
+            return [row for write_id in write_ids for row in self.adapter.read_back(write_id)]
+        size = self.read_size(len(write_ids))
+        rows: list[TargetRow] = []
+        for start in range(0, len(write_ids), size):
+            if start:
+                self.read_pacer.take_blocking()
+            rows.extend(self._read_once(write_ids[start : start + size]))
+        return rows
+
+    def _read_once(self, write_ids: Sequence[str]) -> list[TargetRow]:
+        """One ``read_back_many`` request of the adapter."""
+        return list(self.adapter.read_back_many(list(write_ids)))  # type: ignore[attr-defined]
 
     async def confirm(self, event: LeadEvent, write_id: str) -> Readback:
         """Read back and classify (raises what the adapter raises)."""
         return classify_readback(await self.read_back(write_id), self.map(event), write_id)
 
     async def observe_status(self, write_ids: Sequence[str]) -> dict[str, Observation]:
-        await self.read_pacer.take()
-        try:
-            found = await anyio.to_thread.run_sync(self.adapter.observe_status,
-                                                   list(write_ids), abandon_on_cancel=True)
-        except RateLimited as exc:
-            self._rate_limited(exc)
-            raise
-        return {w: found.get(w, ReadFailure("no answer for this record")) for w in write_ids}
+        """Per write_id its status: one request (one read token) per ``status_size``
+        write_ids; a write_id the adapter did not answer is a failed read.  A failed
+        request raises (the caller decides what its write_ids' reads mean)."""
+        ids = list(dict.fromkeys(write_ids))
+        size = self.status_size(len(ids))
+        found: dict[str, Observation] = {}
+        for start in range(0, len(ids), size):
+            chunk = ids[start : start + size]
+            await self.read_pacer.take()
+            try:
+                seen = await anyio.to_thread.run_sync(self.adapter.observe_status, chunk,
+                                                      abandon_on_cancel=True)
+            except RateLimited as exc:
+                self._rate_limited(exc)
+                raise
+            for w in chunk:
+                found[w] = seen.get(w, ReadFailure("no answer for this record"))
+        return found
