@@ -22,7 +22,7 @@ from tests.helpers import SCOPE, CliStore, event, run_main
 
 pytestmark = pytest.mark.timeout(60)
 
-SPEC = "tests.procs.read_capped_adapter"
+SPEC = "tests.procs.declared_adapter"
 
 
 class _Capped(SyntheticTarget):
@@ -107,6 +107,15 @@ def test_a_max_read_that_is_not_a_positive_whole_number_is_refused(
         DurableWorker(db_location, SCOPE, adapter)
 
 
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_a_dedupe_declaration_that_is_not_a_bool_is_refused_when_the_port_is_made(
+        workdir: Path, bad: object) -> None:
+    adapter = _Capped(str(workdir / "sheet.db"))
+    adapter.dedupes_write_id = bad  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match="dedupes_write_id must be True or False"):
+        CRMRecordPort(adapter)
+
+
 def test_the_cli_keeps_every_read_to_a_loaded_adapters_max_read(
         cli_store: CliStore, workdir: Path) -> None:
     cli_store.target = workdir / "rows.db"
@@ -122,15 +131,18 @@ def test_the_cli_keeps_every_read_to_a_loaded_adapters_max_read(
     assert {r["state"] for r in cli_store.records().values()} == {"confirmed"}
 
 
-@pytest.mark.parametrize("factory", ["zero", "text"])
-def test_a_bad_max_read_is_one_clear_error_and_changes_nothing(
-        cli_store: CliStore, workdir: Path, factory: str) -> None:
+@pytest.mark.parametrize(("factory", "says"), [
+    ("zero", "max_read must be a positive whole number"),
+    ("text", "max_read must be a positive whole number"),
+    ("says_yes", "dedupes_write_id must be True or False, not 'yes'"),
+])
+def test_a_bad_declaration_is_one_clear_error_and_changes_nothing(
+        cli_store: CliStore, workdir: Path, factory: str, says: str) -> None:
     cli_store.accept(1)
     proc = run_main("once", "--db", cli_store.db, "--scope", cli_store.scope,
                     "--target", str(workdir / "rows.db"), "--target-adapter",
                     f"{SPEC}:{factory}")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.count("\n") == 1 and "max_read must be a positive whole number" in (
-        proc.stderr), proc.stderr
+    assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
     assert cli_store.records()["lead-1"]["state"] == "prepared"
     assert not (workdir / "rows.db").exists()

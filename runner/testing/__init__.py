@@ -66,7 +66,7 @@ write whose answer does not strand the record.
 
 The records the kit writes are synthetic, with fresh ``write_id`` values, so it can run
 against a test target that already holds rows; it never deletes anything (a run at the
-default sizes writes a little over 2,000 rows).
+default sizes writes a little over 1,000 rows).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The example adapter with a ``max_read`` of its own, for ``--target-adapter`` tests: its
-reads take at most two write_ids and refuse more (as a service refuses a URL that is too
-long), and ones that declare a limit runner refuses."""
+"""The example adapter with declarations of its own, for ``--target-adapter`` tests: a
+``max_read`` of two (its reads refuse more, as a service refuses a URL that is too long),
+and ones that declare what runner refuses (a bad ``max_read``, a ``dedupes_write_id`` that
+is not a bool)."""
 
 from __future__ import annotations
 
@@ -40,4 +41,10 @@ def zero(target: str | None) -> ReadCapped:
 def text(target: str | None) -> ReadCapped:
     adapter = make(target)
     adapter.max_read = "400"
+    return adapter
+
+
+def says_yes(target: str | None) -> ReadCapped:
+    adapter = make(target)
+    adapter.dedupes_write_id = "yes"  # type: ignore[attr-defined]
     return adapter
