@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from runner.conformance.base import Condition, Run, absent_id, attempt, items, opened, write
 from runner.leads.models import CRMRecord
 from runner.leads.port import BeforeWriteError, CRMAdapter, Missing, RateLimited
-from runner.testing._base import Condition, Run, absent_id, attempt, items, opened, write
 
 
 def condition(run: Run, condition: Condition) -> None:

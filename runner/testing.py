@@ -60,7 +60,7 @@ the adapter has it, else ``write``):
                           as ``APPLIED_THEN_LOST``
 ========================  ==========================================================
 
-The dedupe proof is described in ``runner.testing._dedupe``: one row for a write_id
+The dedupe proof is described in ``runner.conformance.dedupe``: one row for a write_id
 written twice in one batch, in two batches and in two concurrent calls, and a repeated
 write whose answer does not strand the record.
 
@@ -71,10 +71,10 @@ default sizes writes a little over 1,000 rows).
 
 from __future__ import annotations
 
-from runner.testing._base import Check, Condition, Harness, Report, Run
-from runner.testing._conditions import condition
-from runner.testing._dedupe import dedupe
-from runner.testing._healthy import healthy
+from runner.conformance.base import Check, Condition, Harness, Report, Run
+from runner.conformance.conditions import condition
+from runner.conformance.dedupe import dedupe
+from runner.conformance.healthy import healthy
 
 __all__ = ["Check", "Condition", "Harness", "Report", "check_adapter"]
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import threading
 
+from runner.conformance.base import Run, attempt, batches, items, opened, raised_words, write
 from runner.errors import UsageError
 from runner.leads.port import BeforeWriteError, CRMAdapter, dedupes
-from runner.testing._base import Run, attempt, batches, items, opened, raised_words, write
 
 DECLARED = "dedupe: declared"
 ONE_BATCH = "dedupe: twice in one batch"

@@ -6,18 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runner.errors import UsageError
-from runner.leads.models import CRMRecord
-from runner.leads.port import (
-    CRMAdapter,
-    Missing,
-    ReadFailure,
-    Snapshot,
-    TargetRow,
-    max_batch,
-    max_read,
-)
-from runner.testing._base import (
+from runner.conformance.base import (
     Run,
     absent_id,
     attempt,
@@ -28,6 +17,17 @@ from runner.testing._base import (
     opened,
     raised_words,
     reads_many,
+)
+from runner.errors import UsageError
+from runner.leads.models import CRMRecord
+from runner.leads.port import (
+    CRMAdapter,
+    Missing,
+    ReadFailure,
+    Snapshot,
+    TargetRow,
+    max_batch,
+    max_read,
 )
 
 BATCH = "healthy: batch"
