@@ -25,6 +25,9 @@ runner sends, and proves the adapter's ``dedupes_write_id`` when it declares it:
 
 ``healthy`` and every condition are factories of context managers that yield an adapter
 (a plain adapter works too: it is used as is, and closed with ``close()`` if it has one).
+A healthy adapter is put through runner's checks before work (``prepare_writes(True)``,
+``target_id()``, where it has them) before the kit writes through it or reads its
+declarations.
 Every ``healthy()`` adapter must reach the *same* target (the kit reads a row back through
 a second adapter, so a cache of what was written cannot pass).  A condition you cannot
 provoke is left out: its checks are reported as skipped, never as passed.

@@ -72,8 +72,8 @@ def test_a_broken_claim_fails_the_checks_it_breaks(
     report = _kit(healthy)
     assert {c.name for c in report.failures} == broken, report.text()
     assert not report.dedupe_proven and report.dedupe == "not_proven"
-    assert "declared but NOT proven" in report.text().splitlines()[-1]
-    with pytest.raises(AssertionError, match="dedupes_write_id: required, but declared"):
+    assert "dedupes_write_id NOT proven" in report.text().splitlines()[-1]
+    with pytest.raises(AssertionError, match="dedupes_write_id: required, but NOT proven"):
         report.assert_passed(require_dedupe=True)
 
 
@@ -111,3 +111,26 @@ def test_a_declaration_that_is_not_a_bool_fails(workdir: Path) -> None:
         (DECLARED, "the target adapter's dedupes_write_id must be True or False, not 'yes'")]
     assert {c.name for c in report.skipped} >= set(PROOF[1:])
     assert report.dedupe == "not_proven"
+
+
+class _LearnsItFromItsTarget(DedupingRows):
+    """Says it deduplicates only once it has read its target's identity (as an HTTP
+    target learns it from its server's ``identity``)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "ignore")
+        self.identified = False
+
+    @property  # type: ignore[override]
+    def dedupes_write_id(self) -> bool:
+        return self.identified
+
+    def target_id(self) -> str:
+        self.identified = True
+        return "rows-with-a-unique-key"
+
+
+def test_the_kit_reads_the_declaration_after_the_checks_before_work_as_runner_does(
+        workdir: Path) -> None:
+    report = _kit(lambda: _LearnsItFromItsTarget(str(workdir / "rows.db")))
+    assert report.dedupe_proven, report.text()

@@ -68,8 +68,8 @@ DEDUPE_WORDS: Mapping[Dedupe, str] = {
               "shows no row",
     "not_declared": "not declared: runner will not resend uncertain records for this "
                     "adapter (a readback or an operator decides them)",
-    "not_proven": "declared but NOT proven: do not declare dedupes_write_id until the "
-                  "kit proves it (runner would resend on the adapter's word)",
+    "not_proven": "NOT proven: do not declare dedupes_write_id until the kit proves it "
+                  "(runner would resend on the adapter's word)",
 }
 
 
@@ -81,8 +81,8 @@ class Report:
 
     checks: list[Check] = field(default_factory=list)
     #: ``proven``: declared, and every check of the dedupe proof passed; ``not_declared``:
-    #: the adapter does not declare it; ``not_proven``: declared (or declared wrongly,
-    #: not a bool) and some check failed
+    #: the adapter does not declare it; ``not_proven``: declared and some check failed,
+    #: or the declaration is not a bool or could not be read
     dedupe: Dedupe = "not_declared"
 
     @property
@@ -150,6 +150,27 @@ def opened(source: AdapterSource) -> Iterator[Any]:
         close = getattr(made, "close", None)
         if callable(close):
             close()
+
+
+def before_work(adapter: object) -> None:
+    """What runner does with an adapter before its first write (the checks before work,
+    ``runner.tasks.target``): ``prepare_writes(create=True)`` and ``target_id()``, each
+    if the adapter has it.  An adapter may learn from its target what it declares (a
+    server says in its identity that it deduplicates), so the kit asks as runner does."""
+    prepare = getattr(adapter, "prepare_writes", None)
+    if callable(prepare):
+        prepare(True)
+    target_id = getattr(adapter, "target_id", None)
+    if callable(target_id):
+        target_id()
+
+
+@contextlib.contextmanager
+def working(source: AdapterSource) -> Iterator[Any]:
+    """An adapter of ``source``, opened and through the checks before work."""
+    with opened(source) as adapter:
+        before_work(adapter)
+        yield adapter
 
 
 def batches(adapter: object) -> bool:

@@ -28,7 +28,17 @@ from __future__ import annotations
 
 import threading
 
-from runner.conformance.base import Run, attempt, batches, items, opened, raised_words, write
+from runner.conformance.base import (
+    Run,
+    attempt,
+    batches,
+    before_work,
+    items,
+    opened,
+    raised_words,
+    working,
+    write,
+)
 from runner.errors import UsageError
 from runner.leads.port import BeforeWriteError, CRMAdapter, dedupes
 
@@ -47,11 +57,14 @@ CALL_TIMEOUT = 60.0
 def dedupe(run: Run) -> None:
     with opened(run.harness.healthy) as adapter:
         try:
+            before_work(adapter)  # what it declares may come from its target
             declared = dedupes(adapter)
-        except UsageError as exc:
-            run.check(DECLARED, False, exc.message)
+        except Exception as exc:  # noqa: BLE001 - a bad declaration, or no target to ask
+            why = exc.message if isinstance(exc, UsageError) else (
+                f"the checks before work {raised_words(exc)}")
+            run.check(DECLARED, False, why)
             for name in PROOF:
-                run.skip(name, "dedupes_write_id is not True or False")
+                run.skip(name, "not reached: the declaration could not be read")
             run.report.dedupe = "not_proven"
             return
         if not declared:
@@ -90,7 +103,7 @@ def _two_batches(run: Run, adapter: CRMAdapter) -> None:
         run.check(TWO_BATCHES, False, f"the first write {raised_words(first)}")
         run.skip(ANSWER, "not reached: the first write failed")
         return
-    with opened(run.harness.healthy) as again:
+    with working(run.harness.healthy) as again:
         second_items = [repeated, new] if batches(again) else [repeated]
         second = attempt(lambda: write(again, second_items))
     found = run.read_other([repeated])
@@ -131,7 +144,7 @@ def _concurrent(run: Run) -> None:
             raised[i] = exc
         done[i] = True
 
-    with opened(run.harness.healthy) as first, opened(run.harness.healthy) as second:
+    with working(run.harness.healthy) as first, working(run.harness.healthy) as second:
         threads = [threading.Thread(target=call, args=(i, adapter), daemon=True,
                                     name=f"conformance-concurrent-{i}")
                    for i, adapter in enumerate((first, second))]

@@ -11,6 +11,7 @@ from runner.conformance.base import (
     absent_id,
     attempt,
     batches,
+    before_work,
     grouped,
     items,
     judged,
@@ -37,6 +38,12 @@ STATUS_MANY = "healthy: status of many"
 
 def healthy(run: Run) -> None:
     with opened(run.harness.healthy) as adapter:
+        raised = attempt(lambda: before_work(adapter))
+        if raised is not None:
+            run.check("healthy: checks before work", False,
+                      f"prepare_writes or target_id {raised_words(raised)}: runner would "
+                      "not start")
+            return
         run.guarded("healthy: write then read back", lambda: _roundtrip(run, adapter))
         run.guarded("healthy: exact fields", lambda: _exact(run, adapter))
         run.guarded("healthy: unknown write_id", lambda: _unknown(run, adapter))
