@@ -31,7 +31,9 @@ meets the same sheet served without faults (the storm has passed), once every
 failed_safe record is due; after it an uncertain record may not have a row.  The two
 crash points hit inside the synthetic target (``dispatch.batch-applied``,
 ``dispatch.batch-mid-readback``) are in the server process there, and so are not dealt,
-nor are ``accept.*`` and ``sweep.*`` (no target call).
+nor are ``accept.*``, ``sweep.*`` and ``resolve.*`` (no target call, or not a worker's).
+A ``resolve.*`` point is reached by ``resolve --all`` after a worker crashed before its
+request (issue 29).
 
     python bench/chaos.py --runs 200 --seed 17 --http-target
 
@@ -140,6 +142,22 @@ def _crash_sweep(lane: Lane, point: str, rng: random.Random, first_hit: bool) ->
     lane.ep.fired = crashed.returncode == 73
 
 
+def _crash_resolve(lane: Lane, point: str, rng: random.Random, first_hit: bool) -> None:
+    """``resolve --all`` dies before or after a page's commit (issue 29): a worker killed
+    between a batch's in-flight commit and its request first leaves records with no row,
+    then one ``resolve --all --as not-sent`` crashes at the point, pages of two; the clean
+    restart delivers what it decided, and the rest stay uncertain with no row."""
+    made = lane.cli("once", "--fault", "crash-before-write", "--batch-size",
+                    str(rng.choice([2, 3, 5])))
+    lane.expect("crash before write", made, 0, 73)
+    after = 1 if first_hit else rng.choice([1, 2])
+    crashed = lane.cli("resolve", "--all", "--as", "not-sent", "--reason", "chaos episode",
+                       "--batch-size", "2",
+                       env={"RUNNER_CRASH_AT": point, "RUNNER_CRASH_AFTER": str(after)})
+    lane.expect("crash resolve", crashed, 0, 73)
+    lane.ep.fired = crashed.returncode == 73
+
+
 def _batch_args(rng: random.Random, point: str) -> list[str]:
     """A batch size for a worker run: always several records at a batch point (so it is
     reached), else one record per request in one run of two and a batch of several in
@@ -173,6 +191,8 @@ def _crash_run(lane: Lane, point: str, index: int, rng: random.Random, first_hit
         _crash_accept(lane, point, index)
     elif point.startswith("sweep."):
         _crash_sweep(lane, point, rng, first_hit)
+    elif point.startswith("resolve."):
+        _crash_resolve(lane, point, rng, first_hit)
     else:
         _crash_worker(lane, point, rng, first_hit, http)
     lane.check("after the crash", in_flight_ok=True)

@@ -21,7 +21,7 @@ RUN = str(ROOT / "run.py")
 CHILD = str(ROOT / "bench" / "child.py")
 SCOPE = {"tenant_id": "chaos-tenant", "account_id": "chaos-account",
          "page_id": "chaos-page", "form_id": "chaos-form"}
-WORKER_POINTS = [p for p in POINTS if not p.startswith(("accept.", "sweep."))]
+WORKER_POINTS = [p for p in POINTS if not p.startswith(("accept.", "sweep.", "resolve."))]
 STATUSES = ("contacted", "qualified", "won", "lost")
 SWEEP_AT = "2026-01-01T00:10:00Z"  # ten minutes after bench/child.py's candidates (T0)
 TIMEOUT = 120

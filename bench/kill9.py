@@ -32,6 +32,22 @@ latency; the completing run meets the same server restarted without faults (the 
 has passed), so every record ends confirmed, or uncertain with no row to read back.
 
     python bench/kill9.py --runs 10 --leads 500 --seed 17 --http-target --record
+
+Issue 29 adds two ways to end a campaign with no uncertain record left:
+
+* ``--dedupe`` (with ``--http-target``): the server deduplicates by write_id
+  (``target-serve --dedupe``), so runner itself sends again every uncertain record whose
+  readback finds no row (SPEC E7); the pass then also needs ``uncertain = 0`` at the end,
+  with no operator command.  ``--pg-table DSN`` does the same against the built-in
+  PostgreSQL table target (``--target DSN --target-table``).
+* ``--settle``: a target that cannot deduplicate; after the completing run, *one*
+  ``runner resolve --all --as not-sent`` settles every uncertain record with no row, and
+  one more run delivers them; the pass then needs ``uncertain = 0`` too.
+
+``--kills N`` kills each run's worker exactly N times (default: 1-3 at random).
+
+    python bench/kill9.py --runs 10 --kills 3 --leads 3000 --http-target --dedupe --record
+    python bench/kill9.py --runs 10 --kills 3 --leads 3000 --settle --record
 """
 
 from __future__ import annotations
@@ -83,6 +99,9 @@ class Result:
     seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
     faults: list[str] = field(default_factory=list)  # --http-target: the server's faults
+    requeued: int = 0  # records runner itself sent again (a deduplicating target: E7)
+    settled: int = 0  # records decided by the one resolve --all (--settle)
+    operator_commands: int = 0
 
 
 #: the server faults a --http-target run draws from (``runner target-serve --fault``)
@@ -103,8 +122,31 @@ def _start(db: str, scope: Path, target: Path | str, log: Path,
 BATCH_SIZES = (1, 3, 10, 50)
 
 
+@dataclass(frozen=True)
+class Mode:
+    """How a campaign ends its runs (see the module docstring)."""
+
+    http: bool = False
+    dedupe: bool = False
+    settle: bool = False
+    pg_table: str | None = None  # the table target's DSN
+    kills: int | None = None
+
+    @property
+    def dedupes(self) -> bool:
+        return self.dedupe or self.pg_table is not None
+
+
+#: the default batch in every worker of a run that ends with no uncertain record left (the
+#: issue's campaign is at runner's default batch)
+DEFAULT_BATCH = "1000"
+
+
 def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
-            pg_dsn: str | None = None, http: bool = False) -> Result:
+            pg_dsn: str | None = None, http: bool = False,
+            mode: Mode | None = None) -> Result:
+    mode = mode or Mode(http=http)
+    http = mode.http
     rng = random.Random(f"{seed}:{index}")
     result = Result(index, leads)
     started = time.monotonic()
@@ -122,15 +164,23 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
         result.violations.append(f"accept failed: {ingress.stderr.strip()[-300:]}")
     accepted = {json.loads(line)["key"] for line in ingress.stdout.splitlines()}
     server = None
+    dedupe = ("--dedupe",) if mode.dedupe else ()
     if http:
         faults = rng.sample(HTTP_FAULTS, rng.randint(1, 3))
         result.faults = faults
         server = TargetServer(target, work / "server.log", "--fault-seed",
-                              str(rng.randrange(2**32)),
+                              str(rng.randrange(2**32)), *dedupe,
                               *[a for f in faults for a in ("--fault", f)])
-    for _ in range(rng.randint(1, 3)):
-        worker = _start(db, scope, server.url if server else target, log, "--interval",
-                        "0.05", "--batch-size", str(rng.choice(BATCH_SIZES)))
+    table = f"kill9_{seed}_{index}_{os.getpid()}"
+    where: list[str] = ([mode.pg_table, "--target-table", table] if mode.pg_table
+                        else [server.url if server else str(target)])
+    for _ in range(mode.kills if mode.kills is not None else rng.randint(1, 3)):
+        batch = DEFAULT_BATCH if (mode.dedupes or mode.settle) else str(rng.choice(BATCH_SIZES))
+        sent_before = _sends(log)
+        worker = _start(db, scope, where[0], log, *where[1:], "--interval", "0.05",
+                        "--batch-size", batch)
+        if mode.dedupes or mode.settle:  # a random moment once the worker is sending
+            _wait_sending(log, sent_before, worker)
         delay = rng.uniform(0.0, max_delay)
         try:
             worker.wait(timeout=delay)
@@ -139,18 +189,33 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
             os.kill(worker.pid, signal.SIGKILL)  # from outside, at a random moment
             worker.wait(timeout=60)
             result.kills += 1
-        mid = audit(db, target, accepted=accepted, in_flight_ok=True)
+        mid = audit(db, target, accepted=accepted, in_flight_ok=True, dedupes=mode.dedupes,
+                    rows=_table_rows(mode.pg_table, table) if mode.pg_table else None)
         result.violations += [f"after kill {result.kills}: {v}" for v in mid.violations]
     if server is not None:  # the storm passes: the same sheet, served without faults
         server.stop()
-        server = TargetServer(target, work / "server.log")
-    final = _start(db, scope, server.url if server else target, log, "--cycles", "1",
-                   "--interval", "0", "--batch-size", str(rng.choice(BATCH_SIZES)))
-    if final.wait(timeout=600) != 0:
-        result.violations.append(f"the completing run exited {final.returncode}")
+        server = TargetServer(target, work / "server.log", *dedupe)
+        where = [server.url]
+    final_batch = (DEFAULT_BATCH if (mode.dedupes or mode.settle)
+                   else str(rng.choice(BATCH_SIZES)))
+    _complete(db, scope, where, log, final_batch, result, dedupes=mode.dedupes)
+    if mode.settle:  # one operator command for every uncertain record with no row
+        result.operator_commands += 1
+        settle = subprocess.run(
+            [sys.executable, RUN, "resolve", "--db", str(db), "--target", where[0],
+             *where[1:], "--all", "--as", "not-sent", "--reason",
+             "kill -9 campaign: crashed between the in-flight commit and the request"],
+            capture_output=True, text=True, timeout=600, check=False)
+        if settle.returncode != 0:
+            result.violations.append(f"resolve --all exited {settle.returncode}: "
+                                     f"{settle.stderr.strip()[-300:]}")
+        else:
+            result.settled = int(json.loads(settle.stdout.splitlines()[-1])["decided"])
+        _complete(db, scope, where, log, final_batch, result, dedupes=False)
     if server is not None:
         server.stop()
-    end = audit(db, target, accepted=accepted, in_flight_ok=False)
+    end = audit(db, target, accepted=accepted, in_flight_ok=False, dedupes=mode.dedupes,
+                rows=_table_rows(mode.pg_table, table) if mode.pg_table else None)
     result.violations += [v for v in end.violations
                           if not v.startswith(("lost", "duplicated", "unexpected"))]
     with_row = set(end.rows)
@@ -164,18 +229,95 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
     stuck = [k for k, s in states.items() if s == "uncertain" and k in with_row]
     if stuck:
         result.violations.append(f"{len(stuck)} uncertain records have a row to read back")
+    result.requeued = len(query(db, "SELECT seq FROM {t}outbox WHERE kind = ?",
+                                "resend_authorized"))
+    if (mode.dedupes or mode.settle) and result.uncertain:
+        result.violations.append(f"{result.uncertain} records left uncertain")
+    pending = [k for k, s in states.items() if s in ("prepared", "failed_safe", "in_flight")]
+    if (mode.dedupes or mode.settle) and pending:
+        result.violations.append(f"{len(pending)} records not delivered at the end")
+    if mode.pg_table:
+        _drop_table(mode.pg_table, table)
     result.seconds = time.monotonic() - started
     if pg_dsn and not result.violations:
         drop_postgres_schema(db)
     return result
 
 
+def _sends(log: Path) -> int:
+    """How many sends the workers of a run have logged so far."""
+    try:
+        return log.read_text(encoding="utf-8", errors="replace").count(".in_flight ")
+    except FileNotFoundError:
+        return 0
+
+
+def _wait_sending(log: Path, before: int, worker: subprocess.Popen[str]) -> None:
+    """Until this worker has logged a send (or exited, or 60 s passed)."""
+    deadline = time.monotonic() + 60
+    while _sends(log) <= before and worker.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # bench code: polling a child's log, with a deadline
+
+
+def _complete(db: str, scope: Path, where: list[str], log: Path, batch: str,
+              result: Result, *, dedupes: bool) -> None:
+    """Run ``start --cycles 1`` until nothing is left to send (a record queued again waits
+    out its backoff; a deduplicating target's uncertain record is queued again by the
+    next cycle), at most 30 times."""
+    for _ in range(30):
+        final = _start(db, scope, where[0], log, *where[1:], "--cycles", "1",
+                       "--interval", "0", "--batch-size", batch)
+        if final.wait(timeout=600) != 0:
+            result.violations.append(f"the completing run exited {final.returncode}")
+            return
+        left = {s for s in _states(db).values()} & (
+            {"prepared", "failed_safe", "in_flight"} | ({"uncertain"} if dedupes else set()))
+        if not left:
+            return
+        time.sleep(0.5)  # bench code: a backoff is due in about a second
+
+
+def _table_rows(dsn: str, table: str) -> list[tuple[str, str]]:
+    """(source_lead_id, write_id) of every row of the PostgreSQL table target."""
+    import asyncio
+
+    import asyncpg
+
+    async def read() -> list[tuple[str, str]]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table)
+            if not exists:
+                return []
+            return [(str(r[0]), str(r[1])) for r in await conn.fetch(
+                f'SELECT source_lead_id, write_id FROM "{table}"')]
+        finally:
+            await conn.close()
+
+    return asyncio.run(read())
+
+
+def _drop_table(dsn: str, table: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'DROP TABLE IF EXISTS "{table}" CASCADE')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
 def _states(db: str) -> dict[str, str]:
     return {str(k): str(v) for k, v in query(db, "SELECT source_lead_id, state FROM {t}leads")}
 
 
-COLUMNS = ("run", "leads", "kills", "confirmed", "uncertain", "recovered", "lost",
-           "duplicated", "unexpected", "seconds")
+COLUMNS = ("run", "leads", "kills", "confirmed", "uncertain", "recovered", "requeued",
+           "settled", "lost", "duplicated", "unexpected", "seconds")
 
 
 def table(results: list[Result], seed: int) -> tuple[str, bool]:
@@ -210,6 +352,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-target", action="store_true",
                         help="deliver over HTTP to runner target-serve, with server faults "
                              "drawn at random per run")
+    parser.add_argument("--dedupe", action="store_true",
+                        help="with --http-target: the server deduplicates by write_id; "
+                             "pass needs 0 uncertain at the end, with no operator command")
+    parser.add_argument("--pg-table", metavar="DSN",
+                        help="deliver to the built-in PostgreSQL table target at DSN (it "
+                             "deduplicates); pass needs 0 uncertain at the end")
+    parser.add_argument("--settle", action="store_true",
+                        help="one resolve --all --as not-sent after the completing run, "
+                             "then one more run; pass needs 0 uncertain at the end")
+    parser.add_argument("--kills", type=int, default=None,
+                        help="kill each run's worker exactly this many times (default 1-3)")
     add_backend_arguments(parser)
     args = parser.parse_args(argv)
     pg_dsn = args.pg_dsn if args.backend == "postgres" else None
@@ -218,10 +371,17 @@ def main(argv: list[str] | None = None) -> int:
     max_delay = args.max_delay or (2.5 + args.leads * 0.01 if args.http_target
                                    else 0.3 + args.leads * 0.001)
     root = Path(tempfile.mkdtemp(prefix="runner-kill9-"))
-    results = [one_run(i, args.leads, args.seed, max_delay, root, pg_dsn,
-                       http=args.http_target) for i in range(args.runs)]
+    if args.dedupe and not args.http_target:
+        parser.error("--dedupe is for --http-target (--pg-table deduplicates anyway)")
+    mode = Mode(http=args.http_target, dedupe=args.dedupe, settle=args.settle,
+                pg_table=args.pg_table, kills=args.kills)
+    results = [one_run(i, args.leads, args.seed, max_delay, root, pg_dsn, mode=mode)
+               for i in range(args.runs)]
     text, ok = table(results, args.seed)
-    over = ", HTTP target with faults" if args.http_target else ""
+    over = (", HTTP target with faults" if args.http_target else "") + (
+        ", deduplicating" if args.dedupe else "") + (
+        ", PostgreSQL table target" if args.pg_table else "") + (
+        ", settled by one resolve --all" if args.settle else "")
     text = text.replace("kill -9:", f"kill -9 ({args.backend}{over}):", 1)
     if args.http_target:
         text += "\n" + "\n".join(f"run {r.run} server faults: {', '.join(r.faults)}"
@@ -234,8 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         totals = {c: sum(getattr(r, c) for r in results) for c in COLUMNS[1:]}
         totals["seconds"] = round(totals["seconds"], 1)
-        record("kill9-http-target" if args.http_target else "kill9", {
+        name = ("kill9-pg-table" if args.pg_table else "kill9-http-dedupe" if args.dedupe
+                else "kill9-settle" if args.settle
+                else "kill9-http-target" if args.http_target else "kill9")
+        record(name, {
             "backend": args.backend, "runs": len(results), "leads": args.leads,
+            "mode": {"http": mode.http, "dedupe": mode.dedupe, "settle": mode.settle,
+                     "pg_table": mode.pg_table is not None, "kills": mode.kills},
             "seed": args.seed, "max_delay": max_delay, "ok": ok,
             "seconds": round(time.monotonic() - started, 1), "totals": totals,
             "violations": [v for r in results for v in r.violations],

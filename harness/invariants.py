@@ -185,14 +185,19 @@ def audit(
     *,
     accepted: Iterable[str] = (),
     in_flight_ok: bool = False,
+    dedupes: bool = False,
+    rows: list[tuple[str, str]] | None = None,
 ) -> Audit:
     """Check every invariant; ``accepted`` are the keys whose accept was acknowledged.
     ``db`` is a SQLite file or a ``postgresql://`` location (integrity_check is SQLite's;
-    PostgreSQL checks its own pages)."""
+    PostgreSQL checks its own pages).  ``dedupes``: the target deduplicates by write_id
+    (SPEC E7), so a record queued to be sent again may meet its own row, which arrived
+    after the readback that found none.  ``rows``: the target's ``(source_lead_id,
+    write_id)`` rows when it is not a SQLite sheet at ``target`` (a PostgreSQL table)."""
     result = Audit()
     if not is_postgres(db):
         db = Path(db)
-    rows = target_rows(target)
+    rows = target_rows(target) if rows is None else rows
     result.rows = Counter(key for key, _ in rows)
     row_ids: dict[str, set[str]] = {}
     for key, write_id in rows:
@@ -205,7 +210,7 @@ def audit(
         result.fail(f"store integrity_check: {check}")
     if target.exists() and (check := integrity(target)) != "ok":
         result.fail(f"target integrity_check: {check}")
-    _check_records(data["records"] or [], result, row_ids, in_flight_ok)
+    _check_records(data["records"] or [], result, row_ids, in_flight_ok, dedupes)
     floor = int(data["floor"][0][0]) if data["floor"] else 0
     _check_outbox(data["outbox"] or [], result, floor)
     if not floor:  # a prune removed the first events of some candidates
@@ -220,7 +225,9 @@ def audit(
 
 
 def _check_records(records: list[tuple[Any, ...]], result: Audit,
-                   row_ids: dict[str, set[str]], in_flight_ok: bool) -> None:
+                   row_ids: dict[str, set[str]], in_flight_ok: bool,
+                   dedupes: bool = False) -> None:
+    allowed = ROW_STATES | {LeadState.FAILED_SAFE} if dedupes else ROW_STATES
     for key, write_id, state, attempts in records:
         result.keys.add(key)
         result.states[state] += 1
@@ -232,7 +239,7 @@ def _check_records(records: list[tuple[Any, ...]], result: Audit,
         if st is LeadState.IN_FLIGHT and not in_flight_ok:
             result.fail(f"in_flight after recovery: {key}")
         has_row = key in row_ids
-        if has_row and st not in ROW_STATES and st is not LeadState.IN_FLIGHT:
+        if has_row and st not in allowed and st is not LeadState.IN_FLIGHT:
             result.fail(f"{key} has a target row but is {state}")
         if has_row and write_id not in row_ids[key]:
             result.fail(f"{key}: target row carries another write_id")

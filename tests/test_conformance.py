@@ -1,6 +1,6 @@
-"""The conformance kit (``runner.testing``, issue 17) passes for both built-in targets —
-the synthetic SQLite target and the HTTP adapter against real ``target-serve`` processes —
-and fails an adapter that breaks either promise."""
+"""The conformance kit (``runner.testing``, issues 17, 29) passes for both built-in targets
+— the synthetic SQLite target and the HTTP adapter against real ``target-serve`` processes,
+at runner's default batch of 1,000 — and fails an adapter that breaks either promise."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from tests.targetkit import target_server
 
 pytestmark = pytest.mark.timeout(120)
 
+DEDUPE_CHECKS = {"dedupe: declared", "dedupe: twice in one batch", "dedupe: twice in two batches",
+                 "dedupe: twice in two concurrent calls", "dedupe: the repeated write's answer"}
+
 
 def test_the_synthetic_target_conforms(workdir: Path) -> None:
     path = str(workdir / "sheet.db")
@@ -34,6 +37,9 @@ def test_the_synthetic_target_conforms(workdir: Path) -> None:
     report.assert_passed(require=[Condition.UNREACHABLE, Condition.APPLIED_THEN_LOST])
     assert not [c for c in report.checks if c.name.startswith("healthy") and
                 c.outcome != "passed"], report.text()
+    # a spreadsheet: it never deduplicates, and does not say it does
+    assert {c.name for c in report.skipped if c.name.startswith("dedupe:")} == DEDUPE_CHECKS
+    assert not report.dedupe_proven
 
 
 def test_the_http_adapter_conforms_against_the_reference_server(workdir: Path) -> None:
@@ -64,7 +70,9 @@ def test_the_http_adapter_conforms_against_the_reference_server(workdir: Path) -
             })
         report = check_adapter(harness)
     report.assert_passed(require=list(Condition))
-    assert not report.skipped, report.text()
+    # all but the dedupe proof, which a version-1 server does not claim
+    assert {c.name for c in report.skipped} == DEDUPE_CHECKS, report.text()
+    assert report.dedupe == "not_declared"
 
 
 class _Careless:

@@ -17,7 +17,15 @@ from runner.clock import FixedClock
 from runner.leads.models import CRMRecord, LeadEvent
 from runner.leads.port import TargetReadError, TargetRow
 from tests.fakes import ScriptedAdapter, sheet_rows
-from tests.helpers import SCOPE, CliStore, event, outbox_events, run_command, worker_records
+from tests.helpers import (
+    SCOPE,
+    CliStore,
+    event,
+    last_json,
+    outbox_events,
+    run_command,
+    worker_records,
+)
 from tests.procs.dedupe_adapter import DedupingRows
 from tests.procs.example_adapter import JsonRowsTarget
 
@@ -261,3 +269,20 @@ async def test_the_store_takes_a_resend_authorisation_only_for_the_current_episo
         f"write_id, target_id, attempts, readback, decided_at) VALUES ('t', 'k', '{w}', "
         "NULL, 1, 'none', '2026-12-01T00:00:00.000000Z')")
     raw(db_location, move)  # this episode's authorisation: the move is allowed
+
+
+def test_resolve_all_reads_through_an_adapter_named_without_a_target(
+        cli_store: CliStore, workdir: Path) -> None:
+    """``--target-adapter`` alone names a target (its factory chooses where): resolve
+    reads the records back through it instead of ignoring it."""
+    from tests.helpers import run_main
+
+    cli_store.target = workdir / "rows.db"  # where the adapter's factory writes by default
+    _accept_many(cli_store, 4)
+    spec = ["--target-adapter", "tests.procs.dedupe_adapter:plain", "--batch-size", "4"]
+    assert cli_store.once(*spec, "--fault", "crash-before-write").returncode == 73
+    proc = run_main("resolve", "--db", cli_store.db, *spec[:2], "--all", "--as", "not-sent",
+                    "--reason", "batch crashed before its request", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert last_json(proc.stdout)["decided"] == 4
+    assert {r["state"] for r in cli_store.all_records()} == {"failed_safe"}

@@ -125,7 +125,9 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     scope = load_scope(args.scope) if args.scope else None
     if not await store_exists(args.db):
         raise StoreNotFound(f"no store at {describe_location(args.db)}")
-    if args.target is None and (args.resolve_as == "not-sent" or args.resolve_all):
+    # a target is named by --target, or by --target-adapter alone (its factory gets None)
+    named = args.target is not None or getattr(args, "target_adapter", None) is not None
+    if not named and (args.resolve_as == "not-sent" or args.resolve_all):
         from runner.errors import RuleViolation
 
         if args.resolve_all:
@@ -140,7 +142,7 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     target = None
     try:
         port = None
-        if args.target is not None:
+        if named:
             from runner.commands.common import open_target
             from runner.leads.port import CRMRecordPort
 

@@ -157,6 +157,12 @@ class FaultyAdapter:
         return value
 
     @property
+    def max_read(self) -> int | None:
+        """The most write_ids one read of the inner adapter may carry (None: no limit)."""
+        value: int | None = getattr(self.inner, "max_read", None)
+        return value
+
+    @property
     def batches(self) -> bool:
         """A batch is sent only to an inner adapter that can take one."""
         return callable(getattr(self.inner, "write_batch", None))

@@ -17,28 +17,10 @@ optionally, two that let a target take many records in one request (issue 16)::
     read_back_many(write_ids) -> list[TargetRow]   the rows carrying any of those write_ids
 
 (a target without ``write_batch`` is sent one record per request, as before; without
-``read_back_many``, a batch is read back one ``read_back`` per record); a target that takes
-at most so many records in one request says so with an attribute::
-
-    max_batch: int                             the most records one write_batch or one
-                                               read_back_many may carry; runner sends no
-                                               more, whatever its batch size
-
-and one that says the target deduplicates by write_id (SPEC E7, issue 29)::
-
-    dedupes_write_id: bool                     True: a second write carrying a write_id
-                                               the target already holds never makes a
-                                               second row (a unique key, an upsert by
-                                               external id, an Idempotency-Key), and its
-                                               answer is not an error that strands the
-                                               record; the conformance kit proves it
-                                               (``runner.testing``) before you declare it.
-                                               Then, and only then, runner sends again an
-                                               uncertain record whose fresh readback shows
-                                               no row (on the backoff schedule)
-
-and two more that
-let runner check the target before work (SPEC L9, E6)::
+``read_back_many``, a batch is read back one ``read_back`` per record); attributes that
+declare the target's limits and promises (``max_batch``, ``max_read``,
+``dedupes_write_id``: :mod:`runner.leads.capabilities`, read and checked there); and two
+methods that let runner check the target before work (SPEC L9, E6)::
 
     target_id() -> str | None                  the target's stable identity, read without
                                                creating or changing anything; None: this
@@ -67,15 +49,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import anyio
 
 from runner import crashpoints
-from runner.errors import RunnerError, UsageError
+from runner.errors import RunnerError
+
+# re-exported: adapters and wrappers read the declarations from the port, as before
+from runner.leads.capabilities import dedupes as dedupes
+from runner.leads.capabilities import max_batch as max_batch
+from runner.leads.capabilities import max_read as max_read
 from runner.leads.failures import FAILURES
 from runner.leads.models import CRMRecord, LeadEvent
 from runner.leads.pacing import Pacer
+
+# re-exported: what a target holds and what a readback proves live in runner.leads.rows
+from runner.leads.rows import READBACK_WORDS as READBACK_WORDS
+from runner.leads.rows import Missing as Missing
+from runner.leads.rows import Observation as Observation
+from runner.leads.rows import Readback as Readback
+from runner.leads.rows import ReadFailure as ReadFailure
+from runner.leads.rows import Snapshot as Snapshot
+from runner.leads.rows import TargetRow as TargetRow
+from runner.leads.rows import classify_readback as classify_readback
+from runner.leads.rows import exactly as exactly
+from runner.leads.rows import observe_rows as observe_rows
+from runner.leads.rows import readback_in_words as readback_in_words
 from runner.logs import Repeats
 
 
@@ -151,51 +151,6 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     return kind, f"{FAILURES[kind]}: {detail}"
 
 
-@dataclass(frozen=True)
-class TargetRow:
-    """One row the target holds for a write_id: the record fields plus business columns."""
-
-    write_id: str
-    fields: Mapping[str, Any]
-    status: str | None = None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A business observation of a confirmed record (``{"status": ...}`` for the sheet)."""
-
-    data: Mapping[str, Any]
-    kind: Literal["snapshot"] = "snapshot"
-
-
-@dataclass(frozen=True)
-class Missing:
-    """The target explicitly says the row is gone."""
-
-    kind: Literal["missing"] = "missing"
-
-
-@dataclass(frozen=True)
-class ReadFailure:
-    """The status could not be read, or the read was ambiguous; never means deletion."""
-
-    reason: str
-    kind: Literal["failure"] = "failure"
-
-
-Observation = Snapshot | Missing | ReadFailure
-
-
-def observe_rows(statuses: Sequence[str]) -> Observation:
-    """What a target's rows for one write_id say about its status: no row is an explicit
-    ``Missing``, one row its status, more than one a failed (ambiguous) read."""
-    if not statuses:
-        return Missing()
-    if len(statuses) > 1:
-        return ReadFailure(f"ambiguous: {len(statuses)} rows")
-    return Snapshot({"status": statuses[0]})
-
-
 class CRMAdapter(Protocol):
     """What a target adapter implements.  Methods block; runner calls them in a thread."""
 
@@ -224,45 +179,6 @@ class PreparedAdapter(Protocol):
     """The optional check that a target can take writes (see the module docstring)."""
 
     def prepare_writes(self, create: bool) -> None: ...
-
-
-Readback = Literal["match", "none", "ambiguous", "mismatch"]
-
-
-def classify_readback(rows: Sequence[TargetRow], expected: CRMRecord, write_id: str) -> Readback:
-    """Decide what a readback proves (L5, L6).
-
-    ``match``: exactly one row with this write_id whose record fields equal the mapped
-    record (business columns such as ``status`` are ignored) — the write is done.
-    ``none``: no row.  ``ambiguous``: two or more rows.  ``mismatch``: one row whose
-    fields differ.  Only ``match`` confirms; everything else leaves the record uncertain.
-    """
-    mine = [row for row in rows if row.write_id == write_id]
-    if not mine:
-        return "none"
-    if len(mine) > 1:
-        return "ambiguous"
-    return "match" if dict(mine[0].fields) == expected.fields() else "mismatch"
-
-
-#: what a reconcile verdict means, in words (``runner uncertain``, the logs); ``read_failed``
-#: is the verdict of a readback that raised
-READBACK_WORDS: Mapping[str, str] = {
-    "match": "row found and equal",
-    "none": "no row in the target",
-    "ambiguous": "two or more rows in the target",
-    "mismatch": "row differs",
-    "read_failed": "target unreachable",
-}
-
-
-def readback_in_words(verdict: str | None, reconcile_attempts: int = 0) -> str:
-    """A record's last reconcile verdict in words; None: not read back in this uncertain
-    episode yet (or, with attempts counted, read back before verdicts were kept)."""
-    if verdict is None:
-        return ("not read back yet" if reconcile_attempts == 0
-                else "not recorded (read back before schema v7)")
-    return READBACK_WORDS.get(verdict, verdict)
 
 
 @dataclass(frozen=True)
@@ -294,28 +210,6 @@ def _failed(verdict: Literal["failed", "unproven"], exc: BaseException) -> SendR
     return SendResult(verdict, error=words, failure=kind)
 
 
-def max_batch(adapter: object) -> int | None:
-    """The adapter's own largest batch (its ``max_batch``; None: it has none); refuses a
-    value that is not a positive whole number."""
-    value = getattr(adapter, "max_batch", None)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"the target adapter's max_batch must be a positive whole number, "
-                         f"not {value!r}")
-    return value
-
-
-def dedupes(adapter: object) -> bool:
-    """Whether the adapter declares that it deduplicates by write_id (its
-    ``dedupes_write_id``; absent: it does not); refuses a value that is not a bool."""
-    value = getattr(adapter, "dedupes_write_id", False)
-    if not isinstance(value, bool):
-        raise UsageError(f"the target adapter's dedupes_write_id must be True or False, "
-                         f"not {value!r}")
-    return value
-
-
 class CRMRecordPort:
     """The bridge between validated events and an adapter (L9, L14).
 
@@ -332,6 +226,7 @@ class CRMRecordPort:
                  read_pacer: Pacer | None = None) -> None:
         self.adapter = adapter
         self.max_batch = max_batch(adapter)
+        self.max_read = max_read(adapter)
         dedupes(adapter)  # a declaration that is not a bool is refused before any work
         #: the write quota (batch writes)
         self.pacer = pacer if pacer is not None else Pacer()
@@ -401,22 +296,41 @@ class CRMRecordPort:
         """Whether the adapter reads many write_ids in one request (``read_back_many``)."""
         return callable(getattr(self.adapter, "read_back_many", None))
 
+    def read_size(self, wanted: int) -> int:
+        """write_ids per ``read_back_many`` request for a wanted number: at most the
+        adapter's ``max_batch`` and its ``max_read``."""
+        for limit in (self.max_batch, self.max_read):
+            if limit is not None:
+                wanted = min(wanted, limit)
+        return max(wanted, 1)
+
+    def status_size(self, wanted: int) -> int:
+        """write_ids per ``observe_status`` request for a wanted number: at most the
+        adapter's ``max_read``."""
+        return max(wanted if self.max_read is None else min(wanted, self.max_read), 1)
+
     async def read_back_many(self, write_ids: Sequence[str]) -> dict[str, list[TargetRow]]:
-        """One request (one read token) for the rows of many write_ids, grouped by write_id
-        (an adapter without ``read_back_many``: one paced ``read_back`` each)."""
+        """The rows of many write_ids, grouped by write_id: one request (one read token)
+        per ``read_size`` write_ids, so a caller may ask for any number (an adapter
+        without ``read_back_many``: one paced ``read_back`` each).  A failed request
+        raises; what earlier requests found is then not returned (a read proves nothing
+        unless it is whole)."""
         if not self.reads_many:
             return {w: await self.read_back(w) for w in write_ids}
-        await self.read_pacer.take()
-        try:
-            rows = await anyio.to_thread.run_sync(self._read_back_many, list(write_ids),
-                                                  abandon_on_cancel=True)
-        except RateLimited as exc:
-            self._rate_limited(exc)
-            raise
         by_id: dict[str, list[TargetRow]] = {w: [] for w in write_ids}
-        for row in rows:
-            if row.write_id in by_id:
-                by_id[row.write_id].append(row)
+        size = self.read_size(len(by_id))
+        ids = list(by_id)  # each write_id once
+        for start in range(0, len(ids), size):
+            await self.read_pacer.take()
+            try:
+                rows = await anyio.to_thread.run_sync(self._read_once, ids[start : start + size],
+                                                      abandon_on_cancel=True)
+            except RateLimited as exc:
+                self._rate_limited(exc)
+                raise
+            for row in rows:
+                if row.write_id in by_id:
+                    by_id[row.write_id].append(row)
         return by_id
 
     def send_blocking(self, event: LeadEvent, write_id: str) -> SendResult:
@@ -487,21 +401,43 @@ class CRMRecordPort:
                 for record, write_id in records]
 
     def _read_back_many(self, write_ids: Sequence[str]) -> list[TargetRow]:
-        many = getattr(self.adapter, "read_back_many", None)
-        if callable(many):
-            return list(many(write_ids))
-        return [row for write_id in write_ids for row in self.adapter.read_back(write_id)]
+        """The rows of these write_ids, blocking, in requests of at most ``read_size``
+        write_ids; the caller has taken the first request's read token, this takes one
+        for each request after it."""
+        if not self.reads_many:
+            return [row for write_id in write_ids for row in self.adapter.read_back(write_id)]
+        size = self.read_size(len(write_ids))
+        rows: list[TargetRow] = []
+        for start in range(0, len(write_ids), size):
+            if start:
+                self.read_pacer.take_blocking()
+            rows.extend(self._read_once(write_ids[start : start + size]))
+        return rows
+
+    def _read_once(self, write_ids: Sequence[str]) -> list[TargetRow]:
+        """One ``read_back_many`` request of the adapter."""
+        return list(self.adapter.read_back_many(list(write_ids)))  # type: ignore[attr-defined]
 
     async def confirm(self, event: LeadEvent, write_id: str) -> Readback:
         """Read back and classify (raises what the adapter raises)."""
         return classify_readback(await self.read_back(write_id), self.map(event), write_id)
 
     async def observe_status(self, write_ids: Sequence[str]) -> dict[str, Observation]:
-        await self.read_pacer.take()
-        try:
-            found = await anyio.to_thread.run_sync(self.adapter.observe_status,
-                                                   list(write_ids), abandon_on_cancel=True)
-        except RateLimited as exc:
-            self._rate_limited(exc)
-            raise
-        return {w: found.get(w, ReadFailure("no answer for this record")) for w in write_ids}
+        """Per write_id its status: one request (one read token) per ``status_size``
+        write_ids; a write_id the adapter did not answer is a failed read.  A failed
+        request raises (the caller decides what its write_ids' reads mean)."""
+        ids = list(dict.fromkeys(write_ids))
+        size = self.status_size(len(ids))
+        found: dict[str, Observation] = {}
+        for start in range(0, len(ids), size):
+            chunk = ids[start : start + size]
+            await self.read_pacer.take()
+            try:
+                seen = await anyio.to_thread.run_sync(self.adapter.observe_status, chunk,
+                                                      abandon_on_cancel=True)
+            except RateLimited as exc:
+                self._rate_limited(exc)
+                raise
+            for w in chunk:
+                found[w] = seen.get(w, ReadFailure("no answer for this record"))
+        return found

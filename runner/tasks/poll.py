@@ -90,9 +90,27 @@ def _untrusted(seen: Observation) -> Observation:
     return ReadFailure("target_not_pinned") if isinstance(seen, Missing) else seen
 
 
+async def _observe(port: CRMRecordPort, write_ids: list[str]) -> dict[str, Observation]:
+    """The status of each write_id, read in requests of at most the adapter's
+    ``max_read`` (``CRMRecordPort.status_size``).  The first request that fails ends the
+    reading: its write_ids and those not read yet are failed reads, which keep their last
+    snapshots (L12); what the requests before it read is kept."""
+    size = port.status_size(len(write_ids))
+    seen: dict[str, Observation] = {}
+    for start in range(0, len(write_ids), size):
+        try:
+            seen.update(await port.observe_status(write_ids[start : start + size]))
+        except Exception as exc:  # noqa: BLE001 - a failed read keeps every snapshot (L12)
+            failure = ReadFailure(f"read_error:{type(exc).__name__}")
+            seen.update((w, failure) for w in write_ids[start:])
+            break
+    return seen
+
+
 async def poll_pass(store: PollStore, port: CRMRecordPort, clock: Clock, limit: int,
                     check: ReadCheck | None = None) -> PollSummary:
-    """Read the status of at most ``limit`` confirmed records, oldest poll first.
+    """Read the status of at most ``limit`` confirmed records, oldest poll first (in
+    requests of at most the adapter's ``max_read``), and record them in one commit.
 
     ``check``: what the caller already knows of the target (``TRUSTED`` after the checks
     before work); else the target is checked here (``runner.tasks.target``): an absent,
@@ -107,11 +125,7 @@ async def poll_pass(store: PollStore, port: CRMRecordPort, clock: Clock, limit: 
     if check.failure is not None:
         seen = {t.write_id: ReadFailure(check.failure) for t in due}
     else:
-        try:
-            seen = await port.observe_status([t.write_id for t in due])
-        except Exception as exc:  # noqa: BLE001 - a failed read keeps every snapshot (L12)
-            failure = ReadFailure(f"read_error:{type(exc).__name__}")
-            seen = {t.write_id: failure for t in due}
+        seen = await _observe(port, [t.write_id for t in due])
         if not check.trusted:
             seen = {w: _untrusted(o) for w, o in seen.items()}
         seen = {w: storable_observation(o) for w, o in seen.items()}

@@ -71,10 +71,11 @@ async def reconcile_all(
     many were queued to be sent again.
 
     The pass reads its keys first (``reconcile_order``: oldest reconcile attempt first,
-    then accept order), then reads the records back ``batch_size`` at a time, each chunk
-    in one target request (``read_back_many``; paced by the target's quota like every
-    request) whose verdicts are recorded in one commit.  An adapter that cannot read many
-    write_ids at once is read one record per request.  A stop ends the pass between
+    then accept order), then reads the records back ``batch_size`` at a time (at most
+    the adapter's ``max_read``: ``CRMRecordPort.read_size``), each chunk in one target
+    request (``read_back_many``; paced by the target's quota like every request) whose
+    verdicts are recorded in one commit.  An adapter that cannot read many write_ids at
+    once is read one record per request.  A stop ends the pass between
     chunks; the next pass starts with the records this one did not reach (they are now
     the oldest).  Every call of the pass has returned when it returns: dispatch starts
     only then (L8).
@@ -83,7 +84,8 @@ async def reconcile_all(
     readback finds no row is queued to be sent again (:func:`reconcile_chunk`), due on
     ``backoff``'s schedule; on any other target it stays uncertain (L6)."""
     order = await store.reconcile_order()
-    size = batch_size if port.reads_many else 1  # else one request per record, as before
+    # one request per chunk; one per record for an adapter that cannot read many
+    size = port.read_size(batch_size) if port.reads_many else 1
     done = Reconciled()
     target_id: str | None = None
     if order and port.dedupes:
