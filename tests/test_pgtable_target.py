@@ -95,7 +95,7 @@ def catalog(schema: str) -> list[tuple[object, ...]]:
         f'"{schema}"')
 
 
-def test_the_table_target_conforms_with_every_condition_a_server_can_be_put_in(
+def test_the_table_target_conforms_and_proves_it_deduplicates_in_every_condition_it_can_meet(
         make: Make, schema: str) -> None:
     make().prepare_writes(True)
     # a table that refuses the kit's records (a CHECK constraint): the server's ERROR
@@ -136,6 +136,9 @@ def test_the_table_target_conforms_with_every_condition_a_server_can_be_put_in(
     report.assert_passed(require=provoked)
     # a PostgreSQL server keeps no request quota: that condition alone is left out
     assert [c.name for c in report.skipped] == ["rate_limited: write"], report.text()
+    # it declares that it deduplicates by write_id, and the kit's proof of it passes
+    proof = [c for c in report.checks if c.name.startswith("dedupe:")]
+    assert len(proof) >= 4 and all(c.outcome == "passed" for c in proof), report.text()
 
 
 def test_a_new_table_has_the_documented_columns_and_an_identity_that_survives_reconnects(
