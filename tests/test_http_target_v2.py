@@ -299,3 +299,30 @@ def test_a_malformed_dedupe_declaration_is_one_clear_error_and_changes_nothing(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and said in lines[0] and "Traceback" not in proc.stderr
     assert {r["state"] for r in cli_store.records().values()} == {"prepared"}
+
+
+@pytest.mark.parametrize("dedupe", [True, False], ids=["v2-dedupe", "v1"])
+def test_a_batch_lost_in_a_crash_is_sent_again_by_itself_only_to_a_dedupe_server(
+        cli_store: CliStore, workdir: Path, dedupe: bool) -> None:
+    """SPEC E7 over HTTP: the crash leaves the batch in flight with no row at the target;
+    the next run reads it back and finds no row.  As a --dedupe server declared that it
+    deduplicates, runner sends it again itself (no operator command), confirmed from the
+    append's answer, one row per record; a version-1 server's records stay uncertain."""
+    cli_store.accept(*range(1, 5))
+    with target_server(workdir, *(["--dedupe"] if dedupe else [])) as server:
+        cli_store.target = server.url  # type: ignore[assignment]
+        crashed = cli_store.once("--fault", "crash-before-write")
+        assert crashed.returncode == 73, crashed.stderr
+        assert server.rows() == []
+        summary = _once(cli_store, server.url, "--retry-base", "0")
+        assert summary["recovered"] == 4
+        records = cli_store.records()
+        if not dedupe:
+            assert (summary["requeued"], summary["still_uncertain"]) == (0, 4)
+            assert server.rows() == []
+            return
+        assert (summary["requeued"], summary["confirmed"]) == (4, 4)
+        assert {r["state"] for r in records.values()} == {"confirmed"}
+        assert sorted(w for w, _ in server.rows()) == sorted(
+            r["write_id"] for r in records.values())
+    assert served_reads(server) == 1  # the reconcile's readback; the resend read nothing
