@@ -167,13 +167,14 @@ def test_once_confirms_from_the_append_answer_without_a_read_only_on_version_2(
     assert {r["state"] for r in cli_store.records().values()} == {"confirmed"}
 
 
+@pytest.mark.parametrize("size", ["1", "2"], ids=["one-per-request", "batches"])
 @pytest.mark.parametrize("dedupe", [True, False], ids=["v2-dedupe", "v1"])
-def test_with_every_read_failing_only_a_version_2_batch_confirms(
-        cli_store: CliStore, workdir: Path, dedupe: bool) -> None:
+def test_with_every_read_failing_only_a_version_2_send_confirms(
+        cli_store: CliStore, workdir: Path, dedupe: bool, size: str) -> None:
     cli_store.accept(*range(1, 5))
     args = ["--fault", "read-error", *(["--dedupe"] if dedupe else [])]
     with target_server(workdir, *args) as server:
-        summary = _once(cli_store, server.url, "--batch-size", "2")
+        summary = _once(cli_store, server.url, "--batch-size", size)
         assert summary["dispatched"] == 4
         assert (summary["confirmed"], summary["uncertain"]) == ((4, 0) if dedupe else (0, 4))
         assert len(server.rows()) == 4
