@@ -13,6 +13,13 @@ one exact readback request.  The floors:
 ``append only`` is the same append requests and nothing else (the issue's floor);
 ``append + read`` adds the readback request runner needs to prove each row.
 
+Protocol version 2 (issue 29): the same ``once`` against a second server, ``target-serve
+--dedupe``, which deduplicates and answers each append with the rows it holds, so runner
+proves each batch from the append's answer and sends no readback.  Its ratio is to the
+same append-only floor (against the version-1 server) of the same round (goal >= 0.35);
+``bare append, --dedupe server`` is the bare client's appends against that second server,
+to show what its answer (the rows) and its dedupe cost on the wire.
+
 The floor is fair in what it shares with runner: the same server process (one for the
 whole bench), the same batch size and rows of the same shape, one reused connection
 (runner's adapter keeps one pool for the run; the floor one client), connected before the
@@ -115,19 +122,29 @@ def runner_rate(url: str, n: int, batch: int, d: Path, r: int) -> float:
                          ("lead.confirmed", "batch.confirmed"))
 
 
+#: runner's goal against a --dedupe server, as a ratio to the append-only floor (issue 29)
+ROWS_GOAL = 0.35
+
+
 def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
-    ours, floor, floor_read, store = [], [], [], []
+    ours, floor, floor_read, store, ours_v2, floor_v2 = [], [], [], [], [], []
     with workdir() as d:
         server = TargetServer(d / "sheet.db", d / "server.log")
+        v2 = TargetServer(d / "dedupe.db", d / "dedupe.log", "--dedupe")
         try:
             bare(server.url, batch, batch, "warm", read=True)
+            bare(v2.url, batch, batch, "warm", read=False)
             for r in range(rounds):
                 ours.append(runner_rate(server.url, n, batch, d, r))
                 floor.append(bare(server.url, n, batch, f"a{r}", read=False))
+                ours_v2.append(runner_rate(v2.url, n, batch, d, rounds + r))
                 floor_read.append(bare(server.url, n, batch, f"b{r}", read=True))
+                floor_v2.append(bare(v2.url, n, batch, f"c{r}", read=False))
                 store.append(store_alone(n, batch, d, r))
         finally:
             server.stop()
+            v2.stop()
+        reads = _served_reads(d / "dedupe.log")
     return {
         "batch_size": batch,
         "runner_per_s": statistics.median(ours),
@@ -139,7 +156,24 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
                                              zip(ours, floor_read, strict=True)),
         "store_alone_ratio": statistics.median(s / f for s, f in
                                                zip(store, floor, strict=True)),
+        "rows": {
+            "runner_per_s": statistics.median(ours_v2),
+            "ratio": statistics.median(o / f for o, f in zip(ours_v2, floor, strict=True)),
+            "goal": ROWS_GOAL,
+            "bare_append_dedupe_per_s": statistics.median(floor_v2),
+            "bare_append_dedupe_ratio": statistics.median(
+                b / f for b, f in zip(floor_v2, floor, strict=True)),
+            "server_reads": reads,
+        },
     }
+
+
+def _served_reads(log: Path) -> int:
+    """The read requests the --dedupe server answered, from its "stopped:" line: runner's
+    runs against it read nothing back (0 proves the rows came with the appends)."""
+    lines = [line for line in log.read_text(encoding="utf-8").splitlines()
+             if "stopped:" in line]
+    return int(lines[-1].rsplit(", ", 1)[1].split()[0]) if lines else -1
 
 
 def sustained(seconds: float, quota: int = 60, batch: int = 100) -> dict[str, Any]:
@@ -226,6 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"runner's store steps alone      {found['store_alone_per_s']:>9,.0f} records/s"
           f"   {found['store_alone_ratio']:.2f} of append only (no target, no log: "
           "runner's ceiling)")
+    rows = found["rows"]
+    print(f"runner, target-serve --dedupe   {rows['runner_per_s']:>9,.0f} records/s"
+          f"   ratio {rows['ratio']:.2f} to append only (goal >= {ROWS_GOAL}: "
+          f"{'met' if rows['ratio'] >= ROWS_GOAL else 'NOT met'}); rows in the append's "
+          f"answer, {rows['server_reads']} read requests")
+    print(f"bare httpx, --dedupe appends    {rows['bare_append_dedupe_per_s']:>9,.0f} "
+          f"records/s   {rows['bare_append_dedupe_ratio']:.2f} of append only (the "
+          "rows in the answer, the dedupe)")
     if not args.quick:
         record("http-target", {"n": n, "rounds": rounds, "seconds": round(seconds, 1),
                                "summary": machine(), **found},
