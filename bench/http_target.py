@@ -5,6 +5,7 @@ server (the HTTP floor), in interleaved rounds so both see the same machine weat
     python -m bench http-target           # full: 5,000 records, 5 rounds; writes
                                           # bench/results/http-target-<UTC>.json
     python -m bench http-target --quick   # small, for a look (writes nothing)
+    python -m bench http-target --rounds 9   # more rounds, for a loaded machine
 
 runner's figure is from ``once``'s own log (first send to last confirmation), so process
 start-up is left out; for each batch it makes one commit to its store (the batch's
@@ -156,9 +157,14 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
                                              zip(ours, floor_read, strict=True)),
         "store_alone_ratio": statistics.median(s / f for s, f in
                                                zip(store, floor, strict=True)),
+        # each round's ratio, for the spread on a shared machine
+        "ratios": [round(o / f, 3) for o, f in zip(ours, floor, strict=True)],
         "rows": {
             "runner_per_s": statistics.median(ours_v2),
             "ratio": statistics.median(o / f for o, f in zip(ours_v2, floor, strict=True)),
+            "ratios": [round(o / f, 3) for o, f in zip(ours_v2, floor, strict=True)],
+            # runner against --dedupe over runner against the v1 server, round by round
+            "to_v1": statistics.median(v / o for v, o in zip(ours_v2, ours, strict=True)),
             "goal": ROWS_GOAL,
             "bare_append_dedupe_per_s": statistics.median(floor_v2),
             "bare_append_dedupe_ratio": statistics.median(
@@ -233,8 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quota-seconds", type=float, default=None,
                         help="also run start against a 60/min server quota for this long "
                              "(default: 150 s in a full run, none with --quick)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved rounds (default 5; 1 with --quick): more rounds "
+                             "steady the medians on a shared machine")
     args = parser.parse_args(argv)
     n, rounds = (1000, 1) if args.quick else (5000, 5)
+    if args.rounds is not None:
+        rounds = max(1, args.rounds)
     started = time.perf_counter()
     found = measure(n, rounds)
     quota_seconds = args.quota_seconds if args.quota_seconds is not None else (
@@ -265,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
           f"   ratio {rows['ratio']:.2f} to append only (goal >= {ROWS_GOAL}: "
           f"{'met' if rows['ratio'] >= ROWS_GOAL else 'NOT met'}); rows in the append's "
           f"answer, {rows['server_reads']} read requests")
+    print(f"                                rounds {rows['ratios']} (v1: "
+          f"{found['ratios']}); {rows['to_v1']:.2f} x runner against the v1 server")
     print(f"bare httpx, --dedupe appends    {rows['bare_append_dedupe_per_s']:>9,.0f} "
           f"records/s   {rows['bare_append_dedupe_ratio']:.2f} of append only (the "
           "rows in the answer, the dedupe)")
