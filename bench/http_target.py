@@ -170,6 +170,10 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
             "bare_append_dedupe_ratio": statistics.median(
                 b / f for b, f in zip(floor_v2, floor, strict=True)),
             "server_reads": reads,
+            # runner's store steps, then the --dedupe append, one after the other with
+            # nothing else: what runner could reach if its own code took no time
+            "ceiling": statistics.median(
+                1 / (f / s + f / b) for s, b, f in zip(store, floor_v2, floor, strict=True)),
         },
     }
 
@@ -281,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bare httpx, --dedupe appends    {rows['bare_append_dedupe_per_s']:>9,.0f} "
           f"records/s   {rows['bare_append_dedupe_ratio']:.2f} of append only (the "
           "rows in the answer, the dedupe)")
+    print(f"store steps then --dedupe appends, in sequence: ceiling {rows['ceiling']:.2f} "
+          "of append only (runner's own code taking no time)")
     if not args.quick:
         record("http-target", {"n": n, "rounds": rounds, "seconds": round(seconds, 1),
                                "summary": machine(), **found},

@@ -629,6 +629,10 @@ def _render_http_target(doc: dict[str, Any]) -> str:
                  f"{_num(v2['bare_append_dedupe_per_s'])} | "
                  f"{v2['bare_append_dedupe_ratio']:.2f} of the appends only (the server's "
                  "dedupe and the rows in its answer) |"]
+        if "ceiling" in v2:
+            rows.append("| runner's store steps, then the `--dedupe` appends, one after the "
+                        "other (runner's own code taking no time: the ceiling of runner "
+                        f"against that server) | | {v2['ceiling']:.2f} of the appends only |")
     quota = []
     if "quota" in doc:
         q = doc["quota"]
