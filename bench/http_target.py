@@ -5,6 +5,7 @@ server (the HTTP floor), in interleaved rounds so both see the same machine weat
     python -m bench http-target           # full: 5,000 records, 5 rounds; writes
                                           # bench/results/http-target-<UTC>.json
     python -m bench http-target --quick   # small, for a look (writes nothing)
+    python -m bench http-target --rounds 9   # more rounds, for a loaded machine
 
 runner's figure is from ``once``'s own log (first send to last confirmation), so process
 start-up is left out; for each batch it makes one commit to its store (the batch's
@@ -12,6 +13,13 @@ in-flight mark together with the outcomes of the batch before), one append reque
 one exact readback request.  The floors:
 ``append only`` is the same append requests and nothing else (the issue's floor);
 ``append + read`` adds the readback request runner needs to prove each row.
+
+Protocol version 2 (issue 29): the same ``once`` against a second server, ``target-serve
+--dedupe``, which deduplicates and answers each append with the rows it holds, so runner
+proves each batch from the append's answer and sends no readback.  Its ratio is to the
+same append-only floor (against the version-1 server) of the same round (goal >= 0.35);
+``bare append, --dedupe server`` is the bare client's appends against that second server,
+to show what its answer (the rows) and its dedupe cost on the wire.
 
 The floor is fair in what it shares with runner: the same server process (one for the
 whole bench), the same batch size and rows of the same shape, one reused connection
@@ -115,19 +123,29 @@ def runner_rate(url: str, n: int, batch: int, d: Path, r: int) -> float:
                          ("lead.confirmed", "batch.confirmed"))
 
 
+#: runner's goal against a --dedupe server, as a ratio to the append-only floor (issue 29)
+ROWS_GOAL = 0.35
+
+
 def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:
-    ours, floor, floor_read, store = [], [], [], []
+    ours, floor, floor_read, store, ours_v2, floor_v2 = [], [], [], [], [], []
     with workdir() as d:
         server = TargetServer(d / "sheet.db", d / "server.log")
+        v2 = TargetServer(d / "dedupe.db", d / "dedupe.log", "--dedupe")
         try:
             bare(server.url, batch, batch, "warm", read=True)
+            bare(v2.url, batch, batch, "warm", read=False)
             for r in range(rounds):
                 ours.append(runner_rate(server.url, n, batch, d, r))
                 floor.append(bare(server.url, n, batch, f"a{r}", read=False))
+                ours_v2.append(runner_rate(v2.url, n, batch, d, rounds + r))
                 floor_read.append(bare(server.url, n, batch, f"b{r}", read=True))
+                floor_v2.append(bare(v2.url, n, batch, f"c{r}", read=False))
                 store.append(store_alone(n, batch, d, r))
         finally:
             server.stop()
+            v2.stop()
+        reads = _served_reads(d / "dedupe.log")
     return {
         "batch_size": batch,
         "runner_per_s": statistics.median(ours),
@@ -139,7 +157,33 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
                                              zip(ours, floor_read, strict=True)),
         "store_alone_ratio": statistics.median(s / f for s, f in
                                                zip(store, floor, strict=True)),
+        # each round's ratio, for the spread on a shared machine
+        "ratios": [round(o / f, 3) for o, f in zip(ours, floor, strict=True)],
+        "rows": {
+            "runner_per_s": statistics.median(ours_v2),
+            "ratio": statistics.median(o / f for o, f in zip(ours_v2, floor, strict=True)),
+            "ratios": [round(o / f, 3) for o, f in zip(ours_v2, floor, strict=True)],
+            # runner against --dedupe over runner against the v1 server, round by round
+            "to_v1": statistics.median(v / o for v, o in zip(ours_v2, ours, strict=True)),
+            "goal": ROWS_GOAL,
+            "bare_append_dedupe_per_s": statistics.median(floor_v2),
+            "bare_append_dedupe_ratio": statistics.median(
+                b / f for b, f in zip(floor_v2, floor, strict=True)),
+            "server_reads": reads,
+            # runner's store steps, then the --dedupe append, one after the other with
+            # nothing else: what runner could reach if its own code took no time
+            "ceiling": statistics.median(
+                1 / (f / s + f / b) for s, b, f in zip(store, floor_v2, floor, strict=True)),
+        },
     }
+
+
+def _served_reads(log: Path) -> int:
+    """The read requests the --dedupe server answered, from its "stopped:" line: runner's
+    runs against it read nothing back (0 proves the rows came with the appends)."""
+    lines = [line for line in log.read_text(encoding="utf-8").splitlines()
+             if "stopped:" in line]
+    return int(lines[-1].rsplit(", ", 1)[1].split()[0]) if lines else -1
 
 
 def sustained(seconds: float, quota: int = 60, batch: int = 100) -> dict[str, Any]:
@@ -199,8 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quota-seconds", type=float, default=None,
                         help="also run start against a 60/min server quota for this long "
                              "(default: 150 s in a full run, none with --quick)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="interleaved rounds (default 5; 1 with --quick): more rounds "
+                             "steady the medians on a shared machine")
     args = parser.parse_args(argv)
     n, rounds = (1000, 1) if args.quick else (5000, 5)
+    if args.rounds is not None:
+        rounds = max(1, args.rounds)
     started = time.perf_counter()
     found = measure(n, rounds)
     quota_seconds = args.quota_seconds if args.quota_seconds is not None else (
@@ -226,6 +275,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"runner's store steps alone      {found['store_alone_per_s']:>9,.0f} records/s"
           f"   {found['store_alone_ratio']:.2f} of append only (no target, no log: "
           "runner's ceiling)")
+    rows = found["rows"]
+    print(f"runner, target-serve --dedupe   {rows['runner_per_s']:>9,.0f} records/s"
+          f"   ratio {rows['ratio']:.2f} to append only (goal >= {ROWS_GOAL}: "
+          f"{'met' if rows['ratio'] >= ROWS_GOAL else 'NOT met'}); rows in the append's "
+          f"answer, {rows['server_reads']} read requests")
+    print(f"                                rounds {rows['ratios']} (v1: "
+          f"{found['ratios']}); {rows['to_v1']:.2f} x runner against the v1 server")
+    print(f"bare httpx, --dedupe appends    {rows['bare_append_dedupe_per_s']:>9,.0f} "
+          f"records/s   {rows['bare_append_dedupe_ratio']:.2f} of append only (the "
+          "rows in the answer, the dedupe)")
+    print(f"store steps then --dedupe appends, in sequence: ceiling {rows['ceiling']:.2f} "
+          "of append only (runner's own code taking no time)")
     if not args.quick:
         record("http-target", {"n": n, "rounds": rounds, "seconds": round(seconds, 1),
                                "summary": machine(), **found},

@@ -615,6 +615,24 @@ def _render_http_target(doc: dict[str, Any]) -> str:
         rows.append(f"| runner's store steps alone (no target, no log: runner's ceiling) | "
                     f"{_num(doc['store_alone_per_s'])} | {doc['store_alone_ratio']:.2f} "
                     "of the appends only |")
+    if "rows" in doc:  # protocol version 2 (issue 29)
+        v2 = doc["rows"]
+        met = "met" if v2["ratio"] >= v2["goal"] else "**not met**"
+        spread = (f"; rounds {min(v2['ratios']):.2f}-{max(v2['ratios']):.2f}, "
+                  f"{v2['to_v1']:.2f}&times; runner against the version-1 server"
+                  if "ratios" in v2 else "")
+        rows += [f"| runner `once` against `target-serve --dedupe` (version 2: the rows in "
+                 f"the append's answer, no readback; {v2['server_reads']} read requests) | "
+                 f"{_num(v2['runner_per_s'])} | {v2['ratio']:.2f} of the appends only "
+                 f"(goal >= {v2['goal']}: {met}{spread}) |",
+                 f"| bare httpx client, the same appends to `target-serve --dedupe` | "
+                 f"{_num(v2['bare_append_dedupe_per_s'])} | "
+                 f"{v2['bare_append_dedupe_ratio']:.2f} of the appends only (the server's "
+                 "dedupe and the rows in its answer) |"]
+        if "ceiling" in v2:
+            rows.append("| runner's store steps, then the `--dedupe` appends, one after the "
+                        "other (runner's own code taking no time: the ceiling of runner "
+                        f"against that server) | | {v2['ceiling']:.2f} of the appends only |")
     quota = []
     if "quota" in doc:
         q = doc["quota"]

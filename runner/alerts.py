@@ -42,7 +42,7 @@ from runner.clock import from_text
 from runner.figures import LeadFigures
 from runner.leads.states import LeadState
 from runner.logs import stamp
-from runner.tasks.deliver import CycleSummary
+from runner.tasks.outcomes import CycleSummary
 
 log = logging.getLogger("runner.alerts")
 

@@ -35,7 +35,7 @@ from runner.errors import leaves
 from runner.io.systemd import Notifier
 from runner.signals import Shutdown
 from runner.tasks import deliver, poll, target
-from runner.tasks.deliver import CycleSummary
+from runner.tasks.outcomes import CycleSummary
 from runner.worker import DurableWorker
 
 log = logging.getLogger("runner.loop")

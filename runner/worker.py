@@ -33,6 +33,7 @@ from runner.limits import BATCH_SIZE_RANGE, DEFAULT_BATCH_SIZE, UNCERTAIN_SHOWN
 from runner.status import iter_record_json, record_state, status_document
 from runner.store import Store
 from runner.tasks import deliver, poll, target
+from runner.tasks.outcomes import CycleSummary
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -160,16 +161,16 @@ class DurableWorker:
         *,
         dispatch_limit: int | None = None,
         guard: deliver.SendGuard | None = None,
-        summary: deliver.CycleSummary | None = None,
+        summary: CycleSummary | None = None,
         batch_size: int | None = None,
-    ) -> deliver.CycleSummary:
+    ) -> CycleSummary:
         """One cycle: reconcile -> dispatch (L8), under the worker lock (taken for the
         cycle unless ``hold_lock`` holds it: taking it recovers in-flight records).
         ``batch_size``: records per target request (default: the worker's; 1 sends one
         record per request; a target that cannot batch is sent one at a time)."""
         if batch_size is not None:
             check_batch_size(batch_size)
-        summary = summary if summary is not None else deliver.CycleSummary()
+        summary = summary if summary is not None else CycleSummary()
         async with self.hold_lock() as recovered:
             summary.recovered += recovered
             await deliver.run_cycle(self.store, self.port, self.clock, guard=guard,

@@ -19,7 +19,7 @@ from runner import alerts as alerts_module
 from runner.alerts import Alerts, AlertSettings
 from runner.figures import LeadFigures
 from runner.leads.states import LeadState
-from runner.tasks.deliver import CycleSummary
+from runner.tasks.outcomes import CycleSummary
 from tests.helpers import Child, CliStore, event, run_main, wait_path, write_json
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

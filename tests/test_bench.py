@@ -52,12 +52,16 @@ def test_the_sweep_explanation_times_every_step_over_the_same_rows() -> None:
 
 def test_the_http_target_benchmark_runs_both_senders_against_one_server() -> None:
     """``python -m bench http-target --quick`` keeps working: runner's once and the bare
-    httpx client post to the same reference server (figures are printed, not judged)."""
+    httpx client post to the same reference server, and runner's once to a ``--dedupe``
+    server (figures are printed, not judged)."""
     proc = subprocess.run([sys.executable, "-m", "bench", "http-target", "--quick"],
                           capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "runner once --target http://" in proc.stdout
     assert "bare httpx, append only" in proc.stdout and "ratio" in proc.stdout
+    # protocol v2 (issue 29): runner against target-serve --dedupe reads nothing back
+    assert "runner, target-serve --dedupe" in proc.stdout
+    assert "0 read requests" in proc.stdout
 
 
 def test_the_postgresql_table_target_benchmark_runs_runner_and_the_floor() -> None:

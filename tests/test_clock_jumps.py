@@ -29,7 +29,7 @@ from runner.pipeline.jobs import run_job
 from runner.pipeline.model import CLOCK_HORIZON_MS
 from runner.pipeline.plugins import default_registry
 from runner.store import Store
-from runner.tasks.deliver import CycleSummary
+from runner.tasks.outcomes import CycleSummary
 from tests.fakes import ScriptedAdapter
 from tests.helpers import SCOPE, event, worker_records
 from tests.pipeline_fixtures import NOW, lead_history

@@ -1,6 +1,7 @@
 """The conformance kit (``runner.testing``, issues 17, 29) passes for both built-in targets
 — the synthetic SQLite target and the HTTP adapter against real ``target-serve`` processes,
-at runner's default batch of 1,000 — and fails an adapter that breaks either promise."""
+version 1 and version 2 (``--dedupe``), at runner's default batch of 1,000 — and fails an
+adapter that breaks either promise."""
 
 from __future__ import annotations
 
@@ -73,6 +74,51 @@ def test_the_http_adapter_conforms_against_the_reference_server(workdir: Path) -
     # all but the dedupe proof, which a version-1 server does not claim
     assert {c.name for c in report.skipped} == DEDUPE_CHECKS, report.text()
     assert report.dedupe == "not_declared"
+
+
+def test_the_http_adapter_conforms_against_a_deduplicating_server(workdir: Path) -> None:
+    """The same kit against ``target-serve --dedupe`` (protocol version 2: rows in the
+    append's answer, a declared dedupe).  Each adapter reads the server's identity first,
+    as runner does before any work, so it speaks version 2 and declares the dedupe."""
+    store = workdir / "sheet.db"
+
+    def identified(url: str, timeouts: Timeouts | None = None) -> HttpTarget:
+        target = HttpTarget(url, timeouts=timeouts)
+        target.target_id()
+        assert target.dedupes_write_id
+        return target
+
+    def faulty(*args: str, identify: bool = True) -> object:
+        @contextmanager
+        def opened() -> Iterator[HttpTarget]:
+            with target_server(workdir, "--dedupe", *args, "--grace", "0",
+                               store=store) as server:
+                target = (identified(server.url, Timeouts(read=0.5)) if identify
+                          else HttpTarget(server.url))
+                try:
+                    yield target
+                finally:
+                    target.close()
+        return opened
+
+    with ExitStack() as stack:
+        healthy = stack.enter_context(target_server(workdir, "--dedupe", store=store))
+        harness = Harness(
+            healthy=lambda: identified(healthy.url),
+            conditions={
+                Condition.UNREACHABLE: faulty("--fault", "refuse", identify=False),
+                Condition.RATE_LIMITED: faulty("--fault", "throttle"),
+                Condition.REJECTED: faulty("--fault", "reject"),
+                Condition.SERVER_ERROR: faulty("--fault", "error-before"),
+                Condition.APPLIED_THEN_LOST: faulty("--fault", "drop-after-apply"),
+                Condition.TIMEOUT_AFTER_APPLY: faulty("--fault", "slow-after-apply:30"),
+            })
+        report = check_adapter(harness)
+    report.assert_passed(require=list(Condition))
+    assert not report.skipped, report.text()
+    # the kit's dedupe proof ran against the server's declaration, and passed
+    assert report.dedupe_proven, report.text()
+    assert {c.name for c in report.checks if c.outcome == "passed"} >= DEDUPE_CHECKS
 
 
 class _Careless:

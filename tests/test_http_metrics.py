@@ -88,7 +88,7 @@ async def test_metrics_show_the_store_and_what_this_process_did(
 
 
 async def test_cycles_feed_the_process_counters(db_location: str, workdir: Path) -> None:
-    from runner.tasks.deliver import CycleSummary
+    from runner.tasks.outcomes import CycleSummary
 
     async with serving(db_location, mode="start") as s:
         s.service.on_cycle(CycleSummary(dispatched=4, confirmed=3, uncertain=1, polled=2))

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from runner.io.faults import Fault
-from runner.tasks.deliver import CycleSummary
+from runner.tasks.outcomes import CycleSummary
 from tests.helpers import event
 from tests.httpkit import body_of, serving
 from tests.test_http_metrics import cycle

@@ -1,7 +1,8 @@
-"""The HTTP target's pure rules, case by case (issue 17): failure classification of an
-append's answer and of a transport failure, ``Retry-After``, the wire shapes, the
+"""The HTTP target's pure rules, case by case (issues 17, 29): failure classification of
+an append's answer and of a transport failure, ``Retry-After``, the wire shapes, what a
+version-2 identity declares and what the rows of a version-2 append answer prove, the
 reference server's quota and fault syntax.  The same rules on real loopback HTTP:
-tests/test_http_target.py."""
+tests/test_http_target.py and tests/test_http_target_v2.py."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ from runner.io.targets.compose import load_factory
 from runner.io.targets.http import check_url
 from runner.io.targets.protocol import (
     BadAnswer,
+    Identity,
+    append_rows,
+    classify_answer,
     classify_append,
     classify_exception,
+    parse_identity,
     parse_retry_after,
     parse_rows,
     parse_statuses,
@@ -239,3 +244,89 @@ def test_fault_specs_are_checked() -> None:
                 "latency:-1", "latency:nan"):
         with pytest.raises(UsageError):
             parse_fault(bad)
+
+
+# -- protocol version 2 (issue 29) ------------------------------------------------------
+
+IDENTITY_CASES = [
+    ({"target_id": "t"}, Identity("t", 1, False)),
+    ({"target_id": "t", "protocol": 1}, Identity("t", 1, False)),
+    # a v1 identity declares nothing more: its dedupes_write_id is not a v1 member
+    ({"target_id": "t", "protocol": 1, "dedupes_write_id": True}, Identity("t", 1, False)),
+    ({"target_id": "t", "protocol": 1, "dedupes_write_id": "yes"}, Identity("t", 1, False)),
+    ({"target_id": "t", "protocol": 2}, Identity("t", 2, False)),
+    ({"target_id": "t", "protocol": 2, "dedupes_write_id": False}, Identity("t", 2, False)),
+    ({"target_id": "t", "protocol": 2, "dedupes_write_id": True}, Identity("t", 2, True)),
+    # a later version keeps the promises of version 2; unknown members are ignored
+    ({"target_id": "t", "protocol": 3, "dedupes_write_id": True, "keeps": {"x": 1}},
+     Identity("t", 3, True)),
+]
+
+
+@pytest.mark.parametrize(("doc", "expected"), IDENTITY_CASES)
+def test_an_identity_declares_its_protocol_and_dedupe(doc, expected) -> None:
+    assert parse_identity(doc) == expected
+
+
+@pytest.mark.parametrize(("doc", "said"), [
+    (None, "not a JSON object"), ([], "not a JSON object"), ({}, "target_id"),
+    ({"target_id": ""}, "target_id"), ({"target_id": 7}, "target_id"),
+    ({"target_id": "t", "protocol": "2"}, "protocol"),
+    ({"target_id": "t", "protocol": True}, "protocol"),
+    ({"target_id": "t", "protocol": 0}, "protocol"),
+    ({"target_id": "t", "protocol": 2.0}, "protocol"),
+    ({"target_id": "t", "protocol": 2, "dedupes_write_id": "true"}, "dedupes_write_id"),
+    ({"target_id": "t", "protocol": 2, "dedupes_write_id": 1}, "dedupes_write_id"),
+    ({"target_id": "t", "protocol": 2, "dedupes_write_id": None}, "dedupes_write_id"),
+])
+def test_a_malformed_identity_is_one_clear_error(doc, said) -> None:
+    with pytest.raises(BadAnswer) as caught:
+        parse_identity(doc)
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _stored(write_id: str, **fields: object) -> dict[str, object]:
+    return {"write_id": write_id, "fields": {"tenant": "t", **fields}, "status": "new"}
+
+
+def test_v2_rows_in_an_append_answer_prove_the_request_exactly() -> None:
+    ids = ["w-1", "w-2"]
+    assert append_rows({"appended": 2}, ids) is None  # none given: read back
+    found = append_rows({"appended": 2, "rows": [_stored("w-2"), _stored("w-1")]}, ids)
+    assert isinstance(found, list) and sorted(r.write_id for r in found) == ids
+    # two rows for one write_id are two entries: the port's readback verdict says
+    # "ambiguous" for that record (never confirmed)
+    twice = append_rows({"appended": 2, "rows": [_stored("w-1"), _stored("w-1"),
+                                                 _stored("w-2")]}, ids)
+    assert isinstance(twice, list) and len(twice) == 3
+    # a repeated write_id within the request is covered by its one row
+    assert isinstance(append_rows({"appended": 2, "rows": [_stored("w-1")]},
+                                  ["w-1", "w-1"]), list)
+
+
+@pytest.mark.parametrize("rows", [
+    [_stored("w-1")],  # w-2 without a row: incomplete
+    [],
+    [_stored("w-1"), _stored("w-2"), _stored("w-3")],  # a row of another write_id
+    {"w-1": []}, "rows", None, [1], [{"write_id": "w-1"}, _stored("w-2")],
+    [{"write_id": "w-1", "fields": "x", "status": "new"}, _stored("w-2")],
+    [{**_stored("w-1"), "status": 5}, _stored("w-2")],
+])
+def test_v2_rows_that_are_malformed_or_incomplete_are_ambiguous(rows) -> None:
+    error = append_rows({"appended": 2, "rows": rows}, ["w-1", "w-2"])
+    assert type(error) is AmbiguousWriteError
+
+
+def test_a_v2_answer_is_judged_as_a_v1_answer_first() -> None:
+    body = b'{"appended": 1, "rows": [], "created": 0, "later": {"x": 1}}'
+    # unknown members are ignored; appended must still be the rows sent
+    assert classify_answer(200, {}, body, 1, NOW) == {
+        "appended": 1, "rows": [], "created": 0, "later": {"x": 1}}
+    assert classify_append(200, {}, body, 1, NOW) is None
+    assert type(classify_answer(200, {}, body, 2, NOW)) is AmbiguousWriteError
+    assert type(classify_answer(500, {}, body, 1, NOW)) is AmbiguousWriteError
+
+
+def test_the_rows_faults_are_known_and_need_no_seconds() -> None:
+    for kind in ("read-error", "rows-incomplete", "rows-malformed"):
+        assert parse_fault(kind).kind == kind

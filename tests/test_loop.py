@@ -11,7 +11,7 @@ import pytest
 
 from runner import DurableWorker
 from runner.loop import LoopSettings, run
-from runner.tasks.deliver import CycleSummary
+from runner.tasks.outcomes import CycleSummary
 from tests.fakes import ScriptedAdapter
 from tests.helpers import CANARY, SCOPE, event, run_cli, run_main, write_json
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from runner.alerts import AlertSettings
     from runner.pipeline.workers import Drain
     from runner.store import Store
-    from runner.tasks.deliver import CycleSummary
+    from runner.tasks.outcomes import CycleSummary
     from runner.worker import DurableWorker
 
 

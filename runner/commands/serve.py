@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from runner.io.http.health import LoopState, Mode
     from runner.io.http.metrics import Metrics
     from runner.io.http.server import Address, HttpServer
-    from runner.tasks.deliver import CycleSummary
+    from runner.tasks.outcomes import CycleSummary
     from runner.worker import DurableWorker
 
 SECRET_ENV = "RUNNER_WEBHOOK_SECRET"  # noqa: S105 - the variable's name, not a secret

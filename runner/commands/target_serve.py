@@ -3,6 +3,8 @@
 A remote target to deliver to over real HTTP, with a quota and faults on demand
 (``runner.io.targets.server``; the protocol: docs/reference/http-target.md).  It stores
 rows in a SQLite sheet of the synthetic target's shape, and runs until SIGINT/SIGTERM.
+With ``--dedupe`` it speaks protocol version 2: it deduplicates by write_id, says so in
+its identity, and answers each append with the rows it holds (issue 29).
 """
 
 from __future__ import annotations
@@ -33,10 +35,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     serve.add_argument("--quota", metavar="N/min",
                        help="append requests allowed per minute (N/min) or second (N/s); "
                             "beyond it: 429 with Retry-After, nothing applied")
+    serve.add_argument("--dedupe", action="store_true",
+                       help="speak protocol version 2: never make a second row for a "
+                            "write_id the sheet holds (within one append too), declare "
+                            "it in the identity, and answer each append with the rows "
+                            "held for its write_ids (without it: version 1, no dedupe, "
+                            "like a spreadsheet)")
     serve.add_argument("--fault", action="append", metavar="KIND[:S][@P]",
                        help="inject a fault with probability P (default 1): latency:S, "
                             "error-before, unavailable, throttle, reject, drop-after-apply, "
-                            "slow-after-apply:S, refuse (repeatable)")
+                            "slow-after-apply:S, refuse, read-error, and with --dedupe "
+                            "rows-incomplete, rows-malformed (repeatable)")
     serve.add_argument("--fault-seed", type=number(int, 0, 2**63), metavar="N",
                        help="seed the fault draws (repeatable runs)")
     serve.add_argument("--grace", type=number(float, 0, MAX_SECONDS), default=5.0,
@@ -56,6 +65,7 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
 
     from runner.io.http.server import HttpServer, ServerLimits, bind, parse_address
     from runner.io.targets.server import (
+        ROWS_FAULTS,
         DropProtocol,
         FaultPlan,
         TargetServerApp,
@@ -72,13 +82,18 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
                          "(--token-file or $RUNNER_TARGET_TOKEN)")
     quota = parse_quota(args.quota) if args.quota else None
     faults = [parse_fault(text) for text in args.fault or ()]
+    rows_faults = sorted({f.kind for f in faults if f.kind in ROWS_FAULTS})
+    if rows_faults and not args.dedupe:
+        raise UsageError(f"--fault {rows_faults[0]}: only a --dedupe server answers an "
+                         "append with rows")
     plan = FaultPlan(faults, random.Random(args.fault_seed))
     sheet = open_sheet(args.store)
     try:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             if plan.has("refuse"):
                 return await _refuse(address, signals, log)
-            app = TargetServerApp(sheet, token=token, quota=quota, faults=plan)
+            app = TargetServerApp(sheet, token=token, quota=quota, faults=plan,
+                                  dedupe=args.dedupe)
             server = HttpServer(app, bind(address), grace=args.grace,
                                 limits=ServerLimits(max_concurrency=1024),
                                 protocol=DropProtocol)
@@ -98,8 +113,8 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
                 await server.serve()
                 tg.cancel_scope.cancel()
             c = app.counters
-            log.info("stopped: %d appends, %d rows, %d throttled, %d dropped",
-                     c.appends, c.rows, c.throttled, c.dropped,
+            log.info("stopped: %d appends, %d rows, %d throttled, %d dropped, %d reads",
+                     c.appends, c.rows, c.throttled, c.dropped, c.reads,
                      extra={"action": "target_server.stopped", "count": c.rows})
             return 128 + hard[0] if hard else 0
     finally:

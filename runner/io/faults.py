@@ -120,10 +120,13 @@ class FaultyAdapter:
         if Fault.SLOW in self.faults:
             time.sleep(SLOW_SECONDS)
 
-    def write(self, record: CRMRecord, write_id: str) -> None:
+    def write(self, record: CRMRecord, write_id: str) -> Sequence[TargetRow] | None:
+        """The inner write, under the faults; the rows it returned, passed through (a fault
+        after the request raises instead: its answer is lost)."""
         self._before_request()
-        self.inner.write(record, write_id)
+        rows = self.inner.write(record, write_id)
         self._after_request()
+        return rows
 
     def _before_request(self) -> None:
         self._slow()
@@ -167,11 +170,14 @@ class FaultyAdapter:
         """A batch is sent only to an inner adapter that can take one."""
         return callable(getattr(self.inner, "write_batch", None))
 
-    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]
+                    ) -> Sequence[TargetRow] | None:
         """The same faults as ``write``, for one request of many rows."""
         self._before_request()
-        self.inner.write_batch(items)  # type: ignore[attr-defined]
+        rows: Sequence[TargetRow] | None = self.inner.write_batch(  # type: ignore[attr-defined]
+            items)
         self._after_request()
+        return rows
 
     def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
         self._slow()

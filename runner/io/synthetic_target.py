@@ -183,6 +183,36 @@ def _among(
         yield from conn.execute(f"{select} WHERE write_id IN ({marks}) ORDER BY row_id", chunk)
 
 
+_INSERT = ("INSERT INTO sheet (write_id, tenant, source, source_lead_id, is_test, "
+           "contact_alias)")
+#: rows per multi-row insert (six parameters each: well within SQLite's bound)
+_INSERT_CHUNK = 500
+
+
+def _fresh(values: list[tuple[Any, ...]], held: set[str]) -> list[tuple[Any, ...]]:
+    """The rows of ``values`` whose write_id (first column) is not held, the first of
+    each write_id only."""
+    fresh = []
+    for row in values:
+        if row[0] not in held:
+            held.add(row[0])
+            fresh.append(row)
+    return fresh
+
+
+def _insert_returning(conn: sqlite3.Connection, values: list[tuple[Any, ...]]
+                      ) -> list[TargetRow]:
+    """Insert ``values``, returning the rows as stored (``RETURNING``: SQLite 3.35+)."""
+    made: list[TargetRow] = []
+    for start in range(0, len(values), _INSERT_CHUNK):
+        chunk = values[start : start + _INSERT_CHUNK]
+        marks = ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk))
+        made += [_row(row) for row in conn.execute(
+            f"{_INSERT} VALUES {marks} RETURNING write_id, tenant, source, source_lead_id, "
+            "is_test, contact_alias, status", [v for row in chunk for v in row])]
+    return made
+
+
 def _message(exc: BaseException) -> str:
     return exc.message if isinstance(exc, RunnerError) else str(exc)
 
@@ -331,7 +361,21 @@ class SyntheticTarget:
             self._append(items)
             crashpoints.hit("dispatch.batch-applied")
 
-    def _append(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
+    def write_batch_once(self, items: Sequence[tuple[CRMRecord, str]]
+                         ) -> tuple[int, list[TargetRow]]:
+        """Deduplicating by write_id (``runner target-serve --dedupe``, issue 29): append,
+        in one transaction, only the rows whose write_id the sheet does not hold yet (the
+        first of repeats within ``items``); returns how many rows it made, and every row
+        the sheet holds for the write_ids of ``items`` once applied, as stored (the rows
+        it held, read in the transaction, and the rows it made, as the insert returns
+        them).  The transaction holds the sheet's write lock from the look-up to the
+        commit, so concurrent calls (threads or processes) never both append one
+        write_id.  Not the synthetic target's port: a spreadsheet does not deduplicate."""
+        with self._mutex:
+            return self._append(items, once=True)
+
+    def _append(self, items: Sequence[tuple[CRMRecord, str]], *,
+                once: bool = False) -> tuple[int, list[TargetRow]]:
         try:
             conn = self._connect()
         except (RunnerError, sqlite3.Error, OSError) as exc:
@@ -343,16 +387,21 @@ class SyntheticTarget:
             _rollback_quietly(conn)
             raise BeforeWriteError(f"target not written (its lock: {exc})") from None
         try:
-            conn.executemany(
-                "INSERT INTO sheet (write_id, tenant, source, source_lead_id, is_test,"
-                " contact_alias) VALUES (?, ?, ?, ?, ?, ?)",
-                [(write_id, record.tenant, record.source, record.source_lead_id,
-                  int(record.is_test), record.contact_alias) for record, write_id in items],
-            )
+            values = [(write_id, record.tenant, record.source, record.source_lead_id,
+                       int(record.is_test), record.contact_alias) for record, write_id in items]
+            rows: list[TargetRow] = []
+            if once:
+                rows = [_row(row) for row in _among(
+                    conn, _READ, list(dict.fromkeys(write_id for _, write_id in items)))]
+                values = _fresh(values, {row.write_id for row in rows})
+                rows += _insert_returning(conn, values)
+            else:
+                conn.executemany(f"{_INSERT} VALUES (?, ?, ?, ?, ?, ?)", values)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             _rollback_quietly(conn)
             raise AmbiguousWriteError(f"target write failed: {exc}") from None
+        return len(values), rows
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
         with self._mutex:

@@ -3,7 +3,7 @@
 An adapter is plain blocking code (an HTTP client, a spreadsheet API, a SQLite file) with
 three methods::
 
-    write(record, write_id) -> None            raise BeforeWriteError only if the request
+    write(record, write_id) -> rows | None     raise BeforeWriteError only if the request
                                                certainly did not leave; anything else is
                                                uncertain
     read_back(write_id) -> list[TargetRow]     the rows carrying that write_id
@@ -11,13 +11,18 @@ three methods::
 
 optionally, two that let a target take many records in one request (issue 16)::
 
-    write_batch(items) -> None                 items: (record, write_id) pairs, applied
+    write_batch(items) -> rows | None          items: (record, write_id) pairs, applied
                                                atomically (all rows or none); the same
-                                               errors as ``write``
+                                               errors and return as ``write``
     read_back_many(write_ids) -> list[TargetRow]   the rows carrying any of those write_ids
 
 (a target without ``write_batch`` is sent one record per request, as before; without
-``read_back_many``, a batch is read back one ``read_back`` per record); attributes that
+``read_back_many``, a batch is read back one ``read_back`` per record).  A write may
+return the rows the target's answer says it holds after applying (issue 29): for every
+write_id of the request every row held for it, and no other.  runner then judges each
+record from them (``classify_readback``) instead of reading back; None means "not given"
+(read back, as before); rows that do not cover the request prove nothing (uncertain:
+reconciled by readback).  Then: attributes that
 declare the target's limits and promises (``max_batch``, ``max_read``,
 ``dedupes_write_id``: :mod:`runner.leads.capabilities`, read and checked there); and two
 methods that let runner check the target before work (SPEC L9, E6)::
@@ -76,6 +81,7 @@ from runner.leads.rows import classify_readback as classify_readback
 from runner.leads.rows import exactly as exactly
 from runner.leads.rows import observe_rows as observe_rows
 from runner.leads.rows import readback_in_words as readback_in_words
+from runner.leads.rows import written_rows as written_rows
 from runner.logs import Repeats
 
 
@@ -154,7 +160,7 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
 class CRMAdapter(Protocol):
     """What a target adapter implements.  Methods block; runner calls them in a thread."""
 
-    def write(self, record: CRMRecord, write_id: str) -> None: ...
+    def write(self, record: CRMRecord, write_id: str) -> Sequence[TargetRow] | None: ...
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]: ...
 
@@ -164,7 +170,8 @@ class CRMAdapter(Protocol):
 class BatchAdapter(Protocol):
     """The optional batch calls of an adapter (see the module docstring)."""
 
-    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None: ...
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]
+                    ) -> Sequence[TargetRow] | None: ...
 
     def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]: ...
 
@@ -199,6 +206,12 @@ def _not_sent(exc: BeforeWriteError, retry_after: float | None) -> SendResult:
     """A send that certainly did not leave, with what the adapter said."""
     kind, words = describe_failure(exc)
     return SendResult("not_sent", error=words, retry_after=retry_after, failure=kind)
+
+
+def _unproven_rows(reason: str) -> SendResult:
+    """A write that returned rows proving nothing (see :func:`written_rows`)."""
+    return SendResult("unproven", error=f"{FAILURES['malformed']}: {reason}",
+                      failure="malformed")
 
 
 def _failed(verdict: Literal["failed", "unproven"], exc: BaseException) -> SendResult:
@@ -338,17 +351,23 @@ class CRMRecordPort:
         run's worker thread (``runner.tasks.deliver``), which a cancellation abandons.
 
         ``not_sent`` only for ``BeforeWriteError``; ``failed`` for any other write error;
-        ``unproven`` when the write returned but the readback failed; otherwise the
-        readback's verdict.  Only ``match`` confirms.
+        ``unproven`` when the write returned but the readback failed (or the rows the
+        write returned prove nothing); otherwise the verdict of the rows the write
+        returned, or else of the readback.  Only ``match`` confirms.
         """
         record = self.map(event)
         try:
-            self.adapter.write(record, write_id)
+            given = self.adapter.write(record, write_id)
         except BeforeWriteError as exc:
             return _not_sent(exc, self._rate_limited(exc))
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return _failed("failed", exc)
         crashpoints.hit("dispatch.after-write")
+        found = written_rows(given, [write_id])
+        if isinstance(found, str):
+            return _unproven_rows(found)
+        if found is not None:
+            return SendResult(classify_readback(found[write_id], record, write_id))
         try:
             self.read_pacer.take_blocking()
             rows = self.adapter.read_back(write_id)
@@ -371,7 +390,8 @@ class CRMRecordPort:
 
     def send_batch_blocking(self, items: Sequence[tuple[LeadEvent, str]]) -> list[SendResult]:
         """:meth:`send_blocking` for a batch in one request (``write_batch``), then one
-        exact readback of every row of the batch; a result per item, in order.
+        exact readback of every row of the batch (none when the write returned the rows);
+        a result per item, in order.
 
         The request's outcome is the batch's: ``not_sent`` for all on ``BeforeWriteError``,
         ``failed`` for all on any other error, ``unproven`` for all when the readback
@@ -382,21 +402,26 @@ class CRMRecordPort:
         n = len(records)
         write_batch = self.adapter.write_batch  # type: ignore[attr-defined]
         try:
-            write_batch(records)
+            given = write_batch(records)
         except BeforeWriteError as exc:
             return [_not_sent(exc, self._rate_limited(exc))] * n
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
             return [_failed("failed", exc)] * n
         crashpoints.hit("dispatch.after-write")
-        try:
-            self.read_pacer.take_blocking()
-            rows = self._read_back_many([write_id for _, write_id in records])
-        except Exception as exc:  # noqa: BLE001 - written, but not proven
-            self._rate_limited(exc)
-            return [_failed("unproven", exc)] * n
-        by_id: dict[str, list[TargetRow]] = {}
-        for row in rows:
-            by_id.setdefault(row.write_id, []).append(row)
+        write_ids = [write_id for _, write_id in records]
+        by_id = written_rows(given, write_ids)
+        if isinstance(by_id, str):
+            return [_unproven_rows(by_id)] * n
+        if by_id is None:  # not given: read back
+            try:
+                self.read_pacer.take_blocking()
+                rows = self._read_back_many(write_ids)
+            except Exception as exc:  # noqa: BLE001 - written, but not proven
+                self._rate_limited(exc)
+                return [_failed("unproven", exc)] * n
+            by_id = {}
+            for row in rows:
+                by_id.setdefault(row.write_id, []).append(row)
         return [SendResult(classify_readback(by_id.get(write_id, []), record, write_id))
                 for record, write_id in records]
 

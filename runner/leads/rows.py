@@ -110,3 +110,22 @@ def readback_in_words(verdict: str | None, reconcile_attempts: int = 0) -> str:
         return ("not read back yet" if reconcile_attempts == 0
                 else "not recorded (read back before schema v7)")
     return READBACK_WORDS.get(verdict, verdict)
+
+
+def written_rows(given: object, write_ids: Sequence[str]
+                 ) -> dict[str, list[TargetRow]] | str | None:
+    """The rows a write returned (issue 29), by write_id: None when it returned none (the
+    batch is read back); a reason when they prove nothing (not ``TargetRow`` s, a write_id
+    of the request without a row, or a row of another write_id)."""
+    if given is None:
+        return None
+    if not isinstance(given, Sequence) or isinstance(given, str | bytes):
+        return "the write returned rows that are not a sequence"
+    by_id: dict[str, list[TargetRow]] = {w: [] for w in write_ids}
+    for row in given:
+        if not isinstance(row, TargetRow) or row.write_id not in by_id:
+            return "the write returned a row that is not one of the request's"
+        by_id[row.write_id].append(row)
+    if not all(by_id.values()):
+        return "the write returned rows that do not cover the request"
+    return by_id

@@ -24,23 +24,28 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
-from dataclasses import asdict, dataclass
-from datetime import datetime
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import anyio
 
 from runner import crashpoints
-from runner.clock import Clock, to_text
+from runner.clock import Clock
 from runner.errors import StoreError
-from runner.ids import WriteId
 from runner.leads.failures import FAILURES
 from runner.leads.pacing import Backoff
 from runner.leads.port import CRMRecordPort, SendResult, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
-from runner.logs import Repeats
 from runner.store import DeliveryStore, DispatchSteps, LeadWork
 from runner.tasks import target
+from runner.tasks.outcomes import (
+    STOPPED,
+    CycleSummary,
+    Failure,
+    Pending,
+    counted,
+    done_of,
+    retry_of,
+)
 from runner.tasks.reconcile import reconcile_all, recover
 
 log = logging.getLogger("runner.deliver")
@@ -53,37 +58,6 @@ BATCH_PAGE = 1000
 #: how long a cancelled send may take to record its outcome before giving up (the
 #: record then stays in_flight and the next start makes it uncertain)
 RECORD_WINDOW = 2.0
-
-
-@dataclass
-class CycleSummary:
-    """What one cycle did (L13): counts of transitions made by this cycle, and of its poll
-    pass: ``polled`` records read, ``poll_failed`` of them whose read failed (all of them:
-    the pass read nothing).  ``requeued``: uncertain records the reconcile pass queued to
-    be sent again, on a target that deduplicates by write_id (SPEC E7).  A send's outcome
-    is counted when it is committed, so a send
-    that a hard stop records uncertain counts as ``uncertain``.  ``still_uncertain``: how
-    many records were uncertain when the cycle ended (None: it could not be read)."""
-
-    recovered: int = 0
-    reconciled: int = 0
-    requeued: int = 0
-    dispatched: int = 0
-    confirmed: int = 0
-    failed_safe: int = 0
-    uncertain: int = 0
-    polled: int = 0
-    poll_failed: int = 0
-    still_uncertain: int | None = None
-
-    @property
-    def moved(self) -> int:
-        """How many record transitions the cycle made (the poll pass's aside)."""
-        return (self.recovered + self.reconciled + self.requeued + self.dispatched
-                + self.confirmed + self.failed_safe + self.uncertain)
-
-    def to_json(self) -> dict[str, int | None]:
-        return asdict(self)
 
 
 class SendGuard(Protocol):
@@ -239,49 +213,17 @@ async def _record_last(
     try:
         if len(pending) == 1:
             await store.finish_send(pending[0][0].write_id, pending[0][1], clock.now(),
-                                    *_retry(pending))
+                                    *retry_of(pending))
         else:
-            await store.finish_and_mark_batch(_done(pending), [], clock.now(),
-                                              *_retry(pending))
+            await store.finish_and_mark_batch(done_of(pending), [], clock.now(),
+                                              *retry_of(pending))
     except IllegalTransition:
         # no longer in flight: the combined statement that marks the next record committed
         # these outcomes, then failed or was cancelled before it answered; the error on its
         # way out is the one to report
         return
     crashpoints.hit("dispatch.after-confirm")
-    _counted(summary, pending, port.repeats)
-
-
-class Failure(NamedTuple):
-    """Why a send's outcome is failed_safe or uncertain: what happened (``kind``, one of
-    ``runner.leads.failures.FAILURES``, kept as ``last_failure``) in an operator's words
-    (``reason``, kept as ``last_error``), and, failed safe, when it is due again
-    (``at``)."""
-
-    kind: str
-    reason: str
-    at: datetime | None = None
-
-
-#: a record marked in flight whose send has not said more: if the run ends here, it is
-#: uncertain because the worker stopped
-STOPPED = Failure("stopped", FAILURES["stopped"])
-
-#: a sent record, its outcome (uncertain until the send says more) and why it failed (None:
-#: confirmed); not committed yet
-Pending = tuple[LeadWork, LeadState, Failure | None]
-
-
-def _done(pending: list[Pending]) -> list[tuple[WriteId, LeadState]]:
-    return [(work.write_id, outcome) for work, outcome, _ in pending]
-
-
-def _retry(pending: list[Pending]) -> tuple[datetime | None, str | None, str | None]:
-    """The step's retry time, reason and kind of failure: its outcomes are one request's,
-    so they share one."""
-    at = next((f.at for _, _, f in pending if f is not None and f.at is not None), None)
-    first = next((f for _, _, f in pending if f is not None), None)
-    return (at, None, None) if first is None else (at, first.reason, first.kind)
+    counted(summary, pending, port.repeats)
 
 
 class _PageRun:
@@ -332,7 +274,7 @@ class _PageRun:
         """The outcomes of ``pending`` are committed: count and log them."""
         if pending:
             crashpoints.hit("dispatch.after-confirm")
-        _counted(self.summary, pending, self.port.repeats)
+        counted(self.summary, pending, self.port.repeats)
 
     def _stop(self) -> bool:
         with self._lock:
@@ -353,8 +295,8 @@ class _PageRun:
             return pending
         if pending:
             crashpoints.hit("dispatch.before-confirm")
-            self.steps.finish_and_mark_batch(_done(pending), [], self.clock.now(),
-                                             *_retry(pending))
+            self.steps.finish_and_mark_batch(done_of(pending), [], self.clock.now(),
+                                             *retry_of(pending))
             alive = self._go_on([])
             self._committed(pending)
             if not alive:
@@ -393,7 +335,7 @@ class _PageRun:
             if done is not None:
                 crashpoints.hit("dispatch.before-confirm")
             attempts = self.steps.finish_and_mark(done, work.write_id, self.clock.now(),
-                                                  *_retry(pending))
+                                                  *retry_of(pending))
             # the previous outcome is in; this record is in flight (uncertain until its
             # send says more)
             self._go_on([(work, LeadState.UNCERTAIN, STOPPED)] if attempts is not None
@@ -451,8 +393,8 @@ class _BatchRun(_PageRun):
             if pending:
                 crashpoints.hit("dispatch.before-confirm")
             marked = self.steps.finish_and_mark_batch(
-                _done(pending), [work.write_id for work in chunk], self.clock.now(),
-                *_retry(pending))
+                done_of(pending), [work.write_id for work in chunk], self.clock.now(),
+                *retry_of(pending))
             sent = [work for work in chunk if work.write_id in marked]
             # the previous outcomes are in; this batch is in flight (uncertain until the
             # request says more)
@@ -481,83 +423,6 @@ class _BatchRun(_PageRun):
                 for work, result in zip(sent, results, strict=True)]
             if not self._go_on(outcomes):
                 return  # abandoned while out: the loop has recorded them uncertain
-
-
-def _count(summary: CycleSummary, outcome: LeadState) -> None:
-    if outcome is LeadState.CONFIRMED:
-        summary.confirmed += 1
-    elif outcome is LeadState.FAILED_SAFE:
-        summary.failed_safe += 1
-    else:
-        summary.uncertain += 1
-
-
-def _counted(summary: CycleSummary, pending: list[Pending], repeats: Repeats) -> None:
-    """Count and log outcomes just committed.  A batch's confirmations are one line (the
-    keys listed): a line per record costs more than its commit does.  Its other outcomes
-    are one line per outcome and kind of failure (a failed batch of 1,000: one line, with
-    its size and why), and a failure said again within a minute is left out, counted in
-    the next line that says it (``repeats``), so a target that is down does not write a
-    warning per cycle."""
-    for _, outcome, _ in pending:
-        _count(summary, outcome)
-    if len(pending) == 1:
-        _log_outcome(pending[0], repeats)
-        return
-    confirmed = [work.source_lead_id for work, outcome, _ in pending
-                 if outcome is LeadState.CONFIRMED]
-    if confirmed:
-        log.info("%d confirmed", len(confirmed), extra={
-            "action": "batch.confirmed", "count": len(confirmed), "keys": confirmed,
-            "from_state": "in_flight", "to_state": "confirmed"})
-    failed: dict[tuple[LeadState, str], list[Pending]] = {}
-    for item in pending:
-        if item[1] is not LeadState.CONFIRMED and item[2] is not None:
-            failed.setdefault((item[1], item[2].kind), []).append(item)
-    for (outcome, kind), items in failed.items():
-        repeated = repeats.admit((outcome, kind))
-        if repeated is None:
-            continue
-        failure = items[0][2]
-        assert failure is not None
-        extra: dict[str, object] = {
-            "action": f"batch.{outcome.value}", "count": len(items),
-            "keys": [work.source_lead_id for work, _, _ in items[:KEYS_SHOWN]],
-            "from_state": "in_flight", "to_state": outcome.value, "reason": kind}
-        if repeated:
-            extra["repeats"] = repeated
-        if failure.at is not None:
-            extra["next_attempt_at"] = to_text(failure.at)
-            log.warning("%d %s: %s; next attempt at %s", len(items), outcome.value,
-                        failure.reason, extra["next_attempt_at"], extra=extra)
-        else:
-            log.warning("%d %s: %s", len(items), outcome.value, failure.reason, extra=extra)
-
-
-#: the keys a line about many failed records names (the first ones; ``runner uncertain``
-#: and ``status --records`` list them all)
-KEYS_SHOWN = 10
-
-
-def _log_outcome(item: Pending, repeats: Repeats) -> None:
-    work, outcome, failure = item
-    extra: dict[str, object] = {"action": f"lead.{outcome.value}", "key": work.source_lead_id,
-                                "from_state": "in_flight", "to_state": outcome.value}
-    if failure is None:
-        log.info("%s", outcome.value, extra=extra)
-        return
-    repeated = repeats.admit((outcome, failure.kind))
-    if repeated is None:
-        return
-    extra["reason"] = failure.kind
-    if repeated:
-        extra["repeats"] = repeated
-    if failure.at is None:
-        log.warning("%s: %s", outcome.value, failure.reason, extra=extra)
-        return
-    extra["next_attempt_at"] = to_text(failure.at)
-    log.warning("%s: %s; next attempt at %s", outcome.value, failure.reason,
-                extra["next_attempt_at"], extra=extra)
 
 
 @asynccontextmanager

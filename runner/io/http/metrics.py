@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from runner.io.http.health import LoopState
     from runner.leads.intake import AcceptResult
-    from runner.tasks.deliver import CycleSummary
+    from runner.tasks.outcomes import CycleSummary
 
 #: request latency buckets (seconds): a commit is milliseconds; a scrape of a big store less
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

@@ -7,6 +7,13 @@ timeouts.  What each outcome means is decided in one pure function
 (:mod:`runner.io.targets.protocol`); this module only does the I/O and raises what it
 returns.
 
+Protocol version 2 (issue 29) is read from the server's ``identity``: a server that declares
+``dedupes_write_id`` makes :attr:`HttpTarget.dedupes_write_id` true, and the rows a
+version-2 append answer carries are returned by ``write_batch`` (and ``write``), so the
+port confirms the batch from them without a ``read`` request.  Until the identity has
+been read (runner reads it before any work), the adapter speaks version 1: no dedupe, and
+an append's answer is never taken as rows.
+
 The bearer token is held in the client's default headers and nowhere else: it is never
 logged, never part of an error message, and ``repr`` does not show it.  A URL with a user
 name or password is refused (the token has its own file or variable).
@@ -26,8 +33,12 @@ import httpx
 from runner.errors import TargetUnavailable, UsageError
 from runner.io.targets.protocol import (
     BadAnswer,
+    Identity,
+    append_rows,
+    classify_answer,
     classify_append,
     classify_exception,
+    parse_identity,
     parse_rows,
     parse_statuses,
     row_json,
@@ -98,6 +109,8 @@ class HttpTarget:
             limits=httpx.Limits(max_connections=8, max_keepalive_connections=4,
                                 keepalive_expiry=2.0),
             headers=headers, follow_redirects=False, transport=transport)
+        #: the server's identity, once read (None: not yet; version 1 is assumed)
+        self.identity: Identity | None = None
 
     def __repr__(self) -> str:
         return f"HttpTarget({self.url!r})"
@@ -132,25 +145,41 @@ class HttpTarget:
 
     # -- the port -----------------------------------------------------------------------
 
-    def write(self, record: CRMRecord, write_id: str) -> None:
-        self.write_batch([(record, write_id)])
+    @property
+    def dedupes_write_id(self) -> bool:
+        """Whether the server declared (protocol 2) that it deduplicates by write_id; False
+        until its identity has been read."""
+        return self.identity is not None and self.identity.dedupes_write_id
 
-    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
-        """One append request for the whole batch (applied atomically by the target)."""
+    def write(self, record: CRMRecord, write_id: str) -> Sequence[TargetRow] | None:
+        return self.write_batch([(record, write_id)])
+
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]
+                    ) -> Sequence[TargetRow] | None:
+        """One append request for the whole batch (applied atomically by the target).
+        Returns the rows a version-2 server answered with (every row it holds for each
+        write_id of the batch); None: it gave none, so the batch is read back."""
+        write_ids = [write_id for _, write_id in items]
         body = {"rows": [row_json(record, write_id) for record, write_id in items]}
         try:
             answer = self._post("append", body)
         except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent" is safe
             raise classify_exception(exc) from None
-        error = classify_append(answer.status_code, answer.headers, answer.content,
+        found = classify_answer(answer.status_code, answer.headers, answer.content,
                                 len(items), datetime.now(UTC))
-        if isinstance(error, RejectedWrite):
+        if isinstance(found, RejectedWrite):
             # the records become failed-safe and are retried on the backoff schedule: the
             # target's reason is said once per request, so a person can fix the cause
-            log.warning("%s", error.message, extra={"action": "target.rejected",
+            log.warning("%s", found.message, extra={"action": "target.rejected",
                                                     "count": len(items)})
-        if error is not None:
-            raise error
+        if isinstance(found, Exception):
+            raise found
+        if self.identity is None or not self.identity.rows_in_append:
+            return None  # version 1: an append's answer is not the rows it stored
+        rows = append_rows(found, write_ids)
+        if isinstance(rows, Exception):
+            raise rows
+        return rows
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
         return self.read_back_many([write_id])
@@ -184,7 +213,10 @@ class HttpTarget:
     # -- identity and the check before writes ------------------------------------------
 
     def target_id(self) -> str:
-        """The server's identity (``GET BASE/identity``)."""
+        """The server's identity (``GET BASE/identity``); what it declares (its protocol
+        version, ``dedupes_write_id``) is kept for the calls that follow, and forgotten
+        while it cannot be read (version 1 is assumed again)."""
+        self.identity = None
         try:
             answer = self._client.get(f"{self.url}/identity")
         except httpx.HTTPError as exc:
@@ -197,10 +229,12 @@ class HttpTarget:
             doc = answer.json()
         except ValueError:
             doc = None
-        found = doc.get("target_id") if isinstance(doc, dict) else None
-        if not isinstance(found, str) or not found:
-            raise TargetUnavailable(f"the HTTP target {self.url} gave no identity")
-        return found
+        try:
+            self.identity = parse_identity(doc)
+        except BadAnswer as exc:
+            raise TargetUnavailable(f"the HTTP target {self.url} answered its identity "
+                                    f"request with {exc}") from None
+        return self.identity.target_id
 
     def prepare_writes(self, create: bool) -> None:
         """The server answers its identity with this token: writes can start.  A remote

@@ -1,12 +1,19 @@
-"""The HTTP target protocol's wire format and its failure classification (issue 17).
+"""The HTTP target protocol's wire format and its failure classification (issues 17, 29).
 
 The protocol is documented on its own page (docs/reference/http-target.md).  This module
-holds what both ends share (the JSON shapes of a row) and the one place an HTTP outcome
-becomes runner's verdict: :func:`classify_append` for an append's answer, and
-:func:`classify_exception` for a transport failure.  Both are pure: they take the
+holds what both ends share (the JSON shapes of a row, what an identity declares) and the
+one place an HTTP outcome becomes runner's verdict: :func:`classify_append` for an
+append's answer (with :func:`append_rows`, the rows a version-2 answer carries), and
+:func:`classify_exception` for a transport failure.  All are pure: they take the
 exception, or the status code, headers and body (and ``now`` for an HTTP-date
 ``Retry-After``), and return the error to raise (None: the append succeeded); no I/O, so a
 table test walks every case.
+
+Version 2 (issue 29) only adds: an identity may declare ``"protocol": 2`` and
+``"dedupes_write_id": true`` (:func:`parse_identity`), and an append's answer may carry the
+rows as stored (``"rows"``), which then prove the batch without a ``read`` request.  A
+version-1 identity (``protocol`` 1 or absent) is read exactly as before: no dedupe, and
+an append's answer is never taken as rows.
 
 The rule they encode (``docs/reference/http-target.md``, "What an answer means"):
 
@@ -23,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -39,7 +47,10 @@ from runner.leads.port import (
     TargetRow,
 )
 
-PROTOCOL_VERSION = 1
+#: the version a server without the later declarations speaks
+PROTOCOL_V1 = 1
+#: the newest version runner knows (a server of a later version keeps its promises)
+PROTOCOL_VERSION = 2
 FIELDS = ("tenant", "source", "source_lead_id", "is_test", "contact_alias")
 #: the longest reason from a server's error body kept in an error message
 MAX_REASON = 200
@@ -55,10 +66,11 @@ class BadAnswer(ValueError):
     """A server's answer is not what the protocol says."""
 
 
-def parse_rows(doc: Any) -> list[TargetRow]:
-    """The rows of a ``read`` answer; raises BadAnswer for anything malformed."""
+def parse_rows(doc: Any, what: str = "a read answer") -> list[TargetRow]:
+    """The rows of a ``read`` answer (or of an append's); raises BadAnswer for anything
+    malformed."""
     if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-        raise BadAnswer("a read answer without a rows list")
+        raise BadAnswer(f"{what} without a rows list")
     rows = []
     for entry in doc["rows"]:
         if not isinstance(entry, dict):
@@ -71,6 +83,42 @@ def parse_rows(doc: Any) -> list[TargetRow]:
             raise BadAnswer("a row whose status is not a string")
         rows.append(TargetRow(write_id=write_id, fields=dict(fields), status=status))
     return rows
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a server's ``identity`` answer says: its id, its protocol version, and (from
+    version 2) whether it deduplicates by write_id."""
+
+    target_id: str
+    protocol: int = PROTOCOL_V1
+    dedupes_write_id: bool = False
+
+    @property
+    def rows_in_append(self) -> bool:
+        """Whether an append's answer may be taken as the rows it stored (version 2)."""
+        return self.protocol >= 2
+
+
+def parse_identity(doc: Any) -> Identity:
+    """An ``identity`` answer; raises BadAnswer, with the one thing wrong, for anything
+    malformed.  ``protocol`` absent is version 1; a version-1 identity declares nothing
+    more (a ``dedupes_write_id`` there is not a member of version 1, and ignored: no
+    dedupe); members a version does not define are ignored."""
+    if not isinstance(doc, dict):
+        raise BadAnswer("an identity that is not a JSON object")
+    found = doc.get("target_id")
+    if not isinstance(found, str) or not found:
+        raise BadAnswer("no identity (a target_id string)")
+    protocol = doc.get("protocol", PROTOCOL_V1)
+    if isinstance(protocol, bool) or not isinstance(protocol, int) or protocol < 1:
+        raise BadAnswer(f"a protocol that is not a positive whole number ({protocol!r:.40})")
+    if protocol == PROTOCOL_V1:
+        return Identity(found)
+    dedupes = doc.get("dedupes_write_id", False)
+    if not isinstance(dedupes, bool):
+        raise BadAnswer(f"a dedupes_write_id that is not true or false ({dedupes!r:.40})")
+    return Identity(found, protocol, dedupes)
 
 
 def parse_statuses(doc: Any, write_ids: Sequence[str]) -> dict[str, list[str]]:
@@ -131,17 +179,25 @@ def classify_append(status: int, headers: Mapping[str, str], body: bytes, sent: 
     """An append's answer -> the error to raise, or None: every row applied.
 
     ``headers`` with lower-case names; ``sent`` the number of rows in the request."""
+    answer = classify_answer(status, headers, body, sent, now)
+    return answer if isinstance(answer, TargetError) else None
+
+
+def classify_answer(status: int, headers: Mapping[str, str], body: bytes, sent: int,
+                    now: datetime) -> TargetError | dict[str, Any]:
+    """:func:`classify_append`, but a success is the answer's JSON object (for
+    :func:`append_rows`), so a big answer is decoded once."""
     if status == 200:
         try:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return _kind(AmbiguousWriteError(
                 "the target answered 200 with a body that is not JSON"), "malformed")
-        appended = doc.get("appended") if isinstance(doc, dict) else None
-        if type(appended) is not int or appended != sent:
+        if not isinstance(doc, dict) or type(doc.get("appended")) is not int \
+                or doc["appended"] != sent:
             return _kind(AmbiguousWriteError(
                 f"the target answered 200 without appended={sent}"), "malformed")
-        return None
+        return doc
     retry_after = parse_retry_after(headers.get("retry-after"), now)
     if status == 429:
         return RateLimited("the target answered 429 (rate limited); nothing was applied",
@@ -157,6 +213,31 @@ def classify_append(status: int, headers: Mapping[str, str], body: bytes, sent: 
     return _kind(AmbiguousWriteError(
         f"the target answered {status}; the rows may have been applied"),
         "server_error" if 500 <= status < 600 else "ambiguous")
+
+
+def append_rows(doc: Mapping[str, Any], write_ids: Sequence[str]
+                ) -> list[TargetRow] | TargetError | None:
+    """The rows a version-2 append answer (already judged a success) says the target now
+    holds for the request's write_ids: None when it carries none (runner reads them
+    back); an ``AmbiguousWriteError`` when they are malformed or do not cover the request
+    exactly (a write_id of the request without a row, or a row of another write_id), so
+    the batch is reconciled by readback; else the rows, every one the target holds for
+    each write_id (two rows for one are two entries: an ambiguous readback)."""
+    if "rows" not in doc:
+        return None
+    try:
+        rows = parse_rows(doc, "an append answer")
+    except BadAnswer as exc:
+        return _kind(AmbiguousWriteError(
+            f"the target answered 200 with malformed rows: {exc}"), "malformed")
+    asked = set(write_ids)
+    held = {row.write_id for row in rows}
+    if held != asked:
+        lacking, other = len(asked - held), len(held - asked)
+        return _kind(AmbiguousWriteError(
+            f"the target answered 200 with rows that do not cover the request ({lacking} "
+            f"write_id(s) without a row, {other} not in the request)"), "malformed")
+    return rows
 
 
 #: transport failures that happen before any byte of the request is written

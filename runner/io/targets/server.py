@@ -3,8 +3,12 @@
 It speaks the HTTP target protocol (docs/reference/http-target.md) so that runner's HTTP
 adapter meets a real remote service in the demo, the tests, the chaos run and the bench:
 real loopback HTTP, real timeouts, real dropped connections.  Rows are stored with the
-synthetic target (``runner.io.synthetic_target``: the same sheet, appended atomically,
-never deduplicated), so the rows a run made can be counted in the file.
+synthetic target (``runner.io.synthetic_target``: the same sheet, appended atomically),
+so the rows a run made can be counted in the file.  By default it speaks protocol
+version 1 and never deduplicates (a spreadsheet); with ``dedupe`` (``--dedupe``, issue
+29) it speaks version 2: it deduplicates by write_id (within one append, across appends,
+and under concurrent appends: one transaction looks up and appends), declares it in its
+identity, and answers each append with the rows it holds for the request's write_ids.
 
 What makes it a *useful* server to test against is what it does on purpose:
 
@@ -12,7 +16,8 @@ What makes it a *useful* server to test against is what it does on purpose:
 * faults (:class:`FaultPlan`): latency; ``500``, ``503`` + ``Retry-After``, ``429`` or
   ``422`` before applying anything; applying then dropping the connection without an
   answer (the ambiguous case); applying then answering after a delay (past the client's
-  read timeout); refusing connections.
+  read timeout); refusing connections; failing every ``read``; and, in version 2,
+  applying then answering with rows that are incomplete or malformed.
 
 A plain ASGI callable, served by uvicorn through ``runner.io.http.server.HttpServer``
 (the protocol class below hands the app its connection's transport, which is how an
@@ -37,9 +42,9 @@ from pydantic import ValidationError
 from runner.errors import UsageError
 from runner.io.http.server import _HeaderTimeoutProtocol
 from runner.io.synthetic_target import SyntheticTarget
-from runner.io.targets.protocol import PROTOCOL_VERSION
+from runner.io.targets.protocol import PROTOCOL_V1, PROTOCOL_VERSION
 from runner.leads.models import CRMRecord, describe_validation_error
-from runner.leads.port import AmbiguousWriteError, BeforeWriteError
+from runner.leads.port import AmbiguousWriteError, BeforeWriteError, TargetRow
 
 log = logging.getLogger("runner.target_server")
 
@@ -90,8 +95,11 @@ class TokenBucket:
 # -- faults ----------------------------------------------------------------------------
 
 FAULT_KINDS = ("latency", "error-before", "unavailable", "throttle", "reject",
-               "drop-after-apply", "slow-after-apply", "refuse")
+               "drop-after-apply", "slow-after-apply", "refuse", "read-error",
+               "rows-incomplete", "rows-malformed")
 _NEEDS_SECONDS = ("latency", "slow-after-apply")
+#: faults of an append's rows: only a version-2 server (``--dedupe``) answers with rows
+ROWS_FAULTS = ("rows-incomplete", "rows-malformed")
 
 
 @dataclass(frozen=True)
@@ -170,17 +178,21 @@ class Counters:
     """What the server did, for its log line at exit and the tests."""
 
     appends: int = 0
-    rows: int = 0
+    rows: int = 0  # rows made (a deduplicated repeat makes none)
+    reads: int = 0  # read requests answered with rows
     throttled: int = 0
     dropped: int = 0
 
 
 class TargetServerApp:
-    """The protocol's four calls over a synthetic target file."""
+    """The protocol's four calls over a synthetic target file; with ``dedupe``, protocol
+    version 2 (deduplicating by write_id, rows in the append's answer)."""
 
     def __init__(self, sheet: SyntheticTarget, *, token: bytes | None = None,
-                 quota: float | None = None, faults: FaultPlan | None = None) -> None:
+                 quota: float | None = None, faults: FaultPlan | None = None,
+                 dedupe: bool = False) -> None:
         self.sheet = sheet
+        self.dedupe = dedupe
         self._token = token
         self.bucket = TokenBucket(quota, time.monotonic()) if quota else None
         self.faults = faults or FaultPlan()
@@ -203,8 +215,11 @@ class TargetServerApp:
         call = scope["path"].rstrip("/").rpartition("/")[2]
         method = scope["method"]
         if call == "identity" and method == "GET":
-            raise _Answer(200, {"target_id": await self._target_id(),
-                                "protocol": PROTOCOL_VERSION})
+            identity: dict[str, Any] = {"target_id": await self._target_id(),
+                                        "protocol": PROTOCOL_V1}
+            if self.dedupe:
+                identity.update(protocol=PROTOCOL_VERSION, dedupes_write_id=True)
+            raise _Answer(200, identity)
         if call not in ("append", "read", "status"):
             raise _error(404, "not_found", "no such call (identity, append, read, status)")
         if method != "POST":
@@ -215,9 +230,11 @@ class TargetServerApp:
             return
         write_ids = _write_ids(doc)
         if call == "read":
+            if self.faults.drawn("read-error") is not None:
+                raise _error(500, "internal", "fault read-error: the rows were not read")
             rows = await anyio.to_thread.run_sync(self.sheet.read_back_many, write_ids)
-            raise _Answer(200, {"rows": [{"write_id": r.write_id, "fields": dict(r.fields),
-                                          "status": r.status} for r in rows]})
+            self.counters.reads += 1
+            raise _Answer(200, {"rows": _rows_json(rows)})
         raise _Answer(200, {"statuses": await self._statuses(write_ids)})
 
     def _authorize(self, scope: Any) -> None:
@@ -258,15 +275,21 @@ class TargetServerApp:
                     self.counters.throttled += 1
                 headers = {"retry-after": "1"} if status in (429, 503) else None
                 raise _error(status, error, f"fault {kind}: nothing was applied", headers)
+        held: list[TargetRow] = []
         try:
-            await anyio.to_thread.run_sync(self.sheet.write_batch, items)
+            if self.dedupe:
+                made, held = await anyio.to_thread.run_sync(self.sheet.write_batch_once,
+                                                            items)
+            else:
+                await anyio.to_thread.run_sync(self.sheet.write_batch, items)
+                made = len(items)
         except BeforeWriteError as exc:
             raise _error(503, "unavailable", f"the sheet is busy: {exc.message}",
                          {"retry-after": "1"}) from None
         except AmbiguousWriteError as exc:
             raise _error(500, "internal", f"the sheet write failed: {exc.message}") from None
         self.counters.appends += 1
-        self.counters.rows += len(items)
+        self.counters.rows += made
         if self.faults.drawn("drop-after-apply") is not None:
             self.counters.dropped += 1
             transport = scope.get("extensions", {}).get(TRANSPORT_KEY)
@@ -279,7 +302,20 @@ class TargetServerApp:
         slow = self.faults.drawn("slow-after-apply")
         if slow is not None:
             await anyio.sleep(slow.seconds)
-        raise _Answer(200, {"appended": len(items)})
+        if not self.dedupe:
+            raise _Answer(200, {"appended": len(items)})  # version 1
+        # version 2: every row held for each write_id of the request, after applying
+        rows = _rows_json(held)
+        if self.faults.drawn("rows-incomplete") is not None:
+            rows = [row for row in rows if row["write_id"] != items[-1][1]]
+        if self.faults.drawn("rows-malformed") is not None:
+            rows[0]["fields"] = "not an object"
+        raise _Answer(200, {"appended": len(items), "rows": rows})
+
+
+def _rows_json(rows: Sequence[TargetRow]) -> list[dict[str, Any]]:
+    return [{"write_id": r.write_id, "fields": dict(r.fields), "status": r.status}
+            for r in rows]
 
 
 async def _send_json(send: Any, status: int, doc: Any, headers: Mapping[str, str]) -> None:
