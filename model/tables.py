@@ -80,8 +80,9 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
            "in transit (liveness)",
            _bounds(N=2, BATCH=2, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0, NETCAP=1)),
     Config("dedupe-deep", "a deduplicating target that answers and reads at last, 3 "
-           "records, batches of 1 to 3, two requests in transit (liveness, --deep)",
-           _bounds(BATCH=3, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0)),
+           "records, batches of 1 to 3, no operator, one request in transit (liveness, "
+           "--deep)",
+           _bounds(BATCH=3, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0, NETCAP=1)),
     Config("small-dedupe", "a deduplicating target that answers and reads at last: 2 "
            "records, batches of 1 or 2, one crash, no operator, one request in transit "
            "(--quick, the default pytest run)",
