@@ -42,31 +42,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MODEL = HERE / "delivery.pml"
 
-SAFETY = (
-    "no_duplicate_write",
-    "confirmed_by_readback",
-    "uncertain_never_resent",
-    "acknowledged_never_lost",
-    "no_dispatch_during_reconcile",
+if str(ROOT) not in sys.path:  # run as a script (python model/check.py)
+    sys.path.insert(0, str(ROOT))
+from model.tables import (  # noqa: E402  (the tables: properties, bounds, mutations)
+    CONFIGS,
+    DEDUPE_ONLY,
+    GUARANTEES,
+    LIVENESS,
+    MUTATIONS,
+    PROPERTIES,
+    SAFETY,
+    mutation_config,
 )
-LIVENESS = ("every_record_settles",)
-PROPERTIES = SAFETY + LIVENESS
-
-#: the guarantee each property checks, in words (the docs page renders these)
-GUARANTEES: dict[str, str] = {
-    "no_duplicate_write": "never two target rows for one `write_id`",
-    "confirmed_by_readback": "a record is confirmed only after an exact readback of its own "
-                             "row (while the target holds exactly that row)",
-    "uncertain_never_resent": "an uncertain record is never sent again by runner (only an "
-                              "operator's `not-sent` after a fresh readback releases it)",
-    "acknowledged_never_lost": "every acknowledged record is always in the store",
-    "no_dispatch_during_reconcile": "nothing is dispatched while a reconcile call of the "
-                                    "cycle is in progress or still owed",
-    "every_record_settles": "under weak fairness, with a target that eventually answers, "
-                            "every record ends confirmed (also after failed-safe) or "
-                            "uncertain and visible: none stays in flight or prepared",
-}
-
 
 STEPS = HERE / "steps.toml"
 #: the crash points that belong to delivery (the model must name every one of them)
@@ -111,76 +98,6 @@ def property_macros(text: str | None = None) -> dict[str, str]:
     text = MODEL.read_text(encoding="utf-8") if text is None else text
     return {m.group(1): m.group(2).strip()
             for m in re.finditer(r"^#define ([A-Z_]+)\(i\)\s+(.*)$", text, re.M)}
-
-
-@dataclass(frozen=True)
-class Config:
-    """A set of bounds for the model (its ``-D`` macros)."""
-
-    name: str
-    what: str
-    defines: dict[str, int]
-
-
-def _bounds(**overrides: int) -> dict[str, int]:
-    base = {"N": 3, "BATCH": 1, "WORKERS": 2, "MAXCRASH": 2, "MAXFAULT": 1,
-            "MAXRESOLVE": 1, "NETCAP": 2}
-    return {**base, **overrides}
-
-
-CONFIGS: dict[str, Config] = {c.name: c for c in (
-    Config("today", "the code on main: one record per target request", _bounds()),
-    Config("batches", "the E1 design (issue 16): batches of 1 to 3 records per request",
-           _bounds(BATCH=3)),
-    Config("today-n2", "the code on main, 2 records (liveness: fairness multiplies states)",
-           _bounds(N=2)),
-    Config("batches-n2", "the E1 design, 2 records, batches of 1 or 2 (liveness)",
-           _bounds(N=2, BATCH=2)),
-    Config("batches-deep", "the E1 design, 3 records, batches of 1 to 3 (liveness, --deep)",
-           _bounds(BATCH=3)),
-    Config("small", "2 records, batches of 1 or 2 (--quick, the default pytest run)",
-           _bounds(N=2, BATCH=2)),
-)}
-
-
-@dataclass(frozen=True)
-class Mutation:
-    """A one-line change to the model (a ``-D`` macro) and the property it must break."""
-
-    macro: str
-    breaks: str
-    change: str
-    kind: str = "mutation"  # "limit": not a bug in the model, a documented assumption
-
-
-MUTATIONS: tuple[Mutation, ...] = (
-    Mutation("M_ACK_BEFORE_COMMIT", "acknowledged_never_lost",
-             "accept answers the client before its commit"),
-    Mutation("M_RETRY_IN_FLIGHT", "no_duplicate_write",
-             "recovery makes an in-flight record failed-safe (resend on restart) instead "
-             "of uncertain"),
-    Mutation("M_LOST_ANSWER_IS_NOT_SENT", "no_duplicate_write",
-             "a lost answer (timeout, dropped connection) counts as not sent"),
-    Mutation("M_MARK_AFTER_SEND", "no_duplicate_write",
-             "the in-flight mark commits after the request instead of before"),
-    Mutation("M_NO_LOCK", "no_duplicate_write",
-             "a worker starts without taking the worker lock"),
-    Mutation("M_RESOLVE_WITHOUT_READBACK", "no_duplicate_write",
-             "the operator's not-sent skips the fresh readback"),
-    Mutation("M_CONFIRM_WITHOUT_READBACK", "confirmed_by_readback",
-             "the target's answer confirms the batch without reading its rows back"),
-    Mutation("M_EMPTY_READ_IS_NOT_SENT", "uncertain_never_resent",
-             "a reconcile readback that finds no row makes the record sendable again"),
-    Mutation("M_DISPATCH_UNCERTAIN", "uncertain_never_resent",
-             "dispatch picks uncertain records too"),
-    Mutation("M_DISPATCH_BEFORE_RECONCILE", "no_dispatch_during_reconcile",
-             "the cycle dispatches before it reconciles"),
-    Mutation("M_NO_RECOVER", "every_record_settles",
-             "taking the lock does not make in-flight records uncertain"),
-    Mutation("NO_ASSUMPTION_A1", "no_duplicate_write",
-             "the operator resolves not-sent while a request of a dead worker may still "
-             "reach the target (assumption A1 dropped)", kind="limit"),
-)
 
 
 @dataclass(frozen=True)
@@ -245,17 +162,18 @@ def spin_version(spin: str) -> str:
 
 def checks_for(*, quick: bool = False, deep: bool = False) -> list[Check]:
     """The checks of a run, in the order they are reported."""
+    plain_liveness = [p for p in LIVENESS if p not in DEDUPE_ONLY]
     if quick:
-        found = [Check("small", p) for p in PROPERTIES]
-        found += [Check("small", m.breaks, m.macro) for m in MUTATIONS]
-        return found
-    found = [Check(c, p) for c in ("today", "batches") for p in SAFETY]
-    found += [Check(c, p) for c in ("today-n2", "batches-n2") for p in LIVENESS]
-    if deep:
-        found += [Check("batches-deep", p) for p in LIVENESS]
-    for m in MUTATIONS:
-        config = "today-n2" if m.breaks in LIVENESS else "today"
-        found.append(Check(config, m.breaks, m.macro))
+        found = [Check("small", p) for p in PROPERTIES if p not in DEDUPE_ONLY]
+        found += [Check("small-dedupe", p) for p in (*SAFETY, *DEDUPE_ONLY)]
+    else:
+        found = [Check(c, p) for c in ("today", "batches", "dedupe") for p in SAFETY]
+        found += [Check(c, p) for c in ("today-n2", "batches-n2") for p in plain_liveness]
+        found += [Check("dedupe-live", p) for p in DEDUPE_ONLY]
+        if deep:
+            found += [Check("batches-deep", p) for p in plain_liveness]
+            found += [Check("dedupe-deep", p) for p in DEDUPE_ONLY]
+    found += [Check(mutation_config(m, quick=quick), m.breaks, m.macro) for m in MUTATIONS]
     return found
 
 
@@ -332,7 +250,7 @@ def run_group(config: str, mutation: str | None, props: Sequence[str], *,
             return outcomes
         # a verification searches up to millions of states: optimise; a mutation stops at
         # its first counterexample, and the small bounds search little: compile fast
-        cflags = ["-O2"] if mutation is None and config != "small" else ["-O0"]
+        cflags = ["-O2"] if mutation is None and not config.startswith("small") else ["-O0"]
         if liveness:
             cflags.append("-DNFAIR=3")
         comp = subprocess.run([cc, *cflags, "-w", "-o", "pan", "pan.c"], cwd=work,
@@ -375,7 +293,7 @@ def run(checks: Sequence[Check], *, jobs: int = 2, keep: bool = False,
     for c in checks:
         groups.setdefault((c.config, c.mutation), []).append(c.prop)
     # the longest groups first, so that two jobs finish together
-    order = sorted(groups, key=lambda g: (g[1] is not None, g[0] == "small"))
+    order = sorted(groups, key=lambda g: (g[1] is not None, g[0].startswith("small")))
     done: dict[str, Outcome] = {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(run_group, g[0], g[1], groups[g], spin=spin, cc=cc, keep=keep)

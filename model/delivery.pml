@@ -16,6 +16,13 @@
  * MAXCRASH crashes in all, MAXFAULT "not sent" answers in all (the target eventually
  * answers), MAXRESOLVE operator decisions.
  *
+ * DEDUPE=1: the target deduplicates by write_id (SPEC E7, issue 29): a write of a write_id
+ * it already holds makes no second row (a batch row by row) and is answered as a first
+ * write, and runner's reconcile pass makes an uncertain record whose readback shows no
+ * row failed-safe: an authorised resend.  DEDUPE=0 (the default) is the model as it was.
+ * TARGET_RECOVERS=1: a failed read and a dropped request count as faults too (within
+ * MAXFAULT): the target answers at last; the liveness run of DEDUPE uses it.
+ *
  * Mutations (spin -DM_NAME): each is a one-line change that breaks one guarantee; SPIN
  * must find a counterexample for each (model/check.py, tests/test_spin_model.py).
  */
@@ -41,6 +48,12 @@
 #ifndef MAXRESOLVE
 #define MAXRESOLVE 1
 #endif
+#ifndef DEDUPE
+#define DEDUPE 0
+#endif
+#ifndef TARGET_RECOVERS
+#define TARGET_RECOVERS 0
+#endif
 
 /* record states (runner/leads/states.py LeadState); NONE: not in the store */
 #define NONE        0
@@ -61,6 +74,37 @@
 
 #define BIT(i)    (1 << (i))
 #define HAS(m, i) ((((m) >> (i)) & 1) == 1)
+
+/* a failure of the target: unbounded, or (TARGET_RECOVERS) one of the MAXFAULT faults */
+#if TARGET_RECOVERS
+#define COUNTED_FAULT  faults < MAXFAULT -> faults++;
+#else
+#define COUNTED_FAULT
+#endif
+
+/* whether a write of record k makes a row: always, or (E7) only if the target holds no
+   row with its write_id; M_DEDUPE_NOT_ATOMIC: the target lands a request in transit in
+   two steps, the check, then the insert (see Target) */
+#if DEDUPE
+#define WRITES_ROW(k)  (rows[k] == 0)
+#else
+#define WRITES_ROW(k)  true
+#endif
+
+/* the reconcile rule for a readback that shows no row: today it proves nothing (L6);
+   a deduplicating target makes it an authorised resend (E7) */
+#if (DEDUPE && !defined(M_NO_DEDUPE_RESEND)) || defined(M_RESEND_NONDEDUPE)
+#define RESEND_IF_NO_ROW 1
+#else
+#define RESEND_IF_NO_ROW 0
+#endif
+
+/* what a readback takes for "no row" (M_RESEND_DIFFERING_ROW: a row that differs too) */
+#ifdef M_RESEND_DIFFERING_ROW
+#define SHOWS_NO_ROW(j)  (rows[j] == 0 || bad[j])
+#else
+#define SHOWS_NO_ROW(j)  (rows[j] == 0)
+#endif
 
 #if N == 2
 #define FORALL(P) (P(0) && P(1))
@@ -104,10 +148,10 @@ byte resolves;     /* operator decisions so far */
 inline apply(mask, differs) {
   for (k : 0 .. N - 1) {
     if
-    :: HAS(mask, k) ->
+    :: HAS(mask, k) && WRITES_ROW(k) ->
        rows[k] = (rows[k] < 2 -> rows[k] + 1 : 2);
        bad[k] = bad[k] || differs
-    :: else
+    :: else  /* not in the request, or (E7) a write_id the target holds: no second row */
     fi
   };
   k = 0
@@ -207,8 +251,8 @@ inline reconcile_pass() {
        fi;
        /* its readback (CRMRecordPort.confirm, port.classify_readback) */
        if
-       :: ok = (rows[i] == 1 && !bad[i]); saw = (rows[i] == 0 -> SAW_NONE : SAW_OTHER)
-       :: saw = SAW_OTHER  /* the target cannot be read */
+       :: ok = (rows[i] == 1 && !bad[i]); saw = (SHOWS_NO_ROW(i) -> SAW_NONE : SAW_OTHER)
+       :: COUNTED_FAULT saw = SAW_OTHER  /* the target cannot be read */
        fi
      }
      atomic {
@@ -217,6 +261,15 @@ inline reconcile_pass() {
        :: st[i] == UNCERTAIN && ok -> st[i] = CONFIRMED
 #ifdef M_EMPTY_READ_IS_NOT_SENT
        :: st[i] == UNCERTAIN && saw == SAW_NONE -> st[i] = FAILED_SAFE
+#endif
+#ifdef M_SEND_IN_RECONCILE
+       /* the record with no row is sent at once, in the pass (its answer is lost) */
+       :: st[i] == UNCERTAIN && saw == SAW_NONE -> st[i] = IN_FLIGHT; unc[i] = false;
+          apply(BIT(i), false)
+#elif RESEND_IF_NO_ROW
+       /* E7: no row on a deduplicating target: an authorised resend, recorded with its
+          audit row in this commit; the dispatch sends it on the backoff schedule */
+       :: st[i] == UNCERTAIN && saw == SAW_NONE -> st[i] = FAILED_SAFE; unc[i] = false
 #endif
        :: else -> skip  /* still uncertain; a reconcile attempt is counted */
        fi;
@@ -271,7 +324,7 @@ inline dispatch_pass() {
                   :: else
                fi
              }
-          :: skip  /* the readback failed: unproven, uncertain */
+          :: COUNTED_FAULT skip  /* the readback failed: unproven, uncertain */
           fi
 #endif
 #ifdef M_LOST_ANSWER_IS_NOT_SENT
@@ -338,10 +391,37 @@ crashed:
 /* -- the target: a request in transit lands later, or never ---------------------------- */
 active proctype Target() {
   byte m, k;
+#ifdef M_DEDUPE_NOT_ATOMIC
+  byte fresh;  /* the rows of the request the target found absent */
+#endif
 end:
   do
+#ifdef M_DEDUPE_NOT_ATOMIC
+  /* the target checks which write_ids it lacks, then inserts those: a write between the
+     two (a resend) is not seen by the check */
+  :: atomic {
+       net ? m ->
+       for (k : 0 .. N - 1) {
+         if :: HAS(m, k) && rows[k] == 0 -> fresh = fresh | BIT(k) :: else fi
+       };
+       k = 0
+     }
+     atomic {
+       for (k : 0 .. N - 1) {
+         if :: HAS(fresh, k) -> rows[k] = (rows[k] < 2 -> rows[k] + 1 : 2) :: else fi
+       };
+       in_transit(m, -1); m = 0; fresh = 0
+     }
+#else
   :: atomic { net ? m -> apply(m, false); in_transit(m, -1); m = 0 }
+#endif
+#if TARGET_RECOVERS
+  :: atomic {  /* dropped: never applied; one of the MAXFAULT faults */
+       nempty(net) && faults < MAXFAULT -> faults++; net ? m -> in_transit(m, -1); m = 0
+     }
+#else
   :: atomic { net ? m -> in_transit(m, -1); m = 0 }  /* dropped: never applied */
+#endif
   od
 }
 
@@ -420,12 +500,14 @@ init {
 #define ACKED_STORED(i)      (!acked[i] || st[i] != NONE)
 #define NOT_IN_FLIGHT(i)     (st[i] != IN_FLIGHT)
 #define SETTLED(i)           (st[i] == CONFIRMED || st[i] == UNCERTAIN)
+#define CONFIRMED_AT_LAST(i) (st[i] == CONFIRMED || (bad[i] && st[i] == UNCERTAIN))
 
 /* never two target rows for one write_id */
 ltl no_duplicate_write { [] FORALL(ONE_ROW_AT_MOST) }
 /* a record is confirmed only while the target holds exactly its own row */
 ltl confirmed_by_readback { [] FORALL(CONFIRMED_EXACT) }
-/* an uncertain record is never sent again by runner (only an operator's not-sent) */
+/* an uncertain record is never sent again by runner (only after an operator's not-sent,
+   or, on a deduplicating target, a reconcile readback that showed no row) */
 ltl uncertain_never_resent { [] FORALL(NOT_RESENT) }
 /* every acknowledged record is in the store */
 ltl acknowledged_never_lost { [] FORALL(ACKED_STORED) }
@@ -433,3 +515,6 @@ ltl acknowledged_never_lost { [] FORALL(ACKED_STORED) }
 ltl no_dispatch_during_reconcile { [] (owed == 0 || FORALL(NOT_IN_FLIGHT)) }
 /* under weak fairness, every record ends confirmed or uncertain (and visible) */
 ltl every_record_settles { <> [] FORALL(SETTLED) }
+/* DEDUPE, TARGET_RECOVERS: under weak fairness, every record ends confirmed, unless the
+   target stored a row that differs from it (then it stays uncertain, for the operator) */
+ltl every_record_confirmed { <> [] FORALL(CONFIRMED_AT_LAST) }

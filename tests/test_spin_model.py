@@ -7,8 +7,9 @@ Two kinds of tests:
   ``runner.crashpoints.POINTS``, the model's ``CRASH(...)`` points and the table agree,
   every delivery crash point is in the model, and each step's functions exist exactly
   when the step says it is on main;
-* SPIN runs the model at small bounds: the five safety properties verify (a few seconds,
-  in the default run); the liveness property and every mutation (each must yield a
+* SPIN runs the model at small bounds: the five safety properties verify, with a target
+  that does not deduplicate and with one that does (SPEC E7; a few seconds each, in the
+  default run); the liveness properties and every mutation (each must yield a
   counterexample) are ``slow``.  CI runs ``model/check.py``, which checks the same
   properties and mutations at larger bounds, instead of these (marked ``spin_check``).
 
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from model import check
+from model import check, tables
 from runner.crashpoints import POINTS
 
 REQUIRE_ENV = "RUNNER_REQUIRE_SPIN"
@@ -108,12 +109,37 @@ def test_steps_are_complete_rows() -> None:
 
 def test_each_mutation_names_a_property_the_model_has() -> None:
     formulas = check.ltl_formulas()
-    assert set(formulas) == set(check.PROPERTIES)
-    assert {m.breaks for m in check.MUTATIONS} == set(check.PROPERTIES)
+    assert set(formulas) == set(tables.PROPERTIES)
+    assert {m.breaks for m in tables.MUTATIONS} == set(tables.PROPERTIES)
     text = check.MODEL.read_text(encoding="utf-8")
-    for m in check.MUTATIONS:
+    for m in tables.MUTATIONS:
         assert f"#ifdef {m.macro}" in text or f"defined({m.macro})" in text or (
             f"#ifndef {m.macro}" in text), m.macro
+
+
+def _all_checks() -> list[check.Check]:
+    return [*check.checks_for(quick=True), *check.checks_for(deep=True)]
+
+
+def test_a_dedupe_only_property_is_checked_only_with_a_deduplicating_target() -> None:
+    for c in _all_checks():
+        dedupe = tables.CONFIGS[c.config].defines["DEDUPE"]
+        if c.prop in tables.DEDUPE_ONLY and c.mutation is None:
+            assert dedupe == 1, c.name
+    checked = {c.prop for c in _all_checks() if c.mutation is None
+               and tables.CONFIGS[c.config].defines["DEDUPE"] == 1}
+    assert checked == set(tables.SAFETY) | set(tables.DEDUPE_ONLY)
+
+
+def test_each_mutation_runs_on_the_target_it_is_about() -> None:
+    """A dedupe mutation with DEDUPE=1; every other (M_RESEND_NONDEDUPE above all: the
+    rule on a target that does not deduplicate) with DEDUPE=0, the model as it was."""
+    by_macro = {m.macro: m for m in tables.MUTATIONS}
+    runs = [c for c in _all_checks() if c.mutation is not None]
+    assert {c.mutation for c in runs} == set(by_macro)
+    for c in runs:
+        assert tables.CONFIGS[c.config].defines["DEDUPE"] == int(by_macro[str(c.mutation)].dedupe)
+    assert not by_macro["M_RESEND_NONDEDUPE"].dedupe
 
 
 def test_the_recorded_figures_are_from_this_model() -> None:
@@ -142,7 +168,15 @@ def _expect(outcomes: list[check.Outcome]) -> None:
 
 def test_safety_properties_verify_at_small_bounds(spin_tools: tuple[str, str]) -> None:
     spin, cc = spin_tools
-    outcomes = check.run_group("small", None, check.SAFETY, spin=spin, cc=cc)
+    outcomes = check.run_group("small", None, tables.SAFETY, spin=spin, cc=cc)
+    _expect(outcomes)
+    assert all(o.states_stored and o.states_stored > 10_000 for o in outcomes)
+
+
+def test_safety_properties_verify_with_a_deduplicating_target_at_small_bounds(
+        spin_tools: tuple[str, str]) -> None:
+    spin, cc = spin_tools
+    outcomes = check.run_group("small-dedupe", None, tables.SAFETY, spin=spin, cc=cc)
     _expect(outcomes)
     assert all(o.states_stored and o.states_stored > 10_000 for o in outcomes)
 
@@ -151,15 +185,24 @@ def test_safety_properties_verify_at_small_bounds(spin_tools: tuple[str, str]) -
 @pytest.mark.spin_check
 def test_every_record_settles_at_small_bounds(spin_tools: tuple[str, str]) -> None:
     spin, cc = spin_tools
-    _expect(check.run_group("small", None, check.LIVENESS, spin=spin, cc=cc))
+    _expect(check.run_group("small", None, ["every_record_settles"], spin=spin, cc=cc))
 
 
 @pytest.mark.slow
 @pytest.mark.spin_check
-@pytest.mark.parametrize("mutation", check.MUTATIONS, ids=lambda m: m.macro)
-def test_mutation_yields_a_counterexample(spin_tools: tuple[str, str],
-                                          mutation: check.Mutation) -> None:
+def test_every_record_is_confirmed_with_a_deduplicating_target_at_small_bounds(
+        spin_tools: tuple[str, str]) -> None:
     spin, cc = spin_tools
-    (outcome,) = check.run_group("small", mutation.macro, [mutation.breaks], spin=spin, cc=cc)
+    _expect(check.run_group("small-dedupe", None, tables.DEDUPE_ONLY, spin=spin, cc=cc))
+
+
+@pytest.mark.slow
+@pytest.mark.spin_check
+@pytest.mark.parametrize("mutation", tables.MUTATIONS, ids=lambda m: m.macro)
+def test_mutation_yields_a_counterexample(spin_tools: tuple[str, str],
+                                          mutation: tables.Mutation) -> None:
+    spin, cc = spin_tools
+    config = tables.mutation_config(mutation, quick=True)
+    (outcome,) = check.run_group(config, mutation.macro, [mutation.breaks], spin=spin, cc=cc)
     _expect([outcome])
     assert outcome.errors and outcome.errors >= 1

@@ -1,0 +1,158 @@
+"""The tables of ``model/check.py``: the model's properties and the guarantee each
+checks, the bounds of each run, and the mutations (each a ``-D`` macro of
+``model/delivery.pml`` that must break the property it names).  ``check.py`` imports
+them; docs/hooks.py and tests/test_spin_model.py read them through it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SAFETY = (
+    "no_duplicate_write",
+    "confirmed_by_readback",
+    "uncertain_never_resent",
+    "acknowledged_never_lost",
+    "no_dispatch_during_reconcile",
+)
+LIVENESS = ("every_record_settles", "every_record_confirmed")
+PROPERTIES = SAFETY + LIVENESS
+#: the properties that hold only for a target that deduplicates by write_id (``DEDUPE=1``)
+DEDUPE_ONLY = ("every_record_confirmed",)
+
+#: the guarantee each property checks, in words (the docs page renders these)
+GUARANTEES: dict[str, str] = {
+    "no_duplicate_write": "never two target rows for one `write_id`",
+    "confirmed_by_readback": "a record is confirmed only after an exact readback of its own "
+                             "row (while the target holds exactly that row)",
+    "uncertain_never_resent": "an uncertain record is never sent again by runner (only an "
+                              "operator's `not-sent` after a fresh readback releases it, "
+                              "or, on a deduplicating target only, a reconcile readback "
+                              "that shows no row)",
+    "acknowledged_never_lost": "every acknowledged record is always in the store",
+    "no_dispatch_during_reconcile": "nothing is dispatched while a reconcile call of the "
+                                    "cycle is in progress or still owed",
+    "every_record_settles": "under weak fairness, with a target that eventually answers, "
+                            "every record ends confirmed (also after failed-safe) or "
+                            "uncertain and visible: none stays in flight or prepared",
+    "every_record_confirmed": "a target that deduplicates by `write_id` only: under weak "
+                              "fairness, with a target that answers and reads at last, "
+                              "every record ends confirmed with no operator command, "
+                              "unless the target stored a row that differs from it (that "
+                              "one stays uncertain, for the operator)",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A set of bounds for the model (its ``-D`` macros)."""
+
+    name: str
+    what: str
+    defines: dict[str, int]
+
+
+def _bounds(**overrides: int) -> dict[str, int]:
+    base = {"N": 3, "BATCH": 1, "WORKERS": 2, "MAXCRASH": 2, "MAXFAULT": 1,
+            "MAXRESOLVE": 1, "NETCAP": 2, "DEDUPE": 0, "TARGET_RECOVERS": 0}
+    return {**base, **overrides}
+
+
+CONFIGS: dict[str, Config] = {c.name: c for c in (
+    Config("today", "the code on main: one record per target request", _bounds()),
+    Config("batches", "the E1 design (issue 16): batches of 1 to 3 records per request",
+           _bounds(BATCH=3)),
+    Config("today-n2", "the code on main, 2 records (liveness: fairness multiplies states)",
+           _bounds(N=2)),
+    Config("batches-n2", "the E1 design, 2 records, batches of 1 or 2 (liveness)",
+           _bounds(N=2, BATCH=2)),
+    Config("batches-deep", "the E1 design, 3 records, batches of 1 to 3 (liveness, --deep)",
+           _bounds(BATCH=3)),
+    Config("small", "2 records, batches of 1 or 2 (--quick, the default pytest run)",
+           _bounds(N=2, BATCH=2)),
+    # E7 (issue 29): a target that deduplicates by write_id, and runner resends an
+    # uncertain record whose readback shows no row.  Records now go round (uncertain,
+    # failed-safe, in flight, ...), which multiplies the states: smaller bounds
+    Config("dedupe", "a target that deduplicates by write_id (E7, issue 29): 2 records, "
+           "batches of 1 or 2; failed reads and dropped requests unbounded",
+           _bounds(N=2, BATCH=2, DEDUPE=1)),
+    Config("dedupe-live", "a deduplicating target that answers and reads at last (failed "
+           "reads and dropped requests count toward MAXFAULT), no operator, one request "
+           "in transit (liveness)",
+           _bounds(N=2, BATCH=2, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0, NETCAP=1)),
+    Config("dedupe-deep", "a deduplicating target that answers and reads at last, 3 "
+           "records, batches of 1 to 3, no operator, one request in transit (liveness, "
+           "--deep)",
+           _bounds(BATCH=3, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0, NETCAP=1)),
+    Config("small-dedupe", "a deduplicating target that answers and reads at last: 2 "
+           "records, batches of 1 or 2, one crash, no operator, one request in transit "
+           "(--quick, the default pytest run)",
+           _bounds(N=2, BATCH=2, MAXCRASH=1, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0,
+                   NETCAP=1)),
+)}
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A one-line change to the model (a ``-D`` macro) and the property it must break."""
+
+    macro: str
+    breaks: str
+    change: str
+    kind: str = "mutation"  # "limit": not a bug in the model, a documented assumption
+    dedupe: bool = False  # checked with a target that deduplicates by write_id (DEDUPE=1)
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation("M_ACK_BEFORE_COMMIT", "acknowledged_never_lost",
+             "accept answers the client before its commit"),
+    Mutation("M_RETRY_IN_FLIGHT", "no_duplicate_write",
+             "recovery makes an in-flight record failed-safe (resend on restart) instead "
+             "of uncertain"),
+    Mutation("M_LOST_ANSWER_IS_NOT_SENT", "no_duplicate_write",
+             "a lost answer (timeout, dropped connection) counts as not sent"),
+    Mutation("M_MARK_AFTER_SEND", "no_duplicate_write",
+             "the in-flight mark commits after the request instead of before"),
+    Mutation("M_NO_LOCK", "no_duplicate_write",
+             "a worker starts without taking the worker lock"),
+    Mutation("M_RESOLVE_WITHOUT_READBACK", "no_duplicate_write",
+             "the operator's not-sent skips the fresh readback"),
+    Mutation("M_CONFIRM_WITHOUT_READBACK", "confirmed_by_readback",
+             "the target's answer confirms the batch without reading its rows back"),
+    Mutation("M_EMPTY_READ_IS_NOT_SENT", "uncertain_never_resent",
+             "a reconcile readback that finds no row makes the record sendable again"),
+    Mutation("M_DISPATCH_UNCERTAIN", "uncertain_never_resent",
+             "dispatch picks uncertain records too"),
+    Mutation("M_DISPATCH_BEFORE_RECONCILE", "no_dispatch_during_reconcile",
+             "the cycle dispatches before it reconciles"),
+    Mutation("M_NO_RECOVER", "every_record_settles",
+             "taking the lock does not make in-flight records uncertain"),
+    Mutation("NO_ASSUMPTION_A1", "no_duplicate_write",
+             "the operator resolves not-sent while a request of a dead worker may still "
+             "reach the target (assumption A1 dropped)", kind="limit"),
+    Mutation("M_RESEND_NONDEDUPE", "no_duplicate_write",
+             "the deduplicating target's rule (a reconcile readback with no row authorises "
+             "a resend) applied to a target that does not deduplicate"),
+    Mutation("M_DEDUPE_NOT_ATOMIC", "no_duplicate_write",
+             "the deduplicating target checks that it lacks a write_id, then inserts, in two "
+             "steps: a resend between them is not seen", dedupe=True),
+    Mutation("M_SEND_IN_RECONCILE", "no_dispatch_during_reconcile",
+             "the reconcile pass of a deduplicating target sends a record with no row at "
+             "once, instead of leaving it to the dispatch after the pass", dedupe=True),
+    Mutation("M_RESEND_DIFFERING_ROW", "every_record_confirmed",
+             "on a deduplicating target, a reconcile readback that shows a row that differs "
+             "authorises a resend too: the record goes round for ever, resent and never "
+             "left uncertain for the operator", dedupe=True),
+    Mutation("M_NO_DEDUPE_RESEND", "every_record_confirmed",
+             "runner ignores the target's deduplication: a reconcile readback with no row "
+             "leaves the record uncertain, as for any target", dedupe=True),
+)
+
+
+def mutation_config(m: Mutation, *, quick: bool = False) -> str:
+    """The bounds a mutation is checked with: small ones for ``--quick`` and the pytest
+    run; the liveness bounds for a mutation that breaks a liveness property."""
+    if quick:
+        return "small-dedupe" if m.dedupe else "small"
+    if m.dedupe:
+        return "dedupe-live" if m.breaks in LIVENESS else "dedupe"
+    return "today-n2" if m.breaks in LIVENESS else "today"
