@@ -43,6 +43,36 @@ LONG_VARIANTS = (
     # two processes racing to create one PostgreSQL store, many rounds (11 s)
     "tests/test_concurrency.py::test_two_processes_creating_a_new_store_end_with_one_store"
     "[postgres]",
+    # the quick runs of three benchmarks (24 s); .ci/run also runs `python -m bench --quick`
+    "tests/test_bench.py::test_the_http_target_benchmark_runs_both_senders_against_one_server",
+    "tests/test_bench.py::test_the_postgresql_table_target_benchmark_runs_runner_and_the_floor",
+    "tests/test_bench.py::test_the_resolve_benchmark_settles_every_record_both_ways",
+    # the kit at runner's sizes against the version-1 reference server (9 s); the run
+    # against the deduplicating server stays
+    "tests/test_conformance.py::test_the_http_adapter_conforms_against_the_reference_server",
+    # resolve --all's processes on PostgreSQL (13 s): its settle, mixed-set and failed-chunk
+    # tests stay on both backends
+    "tests/test_resolve_all.py::test_resolve_all_is_refused_while_a_worker_holds_the_lock"
+    "[postgres]",
+    "tests/test_resolve_all.py::test_a_crash_keeps_every_committed_chunk_and_nothing_of_the_next"
+    "[postgres-",
+    "tests/test_resolve_all.py::test_sigterm_between_chunks_keeps_what_was_decided_and_leaves_"
+    "the_rest[postgres]",
+    "tests/test_resolve_all.py::test_a_dry_run_reads_everything_back_and_changes_nothing"
+    "[postgres]",
+)
+
+#: test files whose subject is the target's side of delivery (a protocol, an adapter's
+#: answers and how they are classified and logged): the store's backend does not change
+#: what they prove, so their PostgreSQL variants run with the slow campaigns and their
+#: SQLite variants in the default run (their store operations are tested on both
+#: backends elsewhere)
+TARGET_SIDE_FILES = (
+    "tests/test_http_target_v2.py",  # 21 s of PostgreSQL variants
+    "tests/test_failure_reasons.py",  # 11 s
+    "tests/test_max_read.py",
+    "tests/test_pgtable_cli.py",  # the table target is the subject; 6 s
+    "tests/test_dedupe_resend.py",  # the resend rule's store operation: test_store_contract
 )
 
 
@@ -50,7 +80,8 @@ LONG_VARIANTS = (
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``LONG_VARIANTS`` slow before ``-m`` selects."""
     for item in items:
-        if item.nodeid.startswith(LONG_VARIANTS):
+        if item.nodeid.startswith(LONG_VARIANTS) or (
+                item.nodeid.startswith(TARGET_SIDE_FILES) and "[postgres" in item.nodeid):
             item.add_marker(pytest.mark.slow)
 
 
