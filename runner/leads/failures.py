@@ -17,6 +17,8 @@ FAILURES: Mapping[str, str] = {
     "refused": "connection refused or failed before sending",
     "rate_limited": "rate limited",
     "rejected": "rejected by the target",
+    "stale_mark": "refused by the target: it holds a newer batch of this store (issue 30)",
+    "foreign_mark": "refused by the target: it belongs to another store (issue 30)",
     # the request may have been applied: the record is uncertain
     "ambiguous": "may have been applied",
     "timed_out": "timed out after sending",
