@@ -4,9 +4,10 @@ audited after every process, on SQLite and PostgreSQL.
 The default run crashes once at every other crash point (at its first hit, so each one
 must fire; the others run with ``-m slow``) plus a small seeded random sample;
 ``pytest -m slow`` runs the seeded N=50 on SQLite and N=28 on PostgreSQL.  The full run
-is the documented command ``python bench/chaos.py --runs 1000 --seed 8`` (``--backend postgres`` for the other
-backend).  The HTTP variant (``--http-target``, issue 17: the reference server's faults
-on) runs one episode by default and 24 under ``-m slow``.
+is the documented command ``python bench/chaos.py --runs 1000 --seed 8``
+(``--backend postgres`` for the other backend).  The HTTP variant (``--http-target``,
+issue 17: the reference server's faults on) runs one episode by default and 24 under
+``-m slow``.
 """
 
 from __future__ import annotations
