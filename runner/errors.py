@@ -13,6 +13,9 @@
     ├── StoreError                   74  the store could not be read or written (I/O, full, corrupt,
     │   │                                server unreachable or the connection dropped)
     │   ├── StoreFull                74  no space left for the store: the change was not written
+    │   ├── StoreUnavailable         74  the store's server cannot be reached or the session
+    │   │                                dropped (refused, lost, timed out, read-only): what a
+    │   │                                long-running command waits out and reconnects through
     │   ├── LockLost                 74  the worker lock's database session ended under us
     │   └── TargetUnavailable        74  the --target cannot be opened, read or written, or is
     │       │                            not a target (a foreign SQLite file, not SQLite at all)
@@ -136,6 +139,18 @@ class StoreFull(StoreError):
     failing transaction was rolled back: nothing of it was written."""
 
     reason = "store_full"
+
+
+class StoreUnavailable(StoreError):
+    """The store's server could not be reached, or the session to it dropped: the
+    connection was refused or lost, a statement or a connect did not answer in time, or
+    the server is read-only now (a standby, a demoted primary).  A condition that may pass
+    by itself: ``start``, ``worker`` and ``job`` reconnect through it for at most
+    ``--reconnect-max`` seconds (``runner.tasks.reconnect``); a one-shot command exits 74.
+    Whether the statement that failed was applied is unknown; every caller treats it that
+    way (an in-flight mark may have committed: recovery makes such a record uncertain)."""
+
+    reason = "store_unavailable"
 
 
 class LockLost(StoreError):

@@ -27,3 +27,7 @@ MAX_LAST_ERROR = 300
 #: every record is ``status --records``
 UNCERTAIN_SHOWN = 100
 MAX_SHOWN = 10_000
+
+#: seconds ``start``, ``worker`` and ``job`` wait for a lost store before they give up
+#: (``--reconnect-max``; issue 30: ``runner.tasks.reconnect``)
+DEFAULT_RECONNECT_MAX = 300.0

@@ -17,40 +17,34 @@ Shutdown is cancellation, in two steps:
 
 Handlers are installed explicitly (``open_signal_receiver``), so a process started with
 SIGINT ignored — a background job of a non-interactive shell — still stops on it.
+
+The lead loop itself, and how it rides through a lost store (issue 30), is
+``runner.cycles``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
-from anyio.abc import TaskStatus
 
 from runner import signals as stop_signals
 from runner.alerts import Alerts
+from runner.cycles import LeadLoop, LoopSettings, Service
 from runner.errors import leaves
 from runner.io.systemd import Notifier
 from runner.signals import Shutdown
-from runner.tasks import deliver, poll, target
+from runner.tasks import reconnect
 from runner.tasks.outcomes import CycleSummary
 from runner.worker import DurableWorker
+
+__all__ = ["BackgroundTask", "Drainable", "LoopSettings", "Service", "run"]
 
 log = logging.getLogger("runner.loop")
 
 BackgroundTask = tuple[str, Callable[[], Awaitable[None]]]
-
-
-class Service(Protocol):
-    """A server run from the task group (``start --listen``): started once the lock is
-    held, asked to ``stop`` (drain, bounded by its own grace) when the cycles end, and
-    cancelled at once by a hard stop."""
-
-    async def run(self, shutdown: Shutdown, *, task_status: TaskStatus[None]) -> None: ...
-
-    def stop(self) -> None: ...
 
 
 class Drainable(Protocol):
@@ -60,63 +54,10 @@ class Drainable(Protocol):
     def request(self) -> None: ...
 
     async def wait_done(self) -> None: ...
+
+
 #: pause before a crashed background task is started again
 RESTART_DELAY = 5.0
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    cycles: int | None = None  # None: until signalled
-    interval: float = 5.0
-    poll_limit: int = 100
-    grace: float = 30.0
-    dispatch_limit: int | None = None
-    #: records per target request (None: the worker's ``batch_size``)
-    batch_size: int | None = None
-    #: emit only the cycles where something happened (and the first); idle cycles are
-    #: logged at debug level.  ``start`` without ``--cycles`` runs this way.
-    quiet_idle: bool = False
-    #: seconds between heartbeat log lines (None: none)
-    heartbeat: float | None = None
-
-
-def eventful(summary: CycleSummary, poll_changes: int, was_failing: bool) -> bool:
-    """Whether a cycle is worth a line: it moved a record, its poll pass saw a changed
-    snapshot or a missing row, or the poll pass started or stopped failing."""
-    return bool(summary.moved or poll_changes or (summary.poll_failed > 0) != was_failing)
-
-
-class Heartbeat:
-    """A log line every ``period`` seconds (monotonic), from the lead loop, while cycles
-    complete: it says the loop is alive and what it did since the last one."""
-
-    def __init__(self, period: float | None) -> None:
-        self.period = period
-        self.due = anyio.current_time() + period if period else float("inf")
-        self.cycles = 0
-        self.moved = 0
-
-    def count(self, summary: CycleSummary) -> None:
-        self.cycles += 1
-        self.moved += summary.moved
-
-    def beat_if_due(self) -> None:
-        now = anyio.current_time()
-        if self.period is None or now < self.due:
-            return
-        log.info("alive: %d cycles, %d record transitions in the last %gs", self.cycles,
-                 self.moved, self.period,
-                 extra={"action": "runner.heartbeat", "cycles": self.cycles,
-                        "moved": self.moved, "seconds": self.period})
-        self.cycles = self.moved = 0
-        self.due = now + self.period
-
-
-def _status(cycle: int, summary: CycleSummary) -> str:
-    """A cycle's counts for the supervisor (systemd's STATUS=)."""
-    return (f"cycle {cycle}: {summary.dispatched} sent, {summary.confirmed} confirmed, "
-            f"{summary.uncertain} uncertain, {summary.failed_safe} failed-safe, "
-            f"{summary.polled} polled ({summary.poll_failed} failed)")
 
 
 async def _isolated(name: str, task: Callable[[], Awaitable[None]]) -> None:
@@ -130,66 +71,6 @@ async def _isolated(name: str, task: Callable[[], Awaitable[None]]) -> None:
             log.error("background task %s failed: %s: %s", name, type(exc).__name__, exc,
                       extra={"action": "task.failed", "task": name, "error": type(exc).__name__})
         await anyio.sleep(RESTART_DELAY)
-
-
-async def _lead_loop(
-    worker: DurableWorker,
-    settings: LoopSettings,
-    shutdown: Shutdown,
-    emit: Callable[[CycleSummary], None],
-    recovered_at_start: int,
-    notifier: Notifier,
-    alerts: Alerts | None,
-) -> None:
-    cycle, failing = 0, False
-    heartbeat = Heartbeat(settings.heartbeat)
-    while not shutdown.stopping:
-        summary = CycleSummary(recovered=recovered_at_start if cycle == 0 else 0)
-        poll_changes = 0
-        with shutdown.work():
-            await deliver.run_cycle(worker.store, worker.port, worker.clock, guard=shutdown,
-                                    dispatch_limit=settings.dispatch_limit, summary=summary,
-                                    batch_size=settings.batch_size or worker.batch_size,
-                                    backoff=worker.backoff)
-            if not shutdown.stopping:
-                polled = await poll.poll_pass(worker.store, worker.port, worker.clock,
-                                              settings.poll_limit, target.TRUSTED)
-                summary.polled, summary.poll_failed = polled.polled, polled.failed
-                poll_changes = polled.changed + polled.missing
-        if not settings.quiet_idle or cycle == 0 or eventful(summary, poll_changes, failing):
-            emit(summary)
-        else:
-            log.debug("idle cycle: nothing moved", extra={"action": "cycle.idle",
-                                                          "cycle": cycle + 1})
-        failing = summary.poll_failed > 0
-        heartbeat.count(summary)
-        cycle += 1
-        if not shutdown.stopping:  # a cycle cut short by a stop is not progress
-            if notifier.enabled:  # no supervisor: nothing to format
-                notifier.progressed(_status(cycle, summary))
-            if alerts is not None:
-                figures = await worker.store.lead_figures()
-                alerts.cycle_done(summary, figures, anyio.current_time(), worker.clock.now())
-        if settings.cycles is not None and cycle >= settings.cycles:
-            return
-        await _wait(shutdown, settings.interval, heartbeat, notifier)
-
-
-async def _wait(
-    shutdown: Shutdown, interval: float, heartbeat: Heartbeat, notifier: Notifier
-) -> None:
-    """Wait ``interval`` seconds between cycles (monotonic), writing heartbeats and
-    feeding the supervisor's watchdog when due; returns at once when a stop is asked
-    for."""
-    end = anyio.current_time() + interval
-    while not shutdown.stopping:
-        heartbeat.beat_if_due()
-        notifier.ping_if_due()
-        now = anyio.current_time()
-        left = end - now
-        if left <= 0:
-            return
-        await shutdown.sleep(min(left, max(min(heartbeat.due, notifier.next_ping) - now, 0.0)))
 
 
 async def run(
@@ -222,8 +103,9 @@ async def run(
     notifier = Notifier.from_env() if notifier is None else notifier
     with stop_signals.receiver() as signals:
         try:
-            async with deliver.holding_lock(worker.store, worker.port, worker.clock) as recovered, \
+            async with reconnect.tenure(worker.store, worker.port, worker.clock) as tenure, \
                     anyio.create_task_group() as tg:
+                recovered = tenure.recovered
                 tg.start_soon(stop_signals.watch, signals, shutdown, tg,
                               lambda name: notifier.stopping(f"stopping on {name}"))
                 if started is not None:
@@ -238,8 +120,8 @@ async def run(
                 async with anyio.create_task_group() as serving:
                     for service in services:
                         await serving.start(service.run, shutdown)
-                    await _lead_loop(worker, settings, shutdown, emit, recovered, notifier,
-                                     alerts)
+                    await LeadLoop(worker, settings, shutdown, emit, tenure, notifier,
+                                   alerts, services).run()
                     if drain is not None and not shutdown.stopping:
                         await _drain(drain, shutdown, settings.grace)
                     for service in services:  # drain what was received, then stop

@@ -63,6 +63,7 @@ __all__ = [
     "OperatorStore",
     "PollStore",
     "PollTarget",
+    "Reconnecting",
     "Requeue",
     "ResolveSubject",
     "ScopeData",
@@ -71,6 +72,7 @@ __all__ = [
     "StoreSummary",
     "TargetPins",
     "UncertainRow",
+    "WorkerLock",
     "check_scope",
     "is_postgres",
 ]
@@ -141,11 +143,43 @@ class TargetPins(Protocol):
     async def summary(self) -> StoreSummary: ...
 
 
-class DeliveryStore(TargetPins, Protocol):
+class WorkerLock(Protocol):
+    """The worker lock (L7) while it is held: a ``flock`` is held until the process lets
+    go; a PostgreSQL advisory lock is held by a session, which a server restart, a
+    failover or a network fault can end under the holder (issue 30)."""
+
+    @property
+    def lost(self) -> bool:
+        """The lock's session ended under us: no in-flight mark passes its fence."""
+        ...
+
+    async def wait_lost(self) -> None:
+        """Until the lock is lost (never, for a file lock)."""
+        ...
+
+    async def regain(self) -> bool:
+        """After the store reconnected: True if the lock is still held (its session on
+        the server the store's session reaches); else it is taken anew (False: records
+        in flight must be recovered).  Raises ``LockHeld`` (exit 75) when another worker
+        took it meanwhile."""
+        ...
+
+
+class Reconnecting(Protocol):
+    """A store whose session can be lost and opened again (``StoreUnavailable``)."""
+
+    async def reconnect(self) -> None:
+        """Open the store's session anew, in place, checked to reach the same store
+        (never creating one); ``StoreUnavailable`` while the server cannot be reached.
+        A SQLite store has nothing to reconnect."""
+        ...
+
+
+class DeliveryStore(TargetPins, Reconnecting, Protocol):
     """What a delivery cycle needs (``runner.tasks.deliver``, L4-L8): the worker lock,
     recovery, reconcile and the send transitions."""
 
-    def worker_lock(self) -> AbstractAsyncContextManager[object]:
+    def worker_lock(self) -> AbstractAsyncContextManager[WorkerLock]:
         """The lock that keeps a second worker out (L7): a ``flock`` file beside a SQLite
         store, a session advisory lock on PostgreSQL.  Entering it raises ``LockHeld``
         (exit 75) at once if another live worker holds it; it is released when the holder

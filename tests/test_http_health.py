@@ -83,7 +83,7 @@ def test_a_stuck_loop_is_stale_and_a_stopping_one_is_not_ready(
         ready = httpx.get(f"{base}/readyz")
         assert ready.status_code == 503
         assert ready.json() == {"ready": False, "mode": "start", "lock": True,
-                                "store": True, "stopping": True}
+                                "store": True, "stopping": True, "reconnecting": False}
         refused = httpx.post(f"{base}/webhook", content=body_of(event(2)),
                              headers=signed(body_of(event(2))))
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0

@@ -16,6 +16,7 @@ from runner.storedata import is_postgres
 
 if TYPE_CHECKING:
     from runner.leads.port import CRMAdapter
+    from runner.tasks.reconnect import ReconnectPolicy
 
 
 def terminal_columns() -> int:
@@ -117,6 +118,25 @@ def number(kind: type[int] | type[float], low: float, high: float) -> Callable[[
             raise argparse.ArgumentTypeError(f"{value!r} must be between {low:g} and {high:g}")
         return parsed
     return parse
+
+
+def reconnect_option(parser: argparse.ArgumentParser, *, what: str = "the run") -> None:
+    """``--reconnect-max S``: how long a long-running command waits for a lost store."""
+    from runner.limits import DEFAULT_RECONNECT_MAX
+
+    parser.add_argument(
+        "--reconnect-max", type=number(float, 0, MAX_SECONDS),
+        default=DEFAULT_RECONNECT_MAX, metavar="S",
+        help=f"when the store's server goes away (a PostgreSQL restart or failover), "
+             f"reconnect for at most S seconds (default {DEFAULT_RECONNECT_MAX:g}; 0: "
+             f"end {what} at once, exit 74), trying again after 0.1 s doubling up to 2 s, "
+             "with jitter")
+
+
+def reconnect_policy(args: argparse.Namespace) -> ReconnectPolicy:
+    from runner.tasks.reconnect import ReconnectPolicy
+
+    return ReconnectPolicy(limit=args.reconnect_max)
 
 
 def module_name(value: str) -> str:

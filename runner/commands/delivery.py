@@ -18,6 +18,8 @@ from runner.commands.common import (
     number,
     open_target,
     plugin_option,
+    reconnect_option,
+    reconnect_policy,
 )
 from runner.commands.leads import load_scope, read_record
 from runner.errors import UsageError
@@ -218,6 +220,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                        help="the raw retriever's JSON config file (re-read before every "
                             "batch)")
     plugin_option(start, "import MODULE and call its register(registry)")
+    reconnect_option(start)
     _alert_options(start)
     from runner.commands.serve import health_option, listen_options
 
@@ -382,14 +385,15 @@ async def cmd_start(args: argparse.Namespace) -> int:
     from runner import loop
     from runner.tasks.sweep import sweep_background_task
 
+    policy = reconnect_policy(args)
     sweep = sweep_background_task(background_opener(args.db), interval=args.sweep_interval,
-                                  clock=clock_from(args))
+                                  clock=clock_from(args), reconnect=policy)
     # with --cycles, the pipeline workers drain what is pending before the run ends
     drain = _drain(args) if args.cycles is not None else None
     return await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
         grace=args.grace, dispatch_limit=args.dispatch_limit, batch_size=args.batch_size,
-        quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None),
+        quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None, reconnect=policy),
         [sweep, *_pipeline_tasks(args, drain)], started=lambda: log_banner(args),
         drain=drain)
 
@@ -433,7 +437,8 @@ def _pipeline_tasks(args: argparse.Namespace, drain: Drain | None = None
     return pipeline_background_tasks(background_opener(args.db), _worker_names(args),
                                      registry=default_registry(args.plugin),
                                      settings=WorkerSettings(),
-                                     config_path=args.retriever_config, drain=drain)
+                                     config_path=args.retriever_config, drain=drain,
+                                     reconnect=reconnect_policy(args))
 
 
 async def cmd_observe(args: argparse.Namespace) -> int:

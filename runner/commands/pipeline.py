@@ -21,6 +21,8 @@ from runner.commands.common import (
     emit,
     number,
     plugin_option,
+    reconnect_option,
+    reconnect_policy,
 )
 from runner.io.stores import open_store
 
@@ -66,6 +68,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     worker.add_argument("--retriever-config", metavar="FILE",
                         help="raw-retriever: its JSON config file, re-read before every "
                              "batch (batch_size, kinds, poll_interval)")
+    reconnect_option(worker, what="the worker")
     worker.set_defaults(handler=cmd_worker)
 
     job = sub.add_parser("job", parents=[common_options(), tuning],
@@ -81,6 +84,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     job.add_argument("--kinds", metavar="K,K",
                      help="backfill: event kinds to ingest (default accepted,"
                           "state_changed,status_changed)")
+    reconnect_option(job, what="the job")
     job.set_defaults(handler=cmd_job)
 
     backlog = sub.add_parser(
@@ -141,7 +145,7 @@ async def cmd_worker(args: argparse.Namespace) -> int:
     async with await open_store(args.db) as store:
         return await run_worker_until_signalled(
             store, args.name, registry=registry, settings=settings, clock=clock_from(args),
-            cycles=args.cycles, config=config, emit=show)
+            cycles=args.cycles, config=config, emit=show, reconnect=reconnect_policy(args))
 
 
 def _kinds(value: str | None) -> tuple[str, ...]:
@@ -158,17 +162,22 @@ def _kinds(value: str | None) -> tuple[str, ...]:
 
 async def cmd_job(args: argparse.Namespace) -> int:
     from runner.commands.candidates import require_store
-    from runner.pipeline.jobs import BackfillRange, run_job
+    from runner.pipeline.jobs import BackfillRange, JobRun, run_job
     from runner.pipeline.progress import Progress
+    from runner.tasks.reconnect import riding_through
 
     settings = settings_from(args)
     registry = registry_from(args)
     span = BackfillRange(args.from_seq, args.to_seq, _kinds(args.kinds))
     await require_store(args.db)
+    run = JobRun()  # what the job did, kept if the store is lost and the job resumes
     async with await open_store(args.db) as store:
-        result = await run_job(store, args.name, registry=registry, clock=clock_from(args),
-                               settings=settings, force=args.force,
-                               progress=Progress(args.name), backfill=span)
+        result = await riding_through(
+            store, lambda: run_job(store, args.name, registry=registry,
+                                   clock=clock_from(args), settings=settings,
+                                   force=args.force, progress=Progress(args.name),
+                                   backfill=span, run=run),
+            reconnect_policy(args), what=args.name)
     emit(result)
     return 0
 

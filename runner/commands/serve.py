@@ -131,6 +131,9 @@ class HttpService:
         self.state.stop_asked = True
         self.server.stop()
 
+    def reconnecting(self, active: bool) -> None:
+        self.state.reconnect(active, time.monotonic())
+
     def on_cycle(self, summary: CycleSummary) -> None:
         self.state.cycle_done(time.monotonic(), time.time())
         self.metrics.cycle_done(summary, time.time())

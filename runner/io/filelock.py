@@ -19,6 +19,8 @@ import errno
 import fcntl
 import os
 
+import anyio
+
 from runner.errors import LockHeld, StoreError, UnsafeLocation
 
 
@@ -67,6 +69,18 @@ class FileLock:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)  # closing the description releases the flock
+
+    @property
+    def lost(self) -> bool:
+        """A lock held by this process is never lost under it (``runner.store.WorkerLock``)."""
+        return False
+
+    async def wait_lost(self) -> None:
+        await anyio.sleep_forever()
+
+    async def regain(self) -> bool:
+        """Still held (a file lock has no session to lose): nothing to take again."""
+        return self.held
 
     async def __aenter__(self) -> FileLock:
         self.acquire()

@@ -20,11 +20,17 @@ Replay comes in two kinds, kept distinct:
 A replay job shares the backlog with any worker running the same stage (both claim under
 leases), and waits for batches other workers hold until they complete or their leases
 run out.  Jobs are separate from workers (``runner.pipeline.workers``).
+
+A job run again after its store was lost (``runner.tasks.pipeline``) passes the same
+:class:`JobRun`: it resumes where the store says, counts what it did before, forces a
+replay's processors at most once each (a force already committed is not forced again:
+that would recompute what the first pass already finished) and reads a backfill's
+range on from the last batch it read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runner.clock import Clock
@@ -61,54 +67,82 @@ class BackfillRange:
     kinds: tuple[str, ...] = raw_ingestion.LEAD_KINDS
 
 
+@dataclass
+class JobRun:
+    """What a job has done so far, kept across runs of it in one command (a lost store:
+    ``runner.tasks.pipeline``)."""
+
+    #: the labels of the processors whose force replay has committed
+    forced: set[str] = field(default_factory=set)
+    requeued: int = 0
+    summary: RoundResult = field(default_factory=RoundResult)
+    done: int = 0
+    #: a backfill: the range's end, fixed at the first run, and the last seq read
+    to_seq: int | None = None
+    after: int | None = None
+
+
 async def run_job(
     store: PipelineStore, name: str, *, registry: Registry, clock: Clock,
     settings: WorkerSettings | None = None, force: bool = False,
     progress: Progress | None = None, backfill: BackfillRange | None = None,
+    run: JobRun | None = None,
 ) -> dict[str, Any]:
-    """Run job ``name`` to the end; returns its summary (the CLI's result line)."""
+    """Run job ``name`` to the end; returns its summary (the CLI's result line).  ``run``
+    carries what an earlier run of the same job did (see :class:`JobRun`)."""
     if name not in JOBS:
         raise ValueError(f"unknown job {name!r}")
     settings = settings or WorkerSettings()
     progress = progress or NoProgress()
+    run = run if run is not None else JobRun()
     try:
         if JOBS[name] is Stage.RAW_INGESTION:
             return await _backfill(store, settings, clock, backfill or BackfillRange(),
-                                   progress)
-        return await _replay(store, name, registry, settings, clock, force, progress)
+                                   progress, run)
+        return await _replay(store, name, registry, settings, clock, force, progress, run)
     finally:
         progress.close()
 
 
 async def _backfill(store: PipelineStore, settings: WorkerSettings, clock: Clock,
-                    span: BackfillRange, progress: Progress) -> dict[str, Any]:
-    to_seq = span.to_seq if span.to_seq is not None else await store.outbox_last_seq()
+                    span: BackfillRange, progress: Progress, run: JobRun) -> dict[str, Any]:
+    if run.to_seq is None:
+        run.to_seq = span.to_seq if span.to_seq is not None else await store.outbox_last_seq()
+    to_seq = run.to_seq
     total = max(to_seq - span.from_seq, 0)
-    progress.update(0, total, total)
+    start = run.after if run.after is not None else span.from_seq
+    progress.update(start - span.from_seq, total, to_seq - start)
 
-    def on_batch(_result: RoundResult, at: int) -> None:
+    def on_batch(result: RoundResult, at: int) -> None:
+        run.after = at
+        run.summary.add(result)
         progress.update(at - span.from_seq, total, to_seq - at)
 
     ingest = raw_ingestion.IngestSettings(settings.batch_size, span.kinds)
-    result = await raw_ingestion.backfill(store, ingest, clock, from_seq=span.from_seq,
-                                          to_seq=to_seq, on_batch=on_batch)
+    await raw_ingestion.backfill(store, ingest, clock, from_seq=start, to_seq=to_seq,
+                                 on_batch=on_batch)
     progress.update(total, total, 0, final=True)
+    result = run.summary
     return {"job": raw_ingestion.JOB, "from_seq": span.from_seq, "to_seq": to_seq,
             "read": result.claimed, **result.outcomes}
 
 
 async def _replay(store: PipelineStore, name: str, registry: Registry,
                   settings: WorkerSettings, clock: Clock, force: bool,
-                  progress: Progress) -> dict[str, Any]:
+                  progress: Progress, run: JobRun) -> dict[str, Any]:
     stage = JOBS[name]
     refs = [p.ref for p in registry.for_stage(stage)]
     await store.register_processors(refs, now_ms(clock))
-    requeued = 0
     for ref in refs:
-        requeued += await store.sync_backlog(ref, now_ms(clock), force=force)
+        again = force and ref.label not in run.forced
+        count = await store.sync_backlog(ref, now_ms(clock), force=again)
+        if again:
+            run.forced.add(ref.label)
+            run.requeued += count
+    requeued = run.requeued
     pending = sum((await store.backlog(refs)).values())
-    total, done = pending, 0
-    summary = RoundResult()
+    total, done = run.done + pending, run.done
+    summary = run.summary
     owner = owner_id(name)
     progress.update(done, total, pending)
     async with store.wakeups(stage) as wake:
@@ -117,6 +151,7 @@ async def _replay(store: PipelineStore, name: str, registry: Registry,
             summary.add(result)
             if not result.refused:
                 done += result.claimed
+                run.done = done
             if result.claimed < settings.batch_size:
                 pending = sum((await store.backlog(refs)).values())
                 total = max(total, done + pending)

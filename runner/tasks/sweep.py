@@ -15,6 +15,12 @@ Runs are aligned to UTC wall-clock multiples of the interval (12:00, 12:05, …)
 first run is at start.  A run that overruns one or more boundaries is followed by one
 late run at once, never by a burst of catch-up runs.  Time comes from the injected clock
 and waiting from the injected ``sleep``, so tests never really sleep.
+
+A lost store (``StoreUnavailable``: a PostgreSQL restart or failover, issue 30) is the one
+failure shadow mode does not swallow: the task reconnects its store with the run's
+backoff (``runner.tasks.reconnect``) and runs the sweep that failed again at once.  Each
+step of a sweep commits with its audit events, so a sweep cut in the middle and run
+again moves every candidate once.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ from anyio.abc import TaskStatus
 from runner.candidates.port import CandidateSweeper
 from runner.candidates.results import SCHEDULE, SweepResult
 from runner.clock import Clock, SystemClock
+from runner.errors import StoreUnavailable
 
 if TYPE_CHECKING:
     from runner.store import Store
+    from runner.tasks.reconnect import ReconnectPolicy
 
 log = logging.getLogger("runner.sweep")
 
@@ -63,6 +71,8 @@ async def sweep_once(store: CandidateSweeper, now: datetime) -> SweepResult | No
     """Run sweepCandidates once; a failure is logged and answered with None (shadow)."""
     try:
         result = await store.sweep_candidates(now)
+    except StoreUnavailable:
+        raise  # the store's session is gone: the task reconnects and sweeps again
     except Exception as exc:  # noqa: BLE001 - shadow mode: a failing sweep never stops the loop
         log.error("%s failed: %s", SCHEDULE.function, exc,
                   extra={"action": "sweep.failed", "task": SCHEDULE.function,
@@ -119,16 +129,22 @@ def sweep_background_task(
     interval: float = DEFAULT_INTERVAL,
     clock: Clock | None = None,
     sleep: Sleep = anyio.sleep,
+    reconnect: ReconnectPolicy | None = None,
 ) -> tuple[str, Callable[[], Awaitable[None]]]:
     """``(name, task)`` for the worker loop's background tasks: the schedule over a store
     connection of its own (``open_store()`` opens it), so a long sweep never holds the
-    lead cycle's connection."""
+    lead cycle's connection.  With ``reconnect``, a lost store is reconnected and the
+    schedule goes on (its sweep run again at once)."""
     next_run(datetime.now(UTC), interval)  # refuse a bad interval when the task is built
 
     async def task() -> None:
+        from runner.tasks.reconnect import NEVER, riding_through
+
         # the task ends by cancellation: the store's close shields itself
         async with await open_store() as store:
-            await run_sweep_schedule(store, clock or SystemClock(), interval=interval,
-                                     sleep=sleep)
+            await riding_through(
+                store, lambda: run_sweep_schedule(store, clock or SystemClock(),
+                                                  interval=interval, sleep=sleep),
+                reconnect or NEVER, what=SCHEDULE.name)
 
     return SCHEDULE.name, task

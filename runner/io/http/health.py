@@ -8,6 +8,11 @@
   answers a small read, and the process is not stopping.  A load balancer sends webhooks
   only to a ready process; a stopping one drains what it already received.
 
+While ``start`` reconnects to a lost store (issue 30) it is not ready (``lock`` false,
+``reconnecting`` true) but alive: each reconnect attempt counts as a sign of life for
+``/healthz``, as a completed cycle does (a supervisor's restart would not bring the
+store back sooner).
+
 Times are monotonic seconds, passed in, so the rules are tested without sleeping.
 """
 
@@ -36,6 +41,9 @@ class LoopState:
     stop_asked: bool = False
     stop_source: Callable[[], bool] | None = None
     last_cycle_at: float | None = None
+    #: set while the loop reconnects to a lost store; its last attempt's monotonic time
+    reconnecting: bool = False
+    last_attempt_at: float | None = None
     cycles: int = 0
     #: wall-clock time of the last completed cycle (for the metric)
     last_cycle_wall: float | None = field(default=None)
@@ -48,12 +56,20 @@ class LoopState:
         self.last_cycle_at, self.last_cycle_wall = monotonic_now, wall_now
         self.cycles += 1
 
+    def reconnect(self, active: bool, monotonic_now: float) -> None:
+        """The loop tries to reconnect (an attempt now), or holds the lock again."""
+        self.reconnecting = active
+        self.lock_held = not active
+        if active:
+            self.last_attempt_at = monotonic_now
+
 
 def liveness(state: LoopState, now: float) -> tuple[bool, dict[str, Any]]:
     """(healthy, body) for ``/healthz``."""
     if state.mode == "serve":
         return True, {"status": "ok", "mode": "serve"}
-    since = state.last_cycle_at if state.last_cycle_at is not None else state.started_at
+    since = max(t for t in (state.last_cycle_at, state.last_attempt_at, state.started_at)
+                if t is not None)
     age = max(0.0, now - since)
     limit = state.intervals * max(state.interval, MIN_INTERVAL)
     healthy = age <= limit
@@ -63,6 +79,7 @@ def liveness(state: LoopState, now: float) -> tuple[bool, dict[str, Any]]:
         "cycles": state.cycles,
         "seconds_since_cycle": round(age, 3),
         "limit_seconds": limit,
+        "reconnecting": state.reconnecting,
     }
 
 
@@ -76,4 +93,5 @@ def readiness(state: LoopState, store_ok: bool) -> tuple[bool, dict[str, Any]]:
         "lock": lock,
         "store": store_ok,
         "stopping": state.stopping,
+        "reconnecting": state.reconnecting,
     }

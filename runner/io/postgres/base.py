@@ -7,6 +7,14 @@ written with ``{s}`` for the schema and qualified once per store (``self._sql``)
 
 A statement the server aborts because of a deadlock or a serialization failure changed
 nothing, so it is simply run again (a few times); every other error is translated.
+
+A session that is lost (``StoreUnavailable``: the server restarted, failed over, or the
+network dropped) is replaced by :meth:`PostgresBase.reconnect`, in place, so every holder
+of the store (the lead loop, the HTTP intake beside it) goes on with the new session.  A
+reconnect opens a session through the same DSN (a multi-host DSN with
+``target_session_attrs=read-write`` reaches whichever host is writable now) and checks,
+read-only, that it reaches the same store: its schema version and pinned scope.  It never
+creates a store: a server that has none (a failover to the wrong cluster) is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import anyio
 import asyncpg
 from asyncpg.transaction import Transaction
 
-from runner.errors import StoreBusy, StoreError
+from runner.errors import ConfigMismatch, StoreBusy, StoreUnavailable
 from runner.io.engine.base import Db, Row, StoreBase
 from runner.io.engine.queries import load
 from runner.io.postgres import connection
@@ -63,11 +71,48 @@ class PostgresBase(StoreBase, Db):
     async def aclose(self) -> None:
         await connection.close_quietly(self._conn)
 
+    async def reconnect(self) -> None:
+        """A new session in place of one that was lost (``StoreUnavailable``), checked to
+        reach the same store (schema version, pinned scope; read-only, never creating
+        anything).  Raises ``StoreUnavailable`` while the server cannot be reached, and
+        ``ConfigMismatch``/``StoreNotFound`` (which no reconnect cures) when it reaches
+        another store or none."""
+        old = self._conn
+        if not old.is_closed():
+            old.terminate()  # a statement still waiting on it fails now, not in a minute
+        conn = await connection.connect(self.location)
+        try:
+            version, pinned = await connection.inspect(conn, self.location, None)
+        except BaseException as exc:
+            await connection.close_quietly(conn)
+            if isinstance(exc, connection.TRANSLATED):
+                raise connection.translate(
+                    exc, "checking the store after reconnecting", self.location.where
+                ) from None
+            raise
+        if version != self.schema_version or pinned != self.scope_data:
+            await connection.close_quietly(conn)
+            what = ("another scope is pinned there" if pinned != self.scope_data else
+                    f"it is at schema v{version}, not v{self.schema_version}")
+            raise ConfigMismatch(
+                f"after reconnecting, the store in schema {self.location.schema!r} at "
+                f"{self.location.where} is not the one this run opened ({what}); "
+                "start again")
+        async with self._lock:  # no statement of another task runs across the swap
+            self._conn = conn
+
     def worker_lock(self) -> AdvisoryLock:
-        return AdvisoryLock(self.location, self.scope_data, on_change=self._set_fence)
+        return AdvisoryLock(self.location, self.scope_data, on_change=self._set_fence,
+                            verify=self._fence_holds)
 
     def _set_fence(self, fence: Fence | None) -> None:
         self._fence = fence
+
+    async def _fence_holds(self, fence: Fence) -> bool:
+        """Whether ``fence`` holds as this store's session sees it (the same check as the
+        in-flight marks')."""
+        rows = await self.fetch("_fence_held", **fence.params())
+        return bool(rows[0][0])
 
     def _sql(self, template: str) -> str:
         return _qualified(template, self.location.schema_ident)
@@ -128,7 +173,7 @@ class PostgresBase(StoreBase, Db):
         any error, and on cancellation too (shielded and bounded: a half-done transaction
         must never be left open on the shared session)."""
         async with self._guard():
-            transaction = self._conn.transaction()
+            transaction = self._new_transaction("writing the store")
             await self._begin(transaction, "writing the store")
             self._owner = anyio.get_current_task().id
             try:
@@ -140,6 +185,14 @@ class PostgresBase(StoreBase, Db):
                 await self._commit(transaction)
             finally:
                 self._owner = None
+
+    def _new_transaction(self, doing: str, **options: Any) -> Transaction:
+        """``Connection.transaction``, whose own check of a closed session raises the
+        driver's error before any statement (translated here like every other)."""
+        try:
+            return self._conn.transaction(**options)
+        except connection.TRANSLATED as exc:
+            raise connection.translate(exc, doing, self.location.where) from None
 
     async def _begin(self, transaction: Transaction, doing: str) -> None:
         """Begin, shielded from cancellation (bounded): a BEGIN cut off half-way leaves
@@ -156,8 +209,8 @@ class PostgresBase(StoreBase, Db):
             if not begun and not self._conn.is_closed():
                 self._conn.terminate()
         if not begun:
-            raise StoreError(f"{doing}: the server did not begin a transaction within "
-                             f"{BEGIN_TIMEOUT:g} s ({self.location.where})")
+            raise StoreUnavailable(f"{doing}: the server did not begin a transaction within "
+                                   f"{BEGIN_TIMEOUT:g} s ({self.location.where})")
 
     async def _commit(self, transaction: Transaction) -> None:
         """Commit, shielded from cancellation (bounded), for the same reason as
@@ -174,9 +227,9 @@ class PostgresBase(StoreBase, Db):
         if not answered:
             if not self._conn.is_closed():
                 self._conn.terminate()
-            raise StoreError(f"writing the store: the server did not answer COMMIT within "
-                             f"{BEGIN_TIMEOUT:g} s ({self.location.where}); whether it "
-                             "committed is unknown")
+            raise StoreUnavailable(f"writing the store: the server did not answer COMMIT "
+                                   f"within {BEGIN_TIMEOUT:g} s ({self.location.where}); "
+                                   "whether it committed is unknown")
         if error is not None:
             raise error
 
@@ -202,7 +255,8 @@ class PostgresBase(StoreBase, Db):
         """One consistent snapshot for several reads (a read-only repeatable-read
         transaction: it takes no locks and never waits for writers)."""
         async with self._lock:
-            transaction = self._conn.transaction(isolation="repeatable_read", readonly=True)
+            transaction = self._new_transaction("reading the store", isolation="repeatable_read",
+                                                readonly=True)
             await self._begin(transaction, "reading the store")
             self._owner = anyio.get_current_task().id
             try:

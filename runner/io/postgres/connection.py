@@ -33,6 +33,7 @@ from runner.errors import (
     StoreError,
     StoreFull,
     StoreNotFound,
+    StoreUnavailable,
     UsageError,
 )
 from runner.io.postgres import schema
@@ -98,26 +99,32 @@ def translate(exc: BaseException, doing: str, where: str) -> RunnerError:
     if isinstance(exc, _LOST):
         detail = ("the session has ended" if isinstance(
             exc, asyncpg.exceptions.InternalClientError) else _one_line(str(exc)))
-        return StoreError(f"lost the connection to PostgreSQL at {where} while {doing}: "
-                          f"{detail}")
+        return StoreUnavailable(f"lost the connection to PostgreSQL at {where} while "
+                                f"{doing}: {detail}")
     if isinstance(exc, asyncpg.exceptions.DiskFullError):
         return StoreFull(f"the store is full (PostgreSQL at {where}, while {doing}: "
                          f"{_one_line(str(exc))}): the change was not written; free some "
                          "disk space on the server and run the command again")
     if isinstance(exc, asyncpg.exceptions.TooManyConnectionsError):
-        return StoreError(f"PostgreSQL at {where} has no free connection slot; try again")
+        return StoreUnavailable(f"PostgreSQL at {where} has no free connection slot; "
+                                "try again")
+    if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):  # a standby now
+        return StoreUnavailable(f"PostgreSQL at {where} is read-only (a standby, or a "
+                                f"primary that was demoted) while {doing}")
     if isinstance(exc, asyncpg.exceptions.PostgresError):
         return StoreError(f"PostgreSQL error while {doing}: {_one_line(str(exc))} "
                           f"(SQLSTATE {exc.sqlstate})")
     if isinstance(exc, ConnectionRefusedError):
-        return StoreError(f"cannot reach PostgreSQL at {where}: connection refused")
+        return StoreUnavailable(f"cannot reach PostgreSQL at {where}: connection refused")
     if isinstance(exc, TimeoutError):
-        return StoreError(f"PostgreSQL at {where} did not answer in time while {doing}")
+        return StoreUnavailable(f"PostgreSQL at {where} did not answer in time while "
+                                f"{doing}")
     if isinstance(exc, socket.gaierror):
-        return StoreError(f"cannot reach PostgreSQL at {where}: unknown host")
+        return StoreUnavailable(f"cannot reach PostgreSQL at {where}: unknown host")
     if isinstance(exc, OSError):
         reason = exc.strerror or type(exc).__name__
-        return StoreError(f"cannot reach PostgreSQL at {where} while {doing}: {reason}")
+        return StoreUnavailable(f"cannot reach PostgreSQL at {where} while {doing}: "
+                                f"{reason}")
     if isinstance(exc, ValueError):  # a malformed DSN (bad port, bad option value)
         return UsageError(f"bad PostgreSQL DSN: {_one_line(str(exc))}")
     return StoreError(f"PostgreSQL error while {doing}: {type(exc).__name__}")

@@ -348,10 +348,11 @@ RETURNING write_id, attempts
 
 -- name: _finish_and_mark_fenced
 -- finish_and_mark while this store holds the worker lock (runner.io.postgres.lock):
--- nothing at all changes once the lock's session (:pid) no longer holds the advisory lock
--- (:classid, :objid); the first column says whether it did (one row at least)
+-- nothing at all changes once the lock's session (:pid, on the server instance started at
+-- :started) no longer holds the advisory lock (:classid, :objid); the first column says
+-- whether it did (one row at least)
 WITH fence AS (
-    SELECT EXISTS (
+    SELECT pg_catalog.pg_postmaster_start_time() = :started::timestamptz AND EXISTS (
         SELECT 1 FROM pg_catalog.pg_locks l
         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
           AND l.pid = :pid AND l.classid = :classid AND l.objid = :objid
@@ -401,12 +402,23 @@ WHERE l.write_id = s.write_id
            ELSE l.state = 'in_flight' END
 RETURNING l.write_id, l.attempts
 
+-- name: _fence_held
+-- whether the lock's session (:pid, of the server instance started at :started) holds
+-- the worker lock (:classid, :objid) as seen from this session: the fence of the two
+-- statements below, asked alone (runner.io.postgres.lock: after a reconnect)
+SELECT pg_catalog.pg_postmaster_start_time() = :started::timestamptz AND EXISTS (
+    SELECT 1 FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+      AND l.pid = :pid AND l.classid = :classid AND l.objid = :objid
+      AND l.database = (SELECT oid FROM pg_catalog.pg_database
+                        WHERE datname = current_database())) AS held
+
 -- name: _finish_and_mark_batch_fenced
 -- finish_and_mark_batch while this store holds the worker lock: nothing at all changes
 -- once the lock's session (:pid) no longer holds the advisory lock (as
 -- _finish_and_mark_fenced); the first column says whether it did (one row at least)
 WITH fence AS (
-    SELECT EXISTS (
+    SELECT pg_catalog.pg_postmaster_start_time() = :started::timestamptz AND EXISTS (
         SELECT 1 FROM pg_catalog.pg_locks k
         WHERE k.locktype = 'advisory' AND k.granted AND k.objsubid = 1
           AND k.pid = :pid AND k.classid = :classid AND k.objid = :objid

@@ -56,6 +56,10 @@ class SQLiteBase(StoreBase, Db):
     async def aclose(self) -> None:
         await connection.close_quietly(self._conn)
 
+    async def reconnect(self) -> None:
+        """Nothing to do: a file has no session to lose (a SQLite store never raises
+        ``StoreUnavailable``, so nothing asks for this but a caller written for both)."""
+
     def worker_lock(self) -> FileLock:
         from runner.io.filelock import FileLock, lock_path_for  # workers only, not status
 
