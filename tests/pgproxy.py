@@ -18,6 +18,11 @@ message (the v3 protocol: a type byte, a length, a body).  Its ``mode``:
 Give the client ``sslmode=disable`` (the proxy reads the plain protocol; it still passes
 a refused SSL request's one-byte answer).  Only the first INSERT of the proxy's life is
 interfered with unless ``every`` is set.
+
+:meth:`PgProxy.cut` is a server gone away as its clients see it, without touching the
+server: every connection through the proxy is closed (the server ends those sessions,
+and the locks they held) and every new one is closed before it reaches the server, until
+:meth:`PgProxy.restore`.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class PgProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._fired = False
+        self._down = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -61,6 +67,17 @@ class PgProxy:
                 _shut(sock)
         self._thread.join(5)
 
+    def cut(self) -> None:
+        """Close every connection and take no new one (closed at once) until restored."""
+        self._down.set()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            _shut(sock)
+
+    def restore(self) -> None:
+        self._down.clear()
+
     def __enter__(self) -> PgProxy:
         return self
 
@@ -75,6 +92,9 @@ class PgProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._down.is_set():
+                _shut(client)
+                continue
             try:
                 server = socket.create_connection(self.upstream, timeout=10)
                 server.settimeout(None)

@@ -399,11 +399,14 @@ async def cmd_start(args: argparse.Namespace) -> int:
 
 
 def background_opener(db: str) -> Callable[[], Awaitable[Store]]:
-    """Opens a background task's own store connection (a small page cache)."""
+    """Opens a background task's own store connection (a small page cache).  Never
+    creates one: the run's worker opened (and made) the store before any background task
+    starts, and a task started again after a failover to a server without the store must
+    be refused, not given an empty store."""
     from runner.io.stores import open_store
     from runner.limits import BACKGROUND_CACHE_KIB
 
-    return functools.partial(open_store, db, cache_kib=BACKGROUND_CACHE_KIB)
+    return functools.partial(open_store, db, create=False, cache_kib=BACKGROUND_CACHE_KIB)
 
 
 def _worker_names(args: argparse.Namespace) -> list[str]:

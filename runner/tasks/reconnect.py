@@ -125,7 +125,8 @@ async def wait_out(
     last = _first_line(first_error)
     key = ("store.reconnecting", what)
     _repeats.admit(key)  # this line opens the series: "still reconnecting" waits a window
-    log.warning("%s: lost the store (%s); reconnecting for at most %gs", what, last,
+    log.warning("%s: lost its session to the store (%s); reconnecting for at most %gs",
+                what, last,
                 policy.limit, extra={"action": "store.lost", "task": what,
                                      "error": type(error_leaves(first_error)[0]).__name__,
                                      "seconds": policy.limit})
