@@ -189,3 +189,22 @@ async def test_a_claim_stays_fenced_by_its_token_across_a_reconnect(
     rows = pg.fetch(f'SELECT state, owner, count(*) FROM "{pg.schema_of(db)}".pipeline_work '
                     "GROUP BY 1, 2")
     assert rows == [("done", "worker-b", 3)]
+
+
+async def test_a_claim_that_could_not_be_given_back_is_given_back_after_the_reconnect(
+        store: Store, scope: Scope, db: str) -> None:
+    """Not left to its lease: a worker that lost its session mid-batch frees what it held
+    as soon as it is back (by its token: nobody else's claim is touched)."""
+    ref, lease, t0 = LeadFacts.ref, 30_000, 1_700_000_000_000
+    await lead_history(store, scope, 2)
+    await run_job(store, "backfill", registry=default_registry(), clock=FixedClock(NOW))
+    await store.register_processors([ref], t0)
+    claim = await store.claim(ref, "worker-a", 10, lease, t0)
+    terminate(session_of(store))
+    with pytest.raises(StoreUnavailable):
+        await store.release(claim, t0 + 1)
+    async with await open_store(db) as other:
+        assert (await other.claim(ref, "worker-b", 10, lease, t0 + 2)).items == ()  # held
+        await store.reconnect()  # gives it back
+        again = await other.claim(ref, "worker-b", 10, lease, t0 + 2)  # well within the lease
+        assert [i.input_id for i in again.items] == [i.input_id for i in claim.items]

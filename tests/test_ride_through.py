@@ -74,7 +74,7 @@ def actions(child: Child, action: str, task: str = "start") -> list[str]:
     """The lines of ``action`` for ``task`` (the lead loop's, by default: the sweep and
     the pipeline workers reconnect their own sessions, in series of their own)."""
     return [line for line in child.err
-            if f" {action} " in f" {line} " and f"task={task}" in line.split()]
+            if f" {action} " in f" {line} " and f"task={task}" in line]
 
 
 def one_row_each(target: Path, n: int) -> None:

@@ -4,6 +4,8 @@
 holds a batch, creates that file (the test's signal that the batch is claimed) and then
 hangs until the process is killed.  Without it, the built-ins run unchanged.
 ``RUNNER_TEST_NOOP``: adds ``noop@1``, a core processor that records ``no_output``.
+``RUNNER_TEST_SLOW_SECONDS``: ``lead-facts@1`` takes that long for each batch (so a test
+can lose the store while batches are in hand).
 """
 
 from __future__ import annotations
@@ -31,6 +33,15 @@ class HangingLeadFacts(LeadFacts):
         raise AssertionError("unreachable")
 
 
+class SlowLeadFacts(LeadFacts):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def process(self, items: Sequence[Item]) -> Sequence[Outcome]:
+        await anyio.sleep(self.seconds)
+        return await super().process(items)
+
+
 @processor("noop", version=1, stage=Stage.CORE_PROCESSING, capability="noop")
 def noop(item: Item) -> Outcome:
     return no_output()
@@ -40,5 +51,8 @@ def register(registry: Registry) -> None:
     marker = os.environ.get("RUNNER_TEST_HANG_FILE")
     if marker:
         registry.register(HangingLeadFacts(marker))
+    slow = os.environ.get("RUNNER_TEST_SLOW_SECONDS")
+    if slow:
+        registry.register(SlowLeadFacts(float(slow)))
     if os.environ.get("RUNNER_TEST_NOOP"):
         registry.register(noop)

@@ -68,6 +68,9 @@ class StoreBase:
         #: the task inside reading() or transaction(): it holds the lock already, and its
         #: statements belong to the open transaction (any other task waits for the lock)
         self._owner: object | None = None
+        #: pipeline claims (fencing token, time) that could not be given back because the
+        #: session was lost: given back once it is opened again (``_reconnected``)
+        self._unreleased: list[tuple[int, int]] = []
 
     def _inside(self) -> bool:
         """True in the task that has a transaction open (anyio.Lock is not reentrant)."""
@@ -78,6 +81,9 @@ class StoreBase:
 
     async def aclose(self) -> None:
         raise NotImplementedError
+
+    async def _reconnected(self) -> None:
+        """Hook: the store's session was just opened anew (``reconnect``)."""
 
     async def __aenter__(self) -> Self:
         return self

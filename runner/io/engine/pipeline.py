@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from runner.errors import OutboxPruned
+from runner.errors import OutboxPruned, StoreUnavailable
 from runner.io.engine.base import Db, Row
 from runner.pipeline.model import (
     CLOCK_HORIZON_MS,
@@ -63,6 +63,7 @@ _Record = tuple[str, str | None, int]
 
 class PipelineOps(Db):
     schema_version: int
+    _unreleased: list[tuple[int, int]]
 
     if TYPE_CHECKING:
         async def _claim_rows(self, params: Mapping[str, Any]) -> tuple[int, Sequence[Row]]:
@@ -158,8 +159,22 @@ class PipelineOps(Db):
         return expires
 
     async def release(self, claim: Claim, now_ms: int) -> int:
-        return max(await self.execute("release_pipeline_claim", now=now_ms,
-                                      token=claim.token), 0)
+        """Give a claim back (claimable at ``now_ms``).  A store whose session is lost
+        gives it back once it has reconnected (``_reconnected``), instead of leaving it
+        to its lease: by its token, so a claim taken over meanwhile, or completed by a
+        commit whose answer was lost, is left as it is."""
+        try:
+            return max(await self.execute("release_pipeline_claim", now=now_ms,
+                                          token=claim.token), 0)
+        except StoreUnavailable:
+            self._unreleased.append((claim.token, now_ms))
+            raise
+
+    async def _reconnected(self) -> None:
+        while self._unreleased:
+            token, at = self._unreleased[0]
+            await self.execute("release_pipeline_claim", now=at, token=token)
+            self._unreleased.pop(0)
 
     async def complete(self, claim: Claim, completions: Sequence[Completion],
                        now_ms: int) -> None:

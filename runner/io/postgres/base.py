@@ -100,6 +100,7 @@ class PostgresBase(StoreBase, Db):
                 "start again")
         async with self._lock:  # no statement of another task runs across the swap
             self._conn = conn
+        await self._reconnected()
 
     def worker_lock(self) -> AdvisoryLock:
         return AdvisoryLock(self.location, self.scope_data, on_change=self._set_fence,
