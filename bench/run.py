@@ -14,6 +14,7 @@
     python -m bench logcost    # dispatch with its log lines vs without (bench/logcost.py)
     python -m bench accept-scale  # accept rate at 1M leads vs at the start (bench/accept_scale.py)
     python -m bench resolve    # resolve --all vs one resolve per record (bench/resolve.py)
+    python -m bench failover   # start through a kill -9 of its PostgreSQL (bench/failover.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -78,6 +79,7 @@ SUBCOMMANDS = {
     "logcost": "bench.logcost",  # the dispatch path's log lines, on and off (issue 16)
     "accept-scale": "bench.accept_scale",  # accept at 100k vs 1M leads (issue 21)
     "resolve": "bench.resolve",  # resolve --all vs one resolve per record (issue 29)
+    "failover": "bench.failover",  # start through a kill -9 of its server (issue 30)
 }
 
 

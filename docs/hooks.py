@@ -730,6 +730,24 @@ def _render_resolve(doc: dict[str, Any]) -> str:
                       "to its exit (interpreter start-up included).", "", *rows])
 
 
+def _render_failover(doc: dict[str, Any]) -> str:
+    """``python -m bench failover``: start through a kill -9 and restart of its server."""
+    labels = [("failover", "the server's death to the first confirmed delivery"),
+              ("restart", "the server's own restart (start to ready, crash recovery "
+                          "included)"),
+              ("outage", "the server's death to ready"),
+              ("lag", "ready to the first confirmed delivery (runner's share)")]
+    rows = ["| from … to … | median | max |", "|---|---|---|"]
+    rows += [f"| {label} | {doc['summary'][key]['median']:.2f} s | "
+             f"{doc['summary'][key]['max']:.2f} s |" for key, label in labels]
+    runs = doc["runs"]
+    return "\n".join([
+        _provenance(doc) + f" {len(runs)} runs of {doc['leads']:,} leads, batches of "
+        f"{doc['batch_size']} at {doc['target_rate']}.", "", *rows, "",
+        f"Rows written twice at the target: {doc['duplicated_rows']}; records left "
+        f"uncertain: {sum(r['uncertain'] for r in runs)} of {doc['leads'] * len(runs):,}."])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "accept-scale": _render_accept_scale,
     "accept-scale-random": _render_accept_scale,
@@ -755,6 +773,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "kill9-http-target": _render_kill9,
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,
+    "failover": _render_failover,
 }
 
 

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
 
 
@@ -91,3 +93,21 @@ def test_the_resolve_benchmark_settles_every_record_both_ways() -> None:
     (row,) = doc["rows"]
     assert row["backend"] == "sqlite" and row["records"] == 200 and row["chunks"] == 1
     assert row["resolve_all_s"] > 0 and row["single_mean_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_failover_benchmark_times_a_kill9_and_finds_no_row_twice() -> None:
+    """``python -m bench failover --quick`` keeps working (issue 30): two kill -9 and
+    restarts of a private cluster during delivery, timed from runner's own log; the
+    script exits non-zero if a row was written twice (figures are printed, not judged)."""
+    from tests import pgcluster
+
+    pgcluster.require()
+    proc = subprocess.run([sys.executable, "-m", "bench", "failover", "--quick"],
+                          capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "death -> first confirmed delivery" in proc.stdout
+    assert "the server's own restart" in proc.stdout
+    doc = json.loads(proc.stdout.splitlines()[-1])
+    assert doc["duplicated_rows"] == 0 and doc["summary"]["lag"]["min"] > 0
