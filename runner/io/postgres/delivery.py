@@ -47,5 +47,5 @@ class FencedMark(PostgresBase):
 
     def _lost(self) -> LockLost:
         return LockLost(f"the worker lock's session at {self.location.where} has ended "
-                        "(terminated, timed out, or its server restarted); not sending, a "
-                        "new run recovers")
+                        "(terminated, timed out, or its server restarted); not sending: "
+                        "what is in flight is recovered once the lock is held again")
