@@ -94,6 +94,7 @@ CAMPAIGNS = (
     "tests/test_chaos.py::test_chaos_over_http_seeded_runs_keep_every_invariant",
     "tests/test_kill9.py::test_kill9_accounting_loses_and_duplicates_nothing",
     "tests/test_kill9.py::test_kill9_over_http_with_server_faults_loses_and_duplicates_nothing",
+    "tests/test_kill9.py::test_kill9_at_the_default_batch_leaves_nothing_uncertain",
     "tests/test_kill9_http.py::test_every_request_answered_200_is_stored_once",
     "tests/test_pipeline_processes.py::test_four_worker_processes_share_a_backlog_none_lost_",
     "tests/test_model.py::test_delivery_model",
