@@ -180,7 +180,7 @@ def one_run(index: int, leads: int, seed: int, max_delay: float, root: Path,
         worker = _start(db, scope, where[0], log, *where[1:], "--interval", "0.05",
                         "--batch-size", batch)
         if mode.dedupes or mode.settle:  # a random moment once the worker is sending
-            _wait_sending(log, sent_before, worker)
+            _wait_sending(log, sent_before, worker, db)
         delay = rng.uniform(0.0, max_delay)
         try:
             worker.wait(timeout=delay)
@@ -252,10 +252,17 @@ def _sends(log: Path) -> int:
         return 0
 
 
-def _wait_sending(log: Path, before: int, worker: subprocess.Popen[str]) -> None:
-    """Until this worker has logged a send (or exited, or 60 s passed)."""
+def _wait_sending(log: Path, before: int, worker: subprocess.Popen[str], db: str) -> None:
+    """Until this worker has logged a send (or exited, or has nothing left to send, or
+    60 s passed)."""
     deadline = time.monotonic() + 60
+    checked = time.monotonic()
     while _sends(log) <= before and worker.poll() is None and time.monotonic() < deadline:
+        if time.monotonic() - checked > 1:  # nothing left to send: no send will come
+            checked = time.monotonic()
+            if not set(_states(db).values()) & {"prepared", "failed_safe", "uncertain",
+                                                 "in_flight"}:
+                return
         time.sleep(0.01)  # bench code: polling a child's log, with a deadline
 
 

@@ -442,6 +442,33 @@ def _render_kill9(doc: dict[str, Any]) -> str:
         f"{t['unexpected']} unexpected.", "", *rows, *_kill9_faults(doc)])
 
 
+def _render_kill9_settled(doc: dict[str, Any]) -> str:
+    """A campaign that must end with nothing uncertain (issue 29): a deduplicating target
+    with no operator command, or one ``resolve --all`` on a target that cannot."""
+    verdict = "PASS" if doc["ok"] else "FAIL"
+    t = doc["totals"]
+    mode = doc.get("mode", {})
+    how = ("one `runner resolve --all --as not-sent` per run, then one more run"
+           if mode.get("settle") else "no operator command")
+    head = ["run", "leads", "kills", "confirmed", "uncertain", "recovered", "requeued",
+            "settled", "lost", "duplicated", "unexpected", "seconds"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["results"]:
+        rows.append("| " + " | ".join(str(r.get(c, 0)) for c in head) + " |")
+    rows.append("| **total** | " + " | ".join(f"**{t.get(c, 0)}**" for c in head[1:]) + " |")
+    return "\n".join([
+        _provenance(doc), "",
+        f"**{verdict}** (lost = duplicated = unexpected = uncertain = 0 required, with "
+        f"{how}). Store {doc['backend']}, {doc['runs']} runs of {doc['leads']:,} leads at "
+        f"the default batch (seed {doc['seed']}; each kill at a random moment within "
+        f"{doc['max_delay']:.2f} s of the worker's first send; "
+        f"{doc['seconds'] / 60:.1f} min): {t['kills']} kills, {t['recovered']} records "
+        f"confirmed by readback, {t.get('requeued', 0)} sent again by runner itself "
+        f"(E7), {t.get('settled', 0)} settled by the operator's command, "
+        f"{t['uncertain']} left uncertain, {t['lost']} lost, {t['duplicated']} duplicated.",
+        "", *rows, *_kill9_faults(doc)])
+
+
 def _kill9_faults(doc: dict[str, Any]) -> list[str]:
     """The server faults of each run of an HTTP-target campaign (none otherwise)."""
     runs = [r for r in doc["results"] if r.get("faults")]
@@ -771,6 +798,9 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "http-target": _render_http_target,
     "pg-target": _render_pg_target,
     "kill9-http-target": _render_kill9,
+    "kill9-http-dedupe": _render_kill9_settled,
+    "kill9-pg-table": _render_kill9_settled,
+    "kill9-settle": _render_kill9_settled,
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,
     "failover": _render_failover,

@@ -60,6 +60,14 @@ LONG_VARIANTS = (
     "the_rest[postgres]",
     "tests/test_resolve_all.py::test_a_dry_run_reads_everything_back_and_changes_nothing"
     "[postgres]",
+    # half the fuzz cases through main() in process (7 s); the other half stays
+    "tests/test_fuzz.py::test_through_the_cli_main_in_process[2]",
+    "tests/test_fuzz.py::test_through_the_cli_main_in_process[3]",
+    # the single resolve refused beside a PostgreSQL worker (4 s); SQLite's stays, and the
+    # lock's PostgreSQL refusals are tested by tests/test_lock_trials.py
+    "tests/test_operators.py::test_resolve_is_refused_while_a_worker_holds_the_lock[postgres]",
+    # the dedupe proof through the fault wrapper (4 s); the proof itself stays
+    "tests/test_kit_dedupe.py::test_the_proof_holds_through_the_fault_wrapper",
 )
 
 #: test files whose subject is the target's side of delivery (a protocol, an adapter's
@@ -69,10 +77,30 @@ LONG_VARIANTS = (
 #: backends elsewhere)
 TARGET_SIDE_FILES = (
     "tests/test_http_target_v2.py",  # 21 s of PostgreSQL variants
+    "tests/test_http_target.py",  # 12 s
     "tests/test_failure_reasons.py",  # 11 s
     "tests/test_max_read.py",
     "tests/test_pgtable_cli.py",  # the table target is the subject; 6 s
     "tests/test_dedupe_resend.py",  # the resend rule's store operation: test_store_contract
+    "tests/test_resolve_all.py",  # 12 s; its store operations: test_query_plans, both
+    "tests/test_pacing.py",  # 4 s
+)
+
+#: the campaigns of the slow tier: many episodes, each with parallel jobs or processes of
+#: its own, CPU-bound; .ci/run runs them one at a time (``-m campaign -n 0``) after the
+#: other slow tests, which run in parallel like the default run
+CAMPAIGNS = (
+    "tests/test_chaos.py::test_chaos_seeded_runs_keep_every_invariant",
+    "tests/test_chaos.py::test_chaos_over_http_seeded_runs_keep_every_invariant",
+    "tests/test_kill9.py::test_kill9_accounting_loses_and_duplicates_nothing",
+    "tests/test_kill9.py::test_kill9_over_http_with_server_faults_loses_and_duplicates_nothing",
+    "tests/test_kill9.py::test_kill9_at_the_default_batch_leaves_nothing_uncertain",
+    "tests/test_kill9_http.py::test_every_request_answered_200_is_stored_once",
+    "tests/test_pipeline_processes.py::test_four_worker_processes_share_a_backlog_none_lost_",
+    "tests/test_model.py::test_delivery_model",
+    "tests/test_disk_full.py::test_a_real_full_filesystem",
+    "tests/test_lock_trials.py::test_100_second_workers_refused_then_the_next_one_recovers",
+    "tests/test_io_countdown.py::test_countdown_until_a_whole_run_completes[postgres-",
 )
 
 
@@ -83,6 +111,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.nodeid.startswith(LONG_VARIANTS) or (
                 item.nodeid.startswith(TARGET_SIDE_FILES) and "[postgres" in item.nodeid):
             item.add_marker(pytest.mark.slow)
+        if item.nodeid.startswith(CAMPAIGNS) and item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.campaign)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

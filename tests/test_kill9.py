@@ -61,3 +61,38 @@ def test_kill9_over_http_with_server_faults_loses_and_duplicates_nothing(
     HTTP, with server faults (apply-then-drop, 429 storms, 5xx, late answers) drawn at
     random per run; the server's sheet is audited row by row."""
     kill9(tmp_path, "sqlite", 2, 150, 280, "--http-target")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", [
+    # a target that deduplicates by write_id: runner itself sends again every uncertain
+    # record with no row, so nothing is left uncertain, with no operator command (E7)
+    pytest.param(["--http-target", "--dedupe"], id="dedupe-http"),
+    # the table target deduplicates by its primary key
+    pytest.param(["--pg-table", pg.dsn()], id="pg-table"),
+    # a target that cannot deduplicate: one resolve --all settles every record with no row
+    pytest.param(["--settle"], id="settle"),
+])
+def test_kill9_at_the_default_batch_leaves_nothing_uncertain(
+        tmp_path: Path, mode: list[str]) -> None:
+    """Issue 29: kills at random moments while a worker sends batches of 1,000; at the
+    end every record is confirmed (0 lost, 0 duplicated, 0 uncertain), without an
+    operator command on a deduplicating target, and with one ``resolve --all`` on one that
+    cannot deduplicate."""
+    if "--pg-table" in mode:
+        pg.require()
+    report = tmp_path / "kill9.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "kill9.py"), "--runs", "1", "--kills", "3",
+         "--leads", "2500", "--max-delay", "0.2", "--seed", "29", "--json", str(report),
+         *mode], capture_output=True, text=True, timeout=580, check=False)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(report.read_text())
+    (run,) = doc["results"]
+    assert (run["lost"], run["duplicated"], run["unexpected"], run["uncertain"]) == (
+        0, 0, 0, 0), run
+    assert run["confirmed"] == run["leads"] == 2500 and run["kills"] == 3
+    assert run["operator_commands"] == (1 if "--settle" in mode else 0)
+    assert run["violations"] == []

@@ -21,7 +21,16 @@ from runner.cli import main
 from runner.leads.port import TargetRow
 from tests import pg
 from tests.fakes import ScriptedAdapter, sheet_rows
-from tests.helpers import SCOPE, Child, dump_store, event, ndjson, run_cli, write_json
+from tests.helpers import (
+    SCOPE,
+    Child,
+    dump_store,
+    event,
+    ndjson,
+    outbox_events,
+    run_cli,
+    write_json,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -103,19 +112,6 @@ def records(db: str) -> list[dict[str, Any]]:
     proc = run_cli("status", "--db", db, "--records")
     assert proc.returncode == 0, proc.stderr
     return ndjson(proc.stdout)
-
-
-def outbox(db: str) -> list[tuple[str, dict[str, Any]]]:
-    if pg.is_pg(db):
-        rows = pg.fetch(f'SELECT kind, payload::text FROM "{pg.schema_of(db)}".outbox '
-                        "ORDER BY seq")
-    else:
-        conn = sqlite3.connect(db)
-        try:
-            rows = conn.execute("SELECT kind, payload FROM outbox ORDER BY seq").fetchall()
-        finally:
-            conn.close()
-    return [(kind, json.loads(payload)) for kind, payload in rows]
 
 
 def raw(db: str, sql: str) -> None:
@@ -228,11 +224,11 @@ def test_not_sent_after_a_readback_that_finds_no_row_makes_it_sendable_once(
     assert decision["write_id"] == w and decision["decision"] == "not_sent"
     assert decision["reason"] == "ticket 42: the request never left the proxy"
     assert decision["readback"] == "none" and decision["attempts"] == 1
-    events = [p for kind, p in outbox(db) if kind == "operator_resolved"]
+    events = [p for kind, p in outbox_events(db) if kind == "operator_resolved"]
     assert events == [{"tenant_id": SCOPE["tenant_id"], "write_id": w, "decision": "not_sent",
                        "reason": "ticket 42: the request never left the proxy",
                        "readback": "none", "attempts": 1}]
-    moves = [(p["from"], p["to"]) for kind, p in outbox(db) if kind == "state_changed"]
+    moves = [(p["from"], p["to"]) for kind, p in outbox_events(db) if kind == "state_changed"]
     assert moves[-1] == ("uncertain", "failed_safe")
 
     code, doc, _ = cli(capsys, *base)  # only uncertain records: not a second time

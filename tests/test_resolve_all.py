@@ -28,7 +28,8 @@ from tests.helpers import (
     run_main,
     status_records,
 )
-from tests.test_operators import arrange, cli, outbox, sheet, status
+from tests.helpers import outbox_events as outbox
+from tests.test_operators import arrange, cli, sheet, status
 
 pytestmark = pytest.mark.timeout(180)
 
