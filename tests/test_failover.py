@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -201,10 +200,8 @@ def test_a_sigterm_while_the_server_is_down_stops_start_at_once_with_0(
         child.wait_out_lines(1)
         up.kill9()  # and not started again
         child.wait_for(lambda c: bool(lines(c, "store.lost")), what="the loss")
-        asked = time.monotonic()
-        child.signal(signal.SIGTERM)
-        assert child.finish(timeout=20) == 0, child.err
-        assert time.monotonic() - asked < 15  # at once, not at --reconnect-max
+        child.signal(signal.SIGTERM)  # at once, not after --reconnect-max (300 s)
+        assert child.finish(timeout=30) == 0, child.err
     finally:
         child.kill()
     assert not any("Traceback" in line for line in child.err)
