@@ -13,6 +13,12 @@
     ├── StoreError                   74  the store could not be read or written (I/O, full, corrupt,
     │   │                                server unreachable or the connection dropped)
     │   ├── StoreFull                74  no space left for the store: the change was not written
+    │   ├── StoreUnreachable         74  no PostgreSQL host took a session: refused, unknown,
+    │   │                                timed out, not taking connections (starting, stopping)
+    │   ├── ConnectionLost           74  the PostgreSQL session ended under a command: the
+    │   │                                server died, restarted or ended the session
+    │   ├── StoreReadOnly            74  the PostgreSQL server is read-only (a standby), or no
+    │   │                                host of a multi-host DSN accepts writes
     │   ├── LockLost                 74  the worker lock's database session ended under us
     │   └── TargetUnavailable        74  the --target cannot be opened, read or written, or is
     │       │                            not a target (a foreign SQLite file, not SQLite at all)
@@ -136,6 +142,31 @@ class StoreFull(StoreError):
     failing transaction was rolled back: nothing of it was written."""
 
     reason = "store_full"
+
+
+class StoreUnreachable(StoreError):
+    """No PostgreSQL host gave runner a session: the connection was refused, the host is
+    unknown or did not answer in time, or the server is not taking connections (starting
+    up, shutting down).  Nothing was read or written."""
+
+    reason = "store_unreachable"
+
+
+class ConnectionLost(StoreError):
+    """The PostgreSQL session ended under a command (the server was killed, restarted or
+    shut down, or it ended the session: terminated, idle in a transaction too long).  An
+    open transaction was rolled back by the server; a COMMIT whose answer was lost may or
+    may not have committed, which is why every step of runner is safe to run again."""
+
+    reason = "connection_lost"
+
+
+class StoreReadOnly(StoreError):
+    """The PostgreSQL server takes no writes: a standby (a DSN naming it alone, or a
+    failover not finished yet), or no host of a multi-host DSN is writable.  Nothing was
+    written."""
+
+    reason = "store_read_only"
 
 
 class LockLost(StoreError):
