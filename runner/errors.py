@@ -31,8 +31,10 @@
     ├── AccessDenied                 77  the database refused us: authentication or permission
     └── ConfigMismatch               78  the store's pinned scope differs from --scope
         ├── SchemaTooNew             78  the store was written by a newer runner
-        └── TargetMismatch           78  the target is not the one pinned into the store (another
-                                         target, or none at that path for a pinned store)
+        ├── TargetMismatch           78  the target is not the one pinned into the store (another
+        │                                target, or none at that path for a pinned store)
+        └── NotSynchronous           78  --require-synchronous-replication, and the store's
+                                         replication is not synchronous: no event taken
 
 A refusal (exit 65: ``BadInputError`` and ``RuleViolation``) also answers on stdout, as
 every command answers: one JSON line ``{"result": "refused", "reason", …}`` (``refusal``
@@ -238,3 +240,12 @@ class TargetMismatch(ConfigMismatch):
     target a store delivers to is pinned, and another one is refused, changing nothing."""
 
     reason = "target_mismatch"
+
+
+class NotSynchronous(ConfigMismatch):
+    """``--require-synchronous-replication`` refused an event: the store does not run
+    under synchronous replication (a single server, asynchronous standbys, too few
+    synchronous standbys connected, or it cannot tell).  Nothing was stored; the webhook
+    answers 503."""
+
+    reason = "not_synchronous"
