@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from runner.io.http.health import LoopState, Mode
     from runner.io.http.metrics import Metrics
     from runner.io.http.server import Address, HttpServer
-    from runner.store import IntakeStore
     from runner.tasks.outcomes import CycleSummary
     from runner.worker import DurableWorker
 
@@ -185,8 +184,8 @@ def build_service(
     store, clock = worker.store, worker.clock
 
     async def probe() -> None:  # /readyz: the store answers, and how it replicates now
-        await store.pinned_target()
-        state.replication = await store.replication()
+        await worker.store.pinned_target()
+        state.replication = await worker.store.replication()
 
     async def figures() -> list[Any]:
         from runner.io.http.figures import read_figures
@@ -194,9 +193,8 @@ def build_service(
         return await read_figures(store, clock)
 
     metrics = Metrics(state, figures)
-    writes = intake_store(store, options.require_synchronous)
-    intake = Intake(_CommitCounter(writes, metrics.committed), worker.clock,  # type: ignore[arg-type]
-                    worker.scope)
+    intake = Intake(_CommitCounter(worker, metrics.committed,  # type: ignore[arg-type]
+                                   options.require_synchronous), worker.clock, worker.scope)
     app = RunnerApp(intake, options.auth, state, metrics, probe,
                     Limits(body_bytes=options.body_limit, body_timeout=options.timeout))
     sock = bind(options.address)
@@ -208,12 +206,15 @@ def build_service(
 class _CommitCounter:
     """The one store call intake makes, observed: records per commit (group commits)."""
 
-    def __init__(self, store: IntakeStore, observe: Callable[[int], None]) -> None:
-        self._store, self._observe = store, observe
+    def __init__(self, worker: DurableWorker, observe: Callable[[int], None],
+                 require_synchronous: bool) -> None:
+        self._worker, self._observe = worker, observe
+        self._require_synchronous = require_synchronous
 
     async def accept_many(self, items: Any, now: Any) -> Any:
         self._observe(len(items))
-        return await self._store.accept_many(items, now)
+        store = intake_store(self._worker.store, self._require_synchronous)
+        return await store.accept_many(items, now)
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
