@@ -143,8 +143,8 @@ def classify(*, names: str, commit: str, in_recovery: bool,
            "only crashes" if commit == "off" else "")
     if wanted and commit in WAITING_LEVELS:
         if matching is not None and matching < wanted:
-            detail = (f"synchronous replication, but {matching} of the "
-                      f"{_plural(wanted, 'standby')} every commit waits for "
+            detail = (f"synchronous replication, but of the {_plural(wanted, 'standby')} "
+                      f"every commit waits for, only {matching} "
                       f"{'is' if matching == 1 else 'are'} connected: commits wait until "
                       "enough are")
         else:
