@@ -274,13 +274,32 @@ class Cluster:
         wait_until(lambda: not any(_alive(p) for p in [pid, *backends]), timeout,
               "the killed postmaster and its backends to be gone")
 
+    def pause(self) -> None:
+        """SIGSTOP the postmaster: its port stays open (the kernel queues connections)
+        and nothing answers, as a hung server; sessions already open go on."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            raise RuntimeError("the cluster is not running")
+        os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the postmaster, and ``runuser`` around it (which stops itself when its
+        child stops, as ``su`` does)."""
+        for pid in (self.postmaster_pid(), self._server.pid if self._server else None):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
     def restart(self, mode: StopMode = "fast") -> None:
         """Stop (``mode``) and start again."""
         self.stop(mode)
         self.start()
 
     def destroy(self) -> None:
-        """Stop the server however it is (immediate, else kill -9) and remove every file."""
+        """Stop the server however it is (paused included: immediate, else kill -9) and
+        remove every file."""
+        with contextlib.suppress(Exception):
+            self.resume()
         with contextlib.suppress(Exception):
             if self.is_running():
                 try:
@@ -298,26 +317,26 @@ class Cluster:
     # -- SQL ------------------------------------------------------------------------------
 
     def execute(self, sql: str, *args: Any, database: str = "postgres",
-                user: str | None = None) -> None:
+                user: str | None = None, timeout: float = 10) -> None:
         """Run ``sql`` (several statements, without ``args``) in its own session."""
-        self._session(lambda conn: conn.execute(sql, *args), database, user)
+        self._session(lambda conn: conn.execute(sql, *args), database, user, timeout)
 
     def fetch(self, sql: str, *args: Any, database: str = "postgres",
-              user: str | None = None) -> list[tuple[Any, ...]]:
+              user: str | None = None, timeout: float = 10) -> list[tuple[Any, ...]]:
         """The rows of ``sql``, run in its own session as ``user`` (default: the
-        superuser)."""
-        rows = self._session(lambda conn: conn.fetch(sql, *args), database, user)
+        superuser); ``timeout``: for connecting."""
+        rows = self._session(lambda conn: conn.fetch(sql, *args), database, user, timeout)
         return [tuple(row) for row in rows]
 
     def _session(self, step: Callable[[Any], Awaitable[Any]], database: str,
-                 user: str | None) -> Any:
+                 user: str | None, timeout: float) -> Any:
         """``await step(conn)`` on a session of its own (asyncpg, on a loop of its own)."""
         dsn = self.dsn(database, user=user)
 
         async def go() -> Any:
             import asyncpg
 
-            conn = await asyncpg.connect(dsn, timeout=10)
+            conn = await asyncpg.connect(dsn, timeout=timeout)
             try:
                 return await step(conn)
             finally:

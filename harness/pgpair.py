@@ -79,6 +79,8 @@ NAMES = ("a", "b")
 STATE_FILE = "pgpair.json"
 #: seconds a node may take to stream, to catch up, to be promoted
 TIMEOUT = 60.0
+#: seconds a node may take to say whether it is a primary (else it counts as down)
+ROLE_TIMEOUT = 3.0
 
 
 class PairError(Exception):
@@ -101,8 +103,8 @@ class Pair:
         node = self.nodes[name]
         if not node.is_running():
             return "down"
-        try:
-            rows = node.fetch("SELECT pg_is_in_recovery()")
+        try:  # a stopped or hung node answers nothing: down, after a short wait
+            rows = node.fetch("SELECT pg_is_in_recovery()", timeout=ROLE_TIMEOUT)
         except Exception:  # noqa: BLE001 - a node that does not answer is down for us
             return "down"
         return "standby" if rows[0][0] else "primary"
@@ -209,10 +211,10 @@ class Pair:
         primary.kill9()
         return primary
 
-    def promote(self, timeout: float = TIMEOUT) -> float:
+    def promote(self, timeout: float = TIMEOUT, standby: Cluster | None = None) -> float:
         """``pg_ctl promote`` the standby and wait until it commits a write (a
         transaction id: refused during recovery); the seconds that took."""
-        standby = self.standby()
+        standby = standby or self.standby()
         began = time.monotonic()
         standby.tool("pg_ctl", "-D", standby.data, "-w", "-t", str(int(timeout)), "promote",
                      timeout=timeout + 10)
