@@ -11,9 +11,11 @@ runner ride a failover on their own machine::
     python -m harness.pgpair down --dir /tmp/pair
 
 Each command prints one JSON line; ``up``, ``status`` and ``failover`` carry ``dsn``, the
-multi-host DSN to give runner (``postgresql://…@127.0.0.1:P1,127.0.0.1:P2/DB?
-target_session_attrs=read-write``: whichever of the two accepts writes).  An error is one
-line on stderr and exit 1.
+multi-host DSN to give runner, ``postgresql://…@127.0.0.1:P1,127.0.0.1:P2/DB?
+target_session_attrs=read-write`` (whichever of the two accepts writes); ``up`` and
+``status`` also ``made`` (how the pair was made: synchronous or asynchronous), ``nodes``
+(each node's port and role) and ``replication`` (the primary's ``pg_stat_replication``).
+An error is one line on stderr and exit 1.
 
 How the pair is made.  Node ``a`` is made with ``initdb`` (``harness.pgcluster``: trust
 authentication on loopback, the server tools run as ``postgres`` under root); node ``b``
@@ -150,8 +152,9 @@ class Pair:
         nodes = {name: {"port": node.port, "role": self.role(name)}
                  for name, node in self.nodes.items()}
         primaries = [n for n, facts in nodes.items() if facts["role"] == "primary"]
-        return {"dsn": self.dsn(), "synchronous": self.synchronous, "nodes": nodes,
-                "replication": self.replication() if primaries else None}
+        return {"dsn": self.dsn(),
+                "made": "synchronous" if self.synchronous else "asynchronous",
+                "nodes": nodes, "replication": self.replication() if primaries else None}
 
     # -- replication ----------------------------------------------------------------------
 

@@ -177,7 +177,10 @@ def announce(replication: Replication) -> None:
     """Log the guarantee a long-running intake starts under, and warn once when an
     acknowledgement can be lost (``start``, ``serve``; again after a reconnect)."""
     if replication.at_risk:
-        log.warning("an acknowledged event can be lost: %s", replication.detail,
+        log.warning("an acknowledged event can be lost: %s (synchronous replication closes "
+                    "that: synchronous_standby_names on the primary; "
+                    "--require-synchronous-replication refuses events without it)",
+                    replication.detail,
                     extra={"action": "replication.at_risk",
                            "replication": replication.mode,
                            "standbys": replication.standbys})

@@ -69,7 +69,7 @@ def test_the_script_makes_a_pair_that_fails_over_and_leaves_nothing_behind(
     pair_dir = Path(f"/tmp/runner-pgpair-{uuid.uuid4().hex[:12]}")  # reachable by postgres
     up = script("up", "--dir", pair_dir, "--database", "runner")
     try:
-        assert up["result"] == "up" and up["synchronous"] is False
+        assert up["result"] == "up" and up["made"] == "asynchronous"
         assert {n: f["role"] for n, f in up["nodes"].items()} == {"a": "primary",
                                                                    "b": "standby"}
         assert 5432 not in [f["port"] for f in up["nodes"].values()]
