@@ -94,8 +94,12 @@ def test_a_worker_stopped_inside_its_poll_pass_blocks_accept_only_for_the_bound(
     assert store.cli("poll-status")["changed"] == 3
 
 
-async def test_every_session_bounds_its_idle_transactions(store: CliStore) -> None:
-    async with await open_store(store.db, create=False) as opened:
+async def test_every_session_bounds_its_idle_transactions() -> None:
+    pg.require()
+    schema = pg.new_schema()
+    db = pg.location(schema)
+    pg.drop_later([schema])
+    async with await open_store(db, create=True) as opened:
         conn = opened._conn  # type: ignore[attr-defined]
         show = f"SHOW {connection.IDLE_SETTING}"
         assert await conn.fetchval(show) == connection.IDLE_IN_TRANSACTION_TIMEOUT
@@ -105,7 +109,7 @@ async def test_every_session_bounds_its_idle_transactions(store: CliStore) -> No
         lock = opened.worker_lock()
         async with lock:
             assert await lock._conn.fetchval(show) == connection.IDLE_IN_TRANSACTION_TIMEOUT
-    given = f"{store.db}&{urlencode({connection.IDLE_SETTING: '3s'})}"
+    given = f"{db}&{urlencode({connection.IDLE_SETTING: '3s'})}"
     async with await open_store(given, create=False) as opened:
         conn = opened._conn  # type: ignore[attr-defined]
         assert await conn.fetchval(show) == "3s"

@@ -36,6 +36,7 @@ def one_error(lines: list[str]) -> dict[str, object]:
     return last
 
 
+@pytest.mark.slow  # the default run's representative: tests/test_pgpair.py
 def test_a_server_killed_under_a_bulk_accept_is_one_line_and_loses_no_answer(
         cluster: Cluster, workdir: Path, scope_file: Path) -> None:
     db = cluster.dsn("postgres", schema="lost")

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from harness import pgpair
-from tests.helpers import ROOT, event, run_main, status_records, write_json
+from tests.helpers import ROOT, Child, event, run_main, status_records, write_json
 from tests.pgcluster import _alive, private_pair, require
 
 pytestmark = pytest.mark.timeout(120)
@@ -41,12 +41,26 @@ def accept(dsn: str, workdir: Path, scope: Path, i: int) -> None:
 
 def test_the_multi_host_dsn_follows_a_failover_and_says_why_between(
         workdir: Path, scope_file: Path) -> None:
-    """The fast representative: a real pair, a real kill -9 and promotion."""
+    """The fast representative: a real pair, a real kill -9 under a real command, and a
+    promotion."""
     with private_pair(synchronous=False) as pair:
         db = pair.dsn(schema="pair")
-        accept(db, workdir, scope_file, 1)
-        pair.wait_replayed()
-        pair.kill_primary()
+        bulk = Child("accept", "--db", db, "--scope", scope_file, "--records", "-",
+                     "--log-format", "json", stdin=True)
+        try:
+            bulk.send(json.dumps(event(1)) + "\n")
+            bulk.wait_out_lines(1)  # answered: committed
+            pair.wait_replayed()
+            pair.kill_primary()
+            bulk.send(json.dumps(event(9)) + "\n")
+            bulk.close_stdin()
+            assert bulk.finish() == 74
+        finally:
+            bulk.kill()
+        # the session ended under the command: one line, classified, no traceback
+        errors = [json.loads(line) for line in bulk.err if '"level":"error"' in line]
+        assert len(errors) == 1 and errors[0]["reason"] == "connection_lost", bulk.err
+        assert all(line.startswith("{") for line in bulk.err), bulk.err
         # the primary is gone and the standby not promoted yet: no host takes writes
         a, b = (node.address for node in pair.nodes.values())
         proc = run_main("accept", "--db", db, "--scope", scope_file, "--record",
