@@ -114,6 +114,14 @@ def test_a_stopped_primary_costs_one_hosts_connect_timeout(workdir: Path,
         assert run_main(*accept, write_json(workdir / "e1.json", event(1))).returncode == 0
         pair.wait_replayed()
         primary, standby = pair.primary(), pair.standby()
+        # the standby named alone: it reads, says it is a standby, and takes no write
+        alone_b = standby.dsn("postgres", schema="stopped")
+        doc = json.loads(run_main("status", "--db", alone_b).stdout)["replication"]
+        assert doc["mode"] == "standby"
+        refused = run_main("accept", "--db", alone_b, "--scope", scope_file, "--record",
+                           workdir / "e1.json", "--log-format", "json")
+        assert refused.returncode == 74
+        assert json.loads(refused.stderr)["reason"] == "store_read_only", refused.stderr
         primary.pause()
         try:
             pair.promote(standby=standby)
