@@ -6,7 +6,7 @@ restart time, over several runs (median and maximum).
     python -m bench failover --quick   # 2 runs (writes nothing)
     python -m bench failover --runs 15
 
-Each run, on a private cluster of its own (``tests/pgcluster.py``: the server's tools in
+Each run, on a private cluster of its own (``harness/pgcluster.py``: the server's tools in
 a temporary directory, on a free loopback port; the shared server is never touched):
 
 1. N leads are accepted into a new store, and ``runner start`` delivers them to a
@@ -175,11 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-rate", default="10/s",
                         help="requests a second (batches): delivery outlasts the outage")
     args = parser.parse_args(argv)
-    try:
-        from tests.pgcluster import make_cluster, unavailable
-    except ImportError as exc:  # the tests' helpers need pytest (the dev extra)
-        print(f"bench failover: {exc}; pip install -e '.[dev,postgres]'", file=sys.stderr)
-        return 2
+    from harness.pgcluster import make_cluster, unavailable
     reason = unavailable()
     if reason is not None:
         print(f"bench failover: no private cluster can be made here: {reason}",

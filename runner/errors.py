@@ -14,8 +14,14 @@
     │   │                                server unreachable or the connection dropped)
     │   ├── StoreFull                74  no space left for the store: the change was not written
     │   ├── StoreUnavailable         74  the store's server cannot be reached or the session
-    │   │                                dropped (refused, lost, timed out, read-only): what a
-    │   │                                long-running command waits out and reconnects through
+    │   │   │                            dropped: what a long-running command waits out and
+    │   │   │                            reconnects through
+    │   │   ├── StoreUnreachable     74  no PostgreSQL host took a session: refused, unknown,
+    │   │   │                            timed out, not taking connections (starting, stopping)
+    │   │   ├── ConnectionLost       74  the PostgreSQL session ended under a command: the
+    │   │   │                            server died, restarted or ended the session
+    │   │   └── StoreReadOnly        74  the PostgreSQL server is read-only (a standby), or no
+    │   │                                host of a multi-host DSN accepts writes
     │   ├── LockLost                 74  the worker lock's database session ended under us
     │   └── TargetUnavailable        74  the --target cannot be opened, read or written, or is
     │       │                            not a target (a foreign SQLite file, not SQLite at all)
@@ -28,8 +34,10 @@
     ├── AccessDenied                 77  the database refused us: authentication or permission
     └── ConfigMismatch               78  the store's pinned scope differs from --scope
         ├── SchemaTooNew             78  the store was written by a newer runner
-        └── TargetMismatch           78  the target is not the one pinned into the store (another
-                                         target, or none at that path for a pinned store)
+        ├── TargetMismatch           78  the target is not the one pinned into the store (another
+        │                                target, or none at that path for a pinned store)
+        └── NotSynchronous           78  --require-synchronous-replication, and the store's
+                                         replication is not synchronous: no event taken
 
 A refusal (exit 65: ``BadInputError`` and ``RuleViolation``) also answers on stdout, as
 every command answers: one JSON line ``{"result": "refused", "reason", …}`` (``refusal``
@@ -153,6 +161,31 @@ class StoreUnavailable(StoreError):
     reason = "store_unavailable"
 
 
+class StoreUnreachable(StoreUnavailable):
+    """No PostgreSQL host gave runner a session: the connection was refused, the host is
+    unknown or did not answer in time, or the server is not taking connections (starting
+    up, shutting down).  Nothing was read or written."""
+
+    reason = "store_unreachable"
+
+
+class ConnectionLost(StoreUnavailable):
+    """The PostgreSQL session ended under a command (the server was killed, restarted or
+    shut down, or it ended the session: terminated, idle in a transaction too long).  An
+    open transaction was rolled back by the server; a COMMIT whose answer was lost may or
+    may not have committed, which is why every step of runner is safe to run again."""
+
+    reason = "connection_lost"
+
+
+class StoreReadOnly(StoreUnavailable):
+    """The PostgreSQL server takes no writes: a standby (a DSN naming it alone, or a
+    failover not finished yet), or no host of a multi-host DSN is writable.  Nothing was
+    written."""
+
+    reason = "store_read_only"
+
+
 class LockLost(StoreError):
     """The session that held the PostgreSQL worker lock is gone: stop before sending."""
 
@@ -222,3 +255,12 @@ class TargetMismatch(ConfigMismatch):
     target a store delivers to is pinned, and another one is refused, changing nothing."""
 
     reason = "target_mismatch"
+
+
+class NotSynchronous(ConfigMismatch):
+    """``--require-synchronous-replication`` refused an event: the store does not run
+    under synchronous replication (a single server, asynchronous standbys, too few
+    synchronous standbys connected, or it cannot tell).  Nothing was stored; the webhook
+    answers 503."""
+
+    reason = "not_synchronous"

@@ -123,16 +123,19 @@ async def _oldest_uncertain(store: StatusReader, shown: int) -> list[LeadRow]:
 
 
 async def status_document(store: Store, *, shown: int = UNCERTAIN_SHOWN) -> dict[str, Any]:
-    """The status document: counts, health, and the oldest ``shown`` uncertain records
-    (bounded: its size does not grow with the store)."""
+    """The status document: counts, health, the replication guarantee the store runs
+    under (``runner.replication``), and the oldest ``shown`` uncertain records (bounded:
+    its size does not grow with the store)."""
     check_shown(shown)
     async with store.reading():
         summary = await store.summary()
         lifecycle = await store.candidate_summary()
         oldest = await _oldest_uncertain(store, shown)
         pipeline = await pipeline_blocks(store)
+    replication = await store.replication()  # the server's settings now, not the snapshot's
     total = summary.counts.get(LeadState.UNCERTAIN, 0)
-    return {**head_json(summary), "uncertain": uncertain_json(total, oldest),
+    return {**head_json(summary), "replication": replication.to_json(),
+            "uncertain": uncertain_json(total, oldest),
             **tail_json(summary), "lifecycle": lifecycle_json(lifecycle), **pipeline,
             "decisions": summary.decisions}
 

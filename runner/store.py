@@ -46,6 +46,7 @@ from runner.storedata import (
 if TYPE_CHECKING:
     from runner.figures import LeadFigures
     from runner.leads.models import LeadEvent, Scope
+    from runner.replication import Replication
 
 __all__ = [
     "AcceptItem",
@@ -391,6 +392,11 @@ class StatusReader(Protocol):
                      ) -> AsyncGenerator[LeadRow, None]:
         """Every lead record (or those in ``state``) in accept order, streamed in pages
         of ``page`` (never all in memory at once)."""
+        ...
+
+    async def replication(self) -> Replication:
+        """The replication guarantee the store runs under now (``runner.replication``):
+        one small read, outside any snapshot; SQLite: a single file."""
         ...
 
 

@@ -49,8 +49,10 @@ def test_start_listen_serves_from_the_loop_and_stops_with_it(
     try:
         port = port_of(child)
         ready = wait_ready(port, child)
+        assert ready.pop("replication")["mode"] in ("single_file", "single")
         assert ready == {"ready": True, "mode": "start", "lock": True, "store": True,
-                         "stopping": False, "reconnecting": False}
+                         "stopping": False, "reconnecting": False,
+                         "require_synchronous": False}
         answer = post(port, event(1, contact_alias=CANARY))
         assert answer.status_code == 200 and answer.json()["result"] == "accepted"
         # the loop delivers what the webhook accepted

@@ -46,7 +46,8 @@ def test_status_shape(db: str, scope_file: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("\n") == 1
     doc = json.loads(proc.stdout)
-    assert list(doc) == ["scope", "schema_version", "counts", "retries", "uncertain",
+    assert list(doc) == ["scope", "schema_version", "counts", "retries", "replication",
+                         "uncertain",
                          "outbox", "poll_health", "lifecycle", "pipeline", "funnel",
                          "decisions"]
     assert doc["uncertain"] == {"total": 0, "truncated": False, "records": []}

@@ -16,6 +16,8 @@ from runner.storedata import is_postgres
 
 if TYPE_CHECKING:
     from runner.leads.port import CRMAdapter
+    from runner.replication import IntakeWrites
+    from runner.store import IntakeStore
     from runner.tasks.reconnect import ReconnectPolicy
 
 
@@ -236,6 +238,27 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
                         help="the least important lines logged (default info; debug also "
                              "shows idle cycles)")
     return parent
+
+
+REQUIRE_SYNC_FLAG = "--require-synchronous-replication"
+
+
+def require_sync_option(parser: argparse.ArgumentParser, refusal: str) -> None:
+    parser.add_argument(REQUIRE_SYNC_FLAG, action="store_true",
+                        help="take no event unless the store runs under synchronous "
+                             "replication (status: replication.mode synchronous, with "
+                             f"enough standbys connected); otherwise {refusal}, and "
+                             "nothing is stored")
+
+
+def intake_store(store: IntakeWrites, require_synchronous: bool) -> IntakeStore:
+    """The store intake commits to: with ``--require-synchronous-replication``, one that
+    refuses every commit unless replication is synchronous (``runner.replication``)."""
+    if not require_synchronous:
+        return store
+    from runner.replication import SynchronousIntake
+
+    return SynchronousIntake(store)
 
 
 def emit(doc: Any) -> None:

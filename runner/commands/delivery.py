@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from runner import loop
     from runner.alerts import AlertSettings
     from runner.pipeline.workers import Drain
+    from runner.replication import Replication
     from runner.store import Store
     from runner.tasks.outcomes import CycleSummary
     from runner.worker import DurableWorker
@@ -295,7 +296,7 @@ async def _run(
     args: argparse.Namespace,
     settings: loop.LoopSettings,
     background: Sequence[loop.BackgroundTask] = (),
-    started: Callable[[], None] | None = None,
+    started: Callable[[Replication], None] | None = None,
     drain: loop.Drainable | None = None,
 ) -> int:
     from runner import loop
@@ -306,6 +307,9 @@ async def _run(
         from runner.commands.serve import http_options
 
         options = http_options(args)  # bad secrets, a public address: before anything
+    elif getattr(args, "require_synchronous_replication", False):
+        raise UsageError("start: --require-synchronous-replication is for an intake: give "
+                         "--listen (or use it with accept or serve)")
     alerting = alert_settings(args)
     alerts = None
     if alerting is not None:
@@ -315,9 +319,12 @@ async def _run(
     _probe_lock(args)
     try:
         async with open_worker(args) as worker:
+            replication = await worker.store.replication() if started else None
+            begun = None if started is None or replication is None else functools.partial(
+                started, replication)
             if options is None:
                 return await loop.run(worker, settings, _emit_cycle, background,
-                                      started=started, drain=drain, alerts=alerts)
+                                      started=begun, drain=drain, alerts=alerts)
             from runner.commands.serve import build_service
 
             service = build_service(options, worker, mode="start", grace=settings.grace,
@@ -328,7 +335,7 @@ async def _run(
                 _emit_cycle(summary)
 
             return await loop.run(worker, settings, emit_and_count, background, [service],
-                                  started=started, drain=drain, alerts=alerts)
+                                  started=begun, drain=drain, alerts=alerts)
     except StoreError as exc:
         if alerts is not None and not isinstance(exc, TargetUnavailable):
             import anyio
@@ -349,16 +356,18 @@ def _probe_lock(args: argparse.Namespace) -> None:
         probe(args.db)
 
 
-def log_banner(args: argparse.Namespace) -> None:
+def log_banner(args: argparse.Namespace, replication: Replication) -> None:
     """``start``'s one start-up line, once the lock is held and recovery is done: what
-    runs, on what, as which process.  The store is described, never echoed (a DSN may
-    carry a password)."""
+    runs, on what, as which process, under which replication guarantee (and a warning
+    when an acknowledgement can be lost: ``runner.replication.announce``).  The store is
+    described, never echoed (a DSN may carry a password)."""
     import logging
     import os
 
     from runner import __version__
     from runner.io.stores import describe_location
     from runner.io.targets.pgtable.names import describe_target
+    from runner.replication import announce
     from runner.storedata import is_postgres
 
     scope = load_scope(args.scope)  # read (and checked) already by the worker
@@ -369,8 +378,9 @@ def log_banner(args: argparse.Namespace) -> None:
                "store": describe_location(args.db) if is_postgres(args.db) else args.db,
                "scope": "/".join(fields),
                "target": describe_target(args.target, getattr(args, "target_table", None)),
-               "interval": args.interval,
+               "interval": args.interval, "replication": replication.mode,
                "heartbeat": args.heartbeat, "workers": args.workers or "none"})
+    announce(replication)
 
 
 async def cmd_once(args: argparse.Namespace) -> int:
@@ -394,7 +404,7 @@ async def cmd_start(args: argparse.Namespace) -> int:
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
         grace=args.grace, dispatch_limit=args.dispatch_limit, batch_size=args.batch_size,
         quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None, reconnect=policy),
-        [sweep, *_pipeline_tasks(args, drain)], started=lambda: log_banner(args),
+        [sweep, *_pipeline_tasks(args, drain)], started=functools.partial(log_banner, args),
         drain=drain)
 
 

@@ -12,7 +12,9 @@ from runner.commands.common import (
     clock_from,
     common_options,
     emit,
+    intake_store,
     number,
+    require_sync_option,
     say_error,
 )
 from runner.errors import BadInputError, UsageError
@@ -34,6 +36,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     what.add_argument("--records", metavar="FILE",
                       help="NDJSON, one event per line (- for stdin): one answer per line, "
                            "in order, each after its commit; records are committed in groups")
+    require_sync_option(accept, "accept exits 78")
     accept.set_defaults(handler=cmd_accept)
 
     status = sub.add_parser(
@@ -91,7 +94,8 @@ async def cmd_accept(args: argparse.Namespace) -> int:
     except BadInputError as exc:
         return _rejected(args, intake.rejected(data, exc))
     async with await open_store(args.db, scope=scope) as store:
-        result = await intake.accept(store, clock, scope, data)
+        writes = intake_store(store, args.require_synchronous_replication)
+        result = await intake.accept(writes, clock, scope, data)
     if not result.ok:
         return _rejected(args, result)
     emit(result.to_json())
@@ -106,7 +110,8 @@ async def _accept_records(args: argparse.Namespace, clock: Clock) -> int:
     fd = open_records(args.records)
     try:
         async with await open_store(args.db, scope=scope) as store:
-            return await accept_records(args, Intake(store, clock, scope), fd)
+            writes = intake_store(store, args.require_synchronous_replication)
+            return await accept_records(args, Intake(writes, clock, scope), fd)
     finally:
         if args.records != "-":
             os.close(fd)

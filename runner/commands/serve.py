@@ -19,7 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runner.commands.common import MAX_COUNT, MAX_SECONDS, common_options, number, read_secret
+from runner.commands.common import (
+    MAX_COUNT,
+    MAX_SECONDS,
+    common_options,
+    intake_store,
+    number,
+    read_secret,
+    require_sync_option,
+)
 from runner.errors import UsageError
 
 if TYPE_CHECKING:
@@ -65,6 +73,7 @@ def listen_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
     parser.add_argument(
         "--http-max-concurrency", type=number(int, 1, 100_000), default=256, metavar="N",
         help="connections and requests served at once; beyond it: 503 (default 256)")
+    require_sync_option(parser, "the webhook answers 503 and /readyz is not ready")
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -149,13 +158,16 @@ class HttpOptions:
     timeout: float = 10.0
     max_concurrency: int = 256
     health_intervals: int = 3
+    #: --require-synchronous-replication: intake refuses events unless it is synchronous
+    require_synchronous: bool = False
 
 
 def http_options(args: argparse.Namespace) -> HttpOptions:
     auth = webhook_auth(args)
     return HttpOptions(auth, listen_address(args, auth), body_limit=args.http_body_limit,
                        timeout=args.http_timeout, max_concurrency=args.http_max_concurrency,
-                       health_intervals=getattr(args, "health_intervals", 3))
+                       health_intervals=getattr(args, "health_intervals", 3),
+                       require_synchronous=args.require_synchronous_replication)
 
 
 def build_service(
@@ -170,8 +182,13 @@ def build_service(
     from runner.leads.intake import Intake
 
     state = LoopState(mode=mode, started_at=time.monotonic(), interval=interval,
-                      intervals=options.health_intervals)
+                      intervals=options.health_intervals,
+                      require_synchronous=options.require_synchronous)
     store, clock = worker.store, worker.clock
+
+    async def probe() -> None:  # /readyz: the store answers, and how it replicates now
+        await worker.store.pinned_target()
+        state.replication = await worker.store.replication()
 
     async def figures() -> list[Any]:
         from runner.io.http.figures import read_figures
@@ -179,9 +196,9 @@ def build_service(
         return await read_figures(store, clock)
 
     metrics = Metrics(state, figures)
-    intake = Intake(_CommitCounter(worker, metrics.committed), worker.clock,  # type: ignore[arg-type]
-                    worker.scope)
-    app = RunnerApp(intake, options.auth, state, metrics, worker.store.pinned_target,
+    intake = Intake(_CommitCounter(worker, metrics.committed,  # type: ignore[arg-type]
+                                   options.require_synchronous), worker.clock, worker.scope)
+    app = RunnerApp(intake, options.auth, state, metrics, probe,
                     Limits(body_bytes=options.body_limit, body_timeout=options.timeout))
     sock = bind(options.address)
     server = HttpServer(app, sock, grace=grace, limits=ServerLimits(
@@ -192,12 +209,15 @@ def build_service(
 class _CommitCounter:
     """The one store call intake makes, observed: records per commit (group commits)."""
 
-    def __init__(self, worker: DurableWorker, observe: Callable[[int], None]) -> None:
+    def __init__(self, worker: DurableWorker, observe: Callable[[int], None],
+                 require_synchronous: bool) -> None:
         self._worker, self._observe = worker, observe
+        self._require_synchronous = require_synchronous
 
     async def accept_many(self, items: Any, now: Any) -> Any:
         self._observe(len(items))
-        return await self._worker.store.accept_many(items, now)
+        store = intake_store(self._worker.store, self._require_synchronous)
+        return await store.accept_many(items, now)
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
@@ -216,6 +236,9 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     hard: list[int] = []
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with DurableWorker(args.db, scope, clock=clock_from(args)) as worker:
+            from runner.replication import announce
+
+            announce(await worker.store.replication())
             service = build_service(options, worker, mode="serve", grace=args.grace)
             async with anyio.create_task_group() as tg:
                 async def watch() -> None:

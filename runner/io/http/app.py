@@ -14,7 +14,8 @@ Intake answers only after the commit (SPEC L3, E4)::
     409  a record conflicts with one stored under its key
     413  the body is larger than the limit
     422  a record is invalid or outside the scope (reasons as ``accept``)
-    503  the store is unavailable, busy or full, or the process is stopping; with
+    503  the store is unavailable, busy or full, or the process is stopping, or (with
+         --require-synchronous-replication) replication is not synchronous; with
          Retry-After, so the sender retries (a retry is safe: a stored record answers
          ``duplicate``)
 
@@ -38,7 +39,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from runner.errors import BadInputError, LockHeld, StoreError
+from runner.errors import BadInputError, LockHeld, NotSynchronous, StoreError
 from runner.io.http import auth, health
 from runner.jsonio import dumps_line, parse_object
 from runner.leads.intake import AcceptResult, rejected
@@ -270,6 +271,12 @@ class RunnerApp:
             if content_type in _NDJSON_TYPES:
                 return await self._accept_lines(body)
             return await self._accept_one(body)
+        except NotSynchronous as exc:  # --require-synchronous-replication
+            log.warning("intake answered 503: %s", exc.reason,
+                        extra={"action": "http.unavailable", "reason": exc.reason})
+            return error(503, exc.reason, "replication is not synchronous: no event is "
+                         "taken (--require-synchronous-replication); retry later",
+                         self._unavailable_headers)
         except (StoreError, LockHeld) as exc:  # LockHeld: StoreBusy, the store stayed locked
             log.warning("intake answered 503: %s", exc.reason,
                         extra={"action": "http.unavailable", "reason": exc.reason})

@@ -6,7 +6,10 @@
   every cycle turns it unhealthy; a supervisor may then restart the process.
 * ``/readyz``: the worker lock is held (``start``; ``serve`` needs none), the store
   answers a small read, and the process is not stopping.  A load balancer sends webhooks
-  only to a ready process; a stopping one drains what it already received.
+  only to a ready process; a stopping one drains what it already received.  The body
+  says which replication guarantee the store runs under (``replication``: read with the
+  probe, ``runner.replication``); with ``--require-synchronous-replication`` a store that
+  is not synchronous is not ready (its intake refuses events).
 
 While ``start`` reconnects to a lost store (issue 30) it is not ready (``lock`` false,
 ``reconnecting`` true) but alive: each reconnect attempt counts as a sign of life for
@@ -20,7 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from runner.replication import Replication
 
 Mode = Literal["start", "serve"]
 #: the shortest cycle interval the liveness rule counts with (``--interval 0`` runs
@@ -47,6 +53,10 @@ class LoopState:
     cycles: int = 0
     #: wall-clock time of the last completed cycle (for the metric)
     last_cycle_wall: float | None = field(default=None)
+    #: the replication guarantee the store last said (read by the /readyz probe)
+    replication: Replication | None = None
+    #: --require-synchronous-replication: not ready unless replication is synchronous
+    require_synchronous: bool = False
 
     @property
     def stopping(self) -> bool:
@@ -86,7 +96,10 @@ def liveness(state: LoopState, now: float) -> tuple[bool, dict[str, Any]]:
 def readiness(state: LoopState, store_ok: bool) -> tuple[bool, dict[str, Any]]:
     """(ready, body) for ``/readyz``."""
     lock: bool | None = state.lock_held if state.mode == "start" else None
-    ready = store_ok and not state.stopping and lock is not False
+    replication = state.replication
+    refusing = state.require_synchronous and (replication is None
+                                              or not replication.synchronous)
+    ready = store_ok and not state.stopping and lock is not False and not refusing
     return ready, {
         "ready": ready,
         "mode": state.mode,
@@ -94,4 +107,6 @@ def readiness(state: LoopState, store_ok: bool) -> tuple[bool, dict[str, Any]]:
         "store": store_ok,
         "stopping": state.stopping,
         "reconnecting": state.reconnecting,
+        "replication": None if replication is None else replication.to_json(),
+        "require_synchronous": state.require_synchronous,
     }

@@ -48,6 +48,8 @@ _RETRIES = 5
 #: seconds a BEGIN or a COMMIT may take before the session is given up (neither waits
 #: for a lock)
 BEGIN_TIMEOUT = 30.0
+_READ_IDLE = (f"SET LOCAL {connection.IDLE_SETTING} = "
+              f"'{connection.READ_IDLE_TIMEOUT}'")
 _RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError,
               asyncpg.exceptions.SerializationError)
 
@@ -245,7 +247,7 @@ class PostgresBase(StoreBase, Db):
         if not ended and not self._conn.is_closed():
             self._conn.terminate()
 
-    async def _call(self, step: Awaitable[None], doing: str) -> None:
+    async def _call(self, step: Awaitable[object], doing: str) -> None:
         try:
             await step
         except connection.TRANSLATED as exc:
@@ -254,13 +256,17 @@ class PostgresBase(StoreBase, Db):
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[None]:
         """One consistent snapshot for several reads (a read-only repeatable-read
-        transaction: it takes no locks and never waits for writers)."""
+        transaction: it takes no row locks and never waits for writers).  It may idle
+        longer than a writing transaction (``connection.READ_IDLE_TIMEOUT``: a reader of
+        ``status --records`` paging slowly), unless the DSN sets the bound itself."""
         async with self._lock:
             transaction = self._new_transaction("reading the store", isolation="repeatable_read",
                                                 readonly=True)
             await self._begin(transaction, "reading the store")
             self._owner = anyio.get_current_task().id
             try:
+                if connection.IDLE_SETTING not in self.location.params:
+                    await self._call(self._conn.execute(_READ_IDLE), "reading the store")
                 yield
             finally:
                 self._owner = None

@@ -838,3 +838,22 @@ INSERT INTO {s}.pipeline_prunes (before_ms, removed, at)
 VALUES (:before, :removed::jsonb, :at)
 
 -- ==== (end pipeline) ==================================================================
+
+
+-- ==== replication (runner.replication: what is durable) =============================
+
+-- the settings a commit runs under and the WAL senders this role sees (a plain role sees
+-- each sender's application_name, and NULL for its state and sync_state)
+-- name: _replication_facts
+SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit'),
+       pg_catalog.pg_is_in_recovery(),
+       (SELECT coalesce(json_agg(json_build_array(application_name, state, sync_state)),
+                        '[]')::text
+        FROM pg_catalog.pg_stat_replication)
+
+-- the same without pg_stat_replication, for a role that may not read it
+-- name: _replication_settings
+SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit'),
+       pg_catalog.pg_is_in_recovery()
+
+-- ==== (end replication) ===============================================================

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
+from runner.errors import AccessDenied
 from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.leads import FigureOps, LeadOps, OperatorOps, PollOps, RetentionOps
@@ -16,12 +18,29 @@ from runner.io.postgres.pipeline import PipelineHooks
 
 if TYPE_CHECKING:
     from runner.leads.models import Scope
+    from runner.replication import Replication
 
 
 class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
                     FencedMark, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
     """The store: the engine's operations (``runner.io.engine``) over this dialect's
     connection and hooks."""
+
+    async def replication(self) -> Replication:
+        """The server's replication settings and WAL senders, classified (one read;
+        ``runner.replication`` says what a plain role sees)."""
+        from runner.replication import Sender, classify
+
+        try:
+            (row,) = await self.fetch("_replication_facts")
+        except AccessDenied:  # a role that may not read pg_stat_replication
+            (row,) = await self.fetch("_replication_settings")
+            return classify(names=str(row[0]), commit=str(row[1]), in_recovery=bool(row[2]),
+                            senders=None)
+        senders = [Sender(str(name or ""), state, sync) for name, state, sync in
+                   json.loads(row[3])]
+        return classify(names=str(row[0]), commit=str(row[1]), in_recovery=bool(row[2]),
+                        senders=senders)
 
 
 async def open_postgres_store(

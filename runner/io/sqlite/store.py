@@ -16,12 +16,19 @@ from runner.io.sqlite.pipeline import PipelineHooks
 
 if TYPE_CHECKING:
     from runner.leads.models import Scope
+    from runner.replication import Replication
 
 
 class SQLiteStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
                   BlockingDispatch, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
     """The store: the engine's operations (``runner.io.engine``) over this dialect's
     connection and hooks."""
+
+    async def replication(self) -> Replication:
+        """A single file: no replication (``runner.replication``)."""
+        from runner.replication import SINGLE_FILE
+
+        return SINGLE_FILE
 
 
 async def open_sqlite_store(

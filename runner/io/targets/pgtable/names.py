@@ -43,6 +43,8 @@ class TableLocation:
     schema: str
     table: str
     where: str  # host:port/dbname, for messages
+    #: the DSN as the store's connection reads it (its parameters, its connect_timeout)
+    pg: pgdsn.PgLocation
 
     @property
     def ident(self) -> str:
@@ -89,7 +91,7 @@ def parse_location(target: str, table: str) -> TableLocation:
     if _SYSTEM.fullmatch(chosen):
         raise UsageError(f"schema {chosen!r} is a system schema of the server, not one for "
                          "a target table")
-    return TableLocation(dsn=loc.dsn, schema=chosen, table=name, where=loc.where)
+    return TableLocation(dsn=loc.dsn, schema=chosen, table=name, where=loc.where, pg=loc)
 
 
 def check_table_option(target: str | None, table: str | None, adapter: str | None) -> None:

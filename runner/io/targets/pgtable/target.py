@@ -40,11 +40,9 @@ from runner import crashpoints
 from runner.errors import AccessDenied, RunnerError, TargetAbsent, TargetUnavailable, UsageError
 from runner.io.engine.queries import load
 from runner.io.postgres.connection import (
-    KEEPALIVE_COUNT,
-    KEEPALIVE_IDLE,
-    KEEPALIVE_INTERVAL,
     TRANSLATED,
     application_name,
+    session_settings,
     stable_key,
     translate,
 )
@@ -179,14 +177,13 @@ class PgTableTarget:
             except Exception:  # noqa: BLE001 - a dead session: replaced below
                 self._drop()
         self._conn = None
+        # the store's session settings (keepalives, the idle-in-transaction bound: a
+        # stopped runner holds no lock on the user's table for long), named as a target
+        settings = {**session_settings(self.location.pg),
+                    "application_name": f"{application_name()} target"[:63]}
         self._conn = await asyncpg.connect(
-            self.location.dsn, timeout=self.connect_timeout, command_timeout=self.timeout,
-            server_settings={
-                "application_name": f"{application_name()} target"[:63],
-                "tcp_keepalives_idle": str(KEEPALIVE_IDLE),
-                "tcp_keepalives_interval": str(KEEPALIVE_INTERVAL),
-                "tcp_keepalives_count": str(KEEPALIVE_COUNT),
-            })
+            self.location.dsn, timeout=self.location.pg.connect_timeout or self.connect_timeout,
+            command_timeout=self.timeout, server_settings=settings)
         self._last_used = time.monotonic()
         return self._conn
 
