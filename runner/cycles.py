@@ -202,7 +202,22 @@ class LeadLoop:
             return None
         self._reconnecting(False)
         self.notifier.send("STATUS=reconnected: the lock is held again")
+        await self._announce_replication()
         return recovered
+
+    async def _announce_replication(self) -> None:
+        """After a reconnect, say again what is durable: a failover may have turned
+        synchronous replication into a single server (issue 30 point 4)."""
+        from runner.errors import StoreError
+        from runner.replication import announce
+
+        try:
+            replication = await self.worker.store.replication()
+        except StoreError:  # the next cycle meets the store's failure itself
+            return
+        log.info("replication after the reconnect: %s", replication.mode, extra={
+            "action": "replication.after_reconnect", "replication": replication.mode})
+        announce(replication)
 
     def _reconnecting(self, active: bool) -> None:
         for service in self.services:
