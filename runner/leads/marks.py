@@ -1,25 +1,82 @@
 """Batch marks: a fencing token the target keeps, so that a store that forgot what it sent
-cannot send it twice (SPEC E8, issue 30; the design: docs/reference/contract.md, E8).
+cannot send it twice (SPEC E8, issue 30; the rule: docs/reference/contract.md, E8).
 
-Every in-flight mark takes the store's next ``batch_seq``; the mark travels with its batch
-(:class:`BatchMark`) to a target that declares ``marks_batches = True``, which keeps, in the
-transaction that applies the rows, its owner (the store that marked it first, or adopted it)
-and the highest seq it applied (:class:`TargetMark`), and refuses, applying nothing, a batch
-of another store (:class:`ForeignMark`) or one whose seq is not newer (:class:`StaleMark`).
-A request from a forgotten history (a promoted standby's lost commits, a restored backup)
-can then never apply after the store decided to send again.
+A store has an identity (``store_id``, random, made with the store) and a mark: an
+*epoch* and a *counter*, carried as one number ``seq = epoch << 32 | counter``.  Every
+in-flight mark of a batch takes the store's next counter in the transaction that marks the
+batch in flight, so the store remembers every seq it may have sent.  The mark travels with
+its batch (:class:`BatchMark`) to a target that declares ``marks_batches = True``, which
+keeps, in the transaction that applies the rows, the batch's owner (the store that marked
+it first, or adopted it) and the highest seq it applied (:class:`TargetMark`), and refuses,
+applying nothing, a batch of another store (:class:`ForeignMark`) or one whose seq is not
+newer (:class:`StaleMark`).
+
+A store that finds the target ahead of it (a promoted asynchronous standby lost its last
+commits, a store restored from a backup) or owned by a store it adopted begins a new epoch
+above both (``max(own, target's) + 1``, counter 0), *raises the target's fence* to it with
+a row-less mark first (:func:`raise_mark`: from then on, a request of the forgotten history
+that is still on its way is refused as stale), and only then reads back everything it
+could have sent (``runner.tasks.rewind``): what the target provably lacks is sent, nothing
+else.
+
+What an adapter implements to mark (all four, with ``marks_batches = True``)::
+
+    read_mark() -> TargetMark              what the target holds (TargetMark(None, 0): no
+                                           marked batch yet); reads only
+    write_batch(items, mark=BatchMark)     as write_batch, applied atomically with the
+                                           check and the new mark: raise StaleMark when
+                                           mark.seq <= held seq, ForeignMark when the
+                                           owner is another store, applying nothing
+    raise_mark(mark, replaces) -> None     the fence alone, with no rows: the same checks,
+                                           except that an owner equal to ``replaces``
+                                           (an adopted store) is replaced by mark.store_id
+    read_by_keys(keys) -> rows             every row whose (tenant, source_lead_id) is one
+                                           of ``keys``, whatever its write_id
+
+The conformance kit proves all four (``runner.testing``: ``Report.marks_proven``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from runner.leads.port import BeforeWriteError
+from runner.errors import UsageError
+from runner.leads.port import BeforeWriteError, TargetRow
+
+#: bits of a seq below its epoch
+EPOCH_SHIFT = 32
+#: the most batches one epoch may mark
+COUNTER_MAX = (1 << EPOCH_SHIFT) - 1
+
+Key = tuple[str, str]
+"""A lead's business key at the target: (tenant, source_lead_id)."""
+
+
+def seq_of(epoch: int, counter: int) -> int:
+    """The seq of an epoch's counter."""
+    return epoch << EPOCH_SHIFT | counter
+
+
+def epoch_of(seq: int) -> int:
+    """The epoch a seq belongs to."""
+    return seq >> EPOCH_SHIFT
+
+
+def counter_of(seq: int) -> int:
+    """The counter of a seq within its epoch."""
+    return seq & COUNTER_MAX
+
+
+def in_words(seq: int) -> str:
+    """A seq as an operator reads it: ``epoch.counter``."""
+    return f"{epoch_of(seq)}.{counter_of(seq)}"
 
 
 @dataclass(frozen=True)
 class BatchMark:
-    """What a marked batch carries: the store's identity and the batch's seq."""
+    """What a marked batch (or a row-less fence) carries: the store's identity and the
+    batch's seq."""
 
     store_id: str
     seq: int
@@ -32,6 +89,9 @@ class TargetMark:
 
     owner: str | None
     seq: int
+
+
+NO_MARK = TargetMark(None, 0)
 
 
 class StaleMark(BeforeWriteError):
@@ -56,3 +116,41 @@ class ForeignMark(BeforeWriteError):
     def __init__(self, message: str, *, held: TargetMark) -> None:
         super().__init__(message)
         self.held = held
+
+
+def judge(held: TargetMark, mark: BatchMark, replaces: str | None = None) -> None:
+    """The target's rule for one marked request, for adapters to call in the transaction
+    that applies it: raises ForeignMark or StaleMark (apply nothing), returns when the
+    request may apply (then keep ``TargetMark(mark.store_id, mark.seq)``)."""
+    if held.owner is not None and held.owner != mark.store_id and held.owner != replaces:
+        raise ForeignMark(f"the target belongs to store {held.owner[:12]}, not to "
+                          f"{mark.store_id[:12]}", held=held)
+    if held.owner == mark.store_id and mark.seq <= held.seq:
+        raise StaleMark(f"the target holds batch {in_words(held.seq)} of this store, "
+                        f"newer than {in_words(mark.seq)}", held=held)
+
+
+def marks(adapter: object) -> bool:
+    """Whether the adapter declares that its target keeps batch marks (``marks_batches``;
+    absent: it does not); refuses a value that is not a bool, or a declaration without the
+    four methods."""
+    value = getattr(adapter, "marks_batches", False)
+    if not isinstance(value, bool):
+        raise UsageError(f"the target adapter's marks_batches must be True or False, "
+                         f"not {value!r}")
+    if value:
+        lacking = [name for name in ("read_mark", "write_batch", "raise_mark", "read_by_keys")
+                   if not callable(getattr(adapter, name, None))]
+        if lacking:
+            raise UsageError("the target adapter declares marks_batches but has no "
+                             + ", ".join(lacking))
+    return value
+
+
+def rows_by_key(rows: Sequence[TargetRow]) -> dict[Key, list[TargetRow]]:
+    """Rows grouped by their business key."""
+    found: dict[Key, list[TargetRow]] = {}
+    for row in rows:
+        key = (str(row.fields.get("tenant")), str(row.fields.get("source_lead_id")))
+        found.setdefault(key, []).append(row)
+    return found
