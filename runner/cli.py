@@ -53,6 +53,7 @@ COMMANDS = {
     "target-serve": "runner.commands.target_serve",
     "uncertain": "runner.commands.operators",
     "resolve": "runner.commands.operators",
+    "target": "runner.commands.operators",
     "config": "runner.commands.config",
 }
 

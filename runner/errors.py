@@ -257,6 +257,14 @@ class TargetMismatch(ConfigMismatch):
     reason = "target_mismatch"
 
 
+class TargetOwned(TargetMismatch):
+    """The target keeps batch marks of another store (SPEC E8): this store may be new,
+    emptied or re-created; nothing is sent to it until an operator adopts it
+    (``runner target adopt``)."""
+
+    reason = "target_owned"
+
+
 class NotSynchronous(ConfigMismatch):
     """``--require-synchronous-replication`` refused an event: the store does not run
     under synchronous replication (a single server, asynchronous standbys, too few

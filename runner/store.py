@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runner.candidates.port import CandidateStore
 from runner.ids import WriteId
@@ -45,6 +45,7 @@ from runner.storedata import (
 
 if TYPE_CHECKING:
     from runner.figures import LeadFigures
+    from runner.io.engine.marks import StoreMark
     from runner.leads.models import LeadEvent, Scope
     from runner.replication import Replication
 
@@ -102,6 +103,56 @@ class DispatchSteps(Protocol):
         failure: str | None = None,
     ) -> dict[WriteId, int]:
         """As :meth:`Store.finish_and_mark_batch`."""
+        ...
+
+    def mark_batch(
+        self, done: Sequence[tuple[WriteId, LeadState]], next_ids: Sequence[WriteId],
+        now: datetime, retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
+    ) -> tuple[dict[WriteId, int], int]:
+        """As :meth:`finish_and_mark_batch`, and the seq the marked batch carries to a
+        target that keeps marks (SPEC E8), in the same transaction (0: none marked)."""
+        ...
+
+
+class MarkStore(Protocol):
+    """The store's mark and its rewinds (SPEC E8, v18; ``runner.tasks.rewind``)."""
+
+    async def store_mark(self) -> StoreMark:
+        """The store's identity, epoch and counter, and its pending rewind."""
+        ...
+
+    async def begin_epoch(self, min_epoch: int, reason: str | None, now: datetime, *,
+                          tag: bool) -> StoreMark:
+        """A new epoch above ``min_epoch``; with ``tag``, every record a forgotten
+        history could have sent becomes uncertain, tagged ``rewound``."""
+        ...
+
+    async def fence_raised(self, epoch: int, now: datetime) -> bool:
+        """Record that the target's fence stands at ``epoch``."""
+        ...
+
+    async def rewound_page(self, after_seq: int, limit: int) -> Sequence[Any]:
+        """Rewound records still to read (rows as ``uncertain_page``'s)."""
+        ...
+
+    async def rewound_untag(self, verdicts: Sequence[tuple[WriteId, str]],
+                            now: datetime) -> None:
+        """Rewound records left uncertain by their readback: ordinary uncertain ones."""
+        ...
+
+    async def adopt_write_ids(self, pairs: Sequence[tuple[WriteId, str]],
+                              now: datetime) -> list[WriteId]:
+        """Rewound records take the write_ids the target holds them under."""
+        ...
+
+    async def rewind_done(self, now: datetime) -> bool:
+        """End the pending rewind once no rewound record is left unread."""
+        ...
+
+    async def adopt_target(self, previous_owner: str, target_id: str | None, reason: str,
+                           now: datetime) -> None:
+        """Record an operator's decision that this store replaces the target's owner."""
         ...
 
 
@@ -176,7 +227,7 @@ class Reconnecting(Protocol):
         ...
 
 
-class DeliveryStore(TargetPins, Reconnecting, Protocol):
+class DeliveryStore(TargetPins, Reconnecting, MarkStore, Protocol):
     """What a delivery cycle needs (``runner.tasks.deliver``, L4-L8): the worker lock,
     recovery, reconcile and the send transitions."""
 

@@ -183,6 +183,9 @@ class Requeue(NamedTuple):
     target_id: str | None
     due: Callable[[int], datetime]
     reason: str
+    #: None: the target deduplicates by write_id; ``fence``: its fence stands above
+    #: every batch of a history the store forgot (SPEC E8, v18)
+    evidence: str | None = None
 
 
 class DecisionBatch(NamedTuple):

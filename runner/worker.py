@@ -147,9 +147,10 @@ class DurableWorker:
         if self._locked:
             yield 0
             return
-        check = None if self._target_checked else self._port
-        async with deliver.holding_lock(self.store, check, self.clock) as recovered:
-            self._target_checked = self._target_checked or check is not None
+        check = not self._target_checked and self._port is not None
+        async with deliver.holding_lock(self.store, self._port, self.clock,
+                                        check_target=check) as recovered:
+            self._target_checked = self._target_checked or check
             self._locked = True
             try:
                 yield recovered

@@ -44,6 +44,9 @@ ACTS: dict[str, tuple[str, set[str]]] = {
     # the arranged record is confirmed: resolve refuses it (65) and says so on stdout
     "resolve": ("resolve --db {db} --write-id w-none --as confirmed --reason smoke --dry-run",
                 {"result", "reason", "write_id"}),
+    # the arranged target keeps this store's own marks: nothing to adopt, said on stdout
+    "target": ("target adopt --db {db} --scope {scope} --target {target} --reason smoke",
+               {"adopted", "store_id"}),
     "config": ("config show -- status --db {db}", {"command", "config", "values"}),
     "pipeline": ("pipeline prune --db {db} --before 1h --dry-run",
                  {"before", "dry_run", "rounds", "outbox_floor", "removed"}),

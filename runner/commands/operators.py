@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runner.commands.common import (
+    Parser,
     check_paths,
     clock_from,
     common_options,
@@ -69,6 +70,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                          help="make every check (and the readback) and say what would "
                               "happen; change nothing")
     resolve.set_defaults(handler=cmd_resolve)
+
+    target = sub.add_parser(
+        "target", help="operator decisions about the target (adopt)")
+    what = target.add_subparsers(dest="target_command", required=True, parser_class=Parser)
+    adopt = what.add_parser(
+        "adopt", parents=[common_options(scope="optional", target="required")],
+        help="record that this store replaces the store whose batch marks the target "
+             "keeps (a store restored, emptied or made again): the next run raises the "
+             "target's fence for this store and reads every record back, by write_id "
+             "and by key, before anything is sent (SPEC E8)")
+    adopt.add_argument("--reason", required=True, metavar="TEXT",
+                       help="why: kept with the decision and its outbox event (1-1000 "
+                            "characters; never put contact details here)")
+    adopt.set_defaults(handler=cmd_target_adopt)
 
 
 def uncertain_json(row: UncertainRow, now: datetime) -> dict[str, Any]:
@@ -161,6 +176,52 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
 
             close_adapter(target)
     emit(result.to_json())
+    return 0
+
+
+async def cmd_target_adopt(args: argparse.Namespace) -> int:
+    """Under the worker lock: check the target (pinned, or pinnable), read its mark, and
+    record the adoption of its owner; nothing is sent and no record changes here."""
+    from runner.commands.common import open_target
+    from runner.commands.leads import load_scope
+    from runner.errors import RuleViolation, StoreNotFound
+    from runner.io.targets.compose import close_adapter
+    from runner.leads.port import CRMRecordPort
+    from runner.tasks import target as checks
+    from runner.tasks.resolve import check_reason
+
+    check_paths(args)
+    check_reason(args.reason)
+    scope = load_scope(args.scope) if args.scope else None
+    if not await store_exists(args.db):
+        raise StoreNotFound(f"no store at {describe_location(args.db)}")
+    probe_lock(args.db)
+    clock = clock_from(args)
+    adapter = open_target(args)
+    if adapter is None:
+        raise RuleViolation("target adopt needs --target", reason="target_required")
+    try:
+        port = CRMRecordPort(adapter)
+        if not port.marks:
+            raise RuleViolation("this target keeps no batch marks: there is no owner to "
+                                "adopt (see 'High availability and restores' for what a "
+                                "target without marks cannot catch)",
+                                reason="target_keeps_no_marks")
+        async with await open_store(args.db, scope=scope) as store, store.worker_lock():
+            await checks.check_for_writes(store, port, clock)
+            own = await store.store_mark()
+            held = await port.read_mark()
+            if held.owner is None or held.owner == own.store_id:
+                emit({"adopted": None, "store_id": own.store_id,
+                      "why": "the target keeps no batch of another store; nothing to adopt"})
+                return 0
+            await store.adopt_target(held.owner, await store.pinned_target(), args.reason,
+                                     clock.now())
+    finally:
+        close_adapter(adapter)
+    emit({"adopted": held.owner, "store_id": own.store_id,
+          "next": "the next run raises the target's fence for this store and reads every "
+                  "record back before anything is sent"})
     return 0
 
 

@@ -50,6 +50,7 @@ from runner.errors import (
     UnsafeLocation,
 )
 from runner.io import fsguard
+from runner.leads.marks import NO_MARK, BatchMark, TargetMark, judge
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
@@ -75,6 +76,13 @@ SHEET_COLUMNS = ("row_id", "write_id", *FIELDS, "status")
 #: the target's identity, written once when the target is created (or first opened for
 #: writes, for a sheet made before identities existed)
 META = "CREATE TABLE IF NOT EXISTS target_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+#: the batch mark the target keeps (SPEC E8, issue 30; ``runner.leads.marks``): the store
+#: it belongs to and the highest seq applied, written in the transaction that applies a
+#: marked batch (or raises the fence alone); made with the first marked write
+MARK = ("CREATE TABLE IF NOT EXISTS target_mark (only_row INTEGER PRIMARY KEY "
+        "CHECK (only_row = 1), owner TEXT NOT NULL, seq INTEGER NOT NULL)")
+#: reads by business key (a rewind's, ``read_by_keys``): not a constraint either
+SHEET_KEY_INDEX = "CREATE INDEX IF NOT EXISTS sheet_by_key ON sheet (tenant, source_lead_id)"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 #: how long a target call waits for the target's lock (seconds)
 BUSY_TIMEOUT = 30.0
@@ -217,6 +225,35 @@ def _message(exc: BaseException) -> str:
     return exc.message if isinstance(exc, RunnerError) else str(exc)
 
 
+def _held_mark(conn: sqlite3.Connection) -> TargetMark:
+    has_mark = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                            "AND name = 'target_mark'").fetchone()
+    if not has_mark:
+        return NO_MARK
+    row = conn.execute("SELECT owner, seq FROM target_mark").fetchone()
+    return NO_MARK if row is None else TargetMark(str(row[0]), int(row[1]))
+
+
+def _keep_mark(conn: sqlite3.Connection, mark: BatchMark, replaces: str | None) -> None:
+    """Judge ``mark`` against the mark held and keep it, inside the caller's write
+    transaction; a refusal (or a failure) rolls it back: nothing of the request applied,
+    so it is BeforeWriteError (StaleMark, ForeignMark, or a plain one)."""
+    try:
+        held = _held_mark(conn)
+        judge(held, mark, replaces)
+        if held is NO_MARK:
+            conn.execute(MARK)
+            conn.execute(SHEET_KEY_INDEX)
+        conn.execute("INSERT OR REPLACE INTO target_mark (only_row, owner, seq) "
+                     "VALUES (1, ?, ?)", (mark.store_id, mark.seq))
+    except BeforeWriteError:
+        _rollback_quietly(conn)
+        raise
+    except sqlite3.Error as exc:
+        _rollback_quietly(conn)
+        raise BeforeWriteError(f"target not written (its mark: {exc})") from None
+
+
 def _rollback_quietly(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         # the transaction may be gone already; the original error is what matters
@@ -228,6 +265,9 @@ class SyntheticTarget:
     """A CRM adapter over a local SQLite file (blocking; runner calls it in a thread).
 
     ``busy_timeout`` (seconds) bounds every wait for the target's lock."""
+
+    #: it keeps batch marks (SPEC E8): a store that forgot what it sent is caught here
+    marks_batches = True
 
     def __init__(self, path: str, *, busy_timeout: float = BUSY_TIMEOUT) -> None:
         self.path = path
@@ -355,11 +395,47 @@ class SyntheticTarget:
         with self._mutex:
             self._append([(record, write_id)])
 
-    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
-        """Append every row in one transaction: all of them or none (issue 16)."""
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]], *,
+                    mark: BatchMark | None = None) -> None:
+        """Append every row in one transaction: all of them or none (issue 16); with a
+        ``mark``, only if the mark may apply (``runner.leads.marks.judge``: else
+        StaleMark or ForeignMark, nothing applied), keeping it in the same transaction."""
         with self._mutex:
-            self._append(items)
+            self._append(items, mark=mark)
             crashpoints.hit("dispatch.batch-applied")
+
+    # -- batch marks (SPEC E8, issue 30) ------------------------------------------------
+
+    def read_mark(self) -> TargetMark:
+        """The mark the target keeps (``NO_MARK`` before the first marked write)."""
+        with self._mutex:
+            try:
+                return _held_mark(self._open(create=False))
+            except (RunnerError, sqlite3.Error, OSError) as exc:
+                raise TargetReadError(f"target mark read failed: {_message(exc)}") from None
+
+    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> None:
+        """The fence alone: keep ``mark`` if it may apply (an owner equal to ``replaces``
+        is replaced), applying no row."""
+        with self._mutex:
+            self._append([], mark=mark, replaces=replaces)
+
+    def read_by_keys(self, keys: Sequence[tuple[str, str]]) -> Sequence[TargetRow]:
+        """Every row whose (tenant, source_lead_id) is one of ``keys``, whatever its
+        write_id."""
+        found: list[TargetRow] = []
+        with self._mutex:
+            try:
+                conn = self._open(create=False)
+                for start in range(0, len(keys), 400):
+                    chunk = keys[start : start + 400]
+                    pairs = ",".join(["(?, ?)"] * len(chunk))
+                    found += [_row(row) for row in conn.execute(
+                        f"{_READ} WHERE (tenant, source_lead_id) IN (VALUES {pairs}) "
+                        "ORDER BY row_id", [v for key in chunk for v in key])]
+            except (RunnerError, sqlite3.Error, OSError) as exc:
+                raise TargetReadError(f"target read by key failed: {_message(exc)}") from None
+        return found
 
     def write_batch_once(self, items: Sequence[tuple[CRMRecord, str]]
                          ) -> tuple[int, list[TargetRow]]:
@@ -374,8 +450,9 @@ class SyntheticTarget:
         with self._mutex:
             return self._append(items, once=True)
 
-    def _append(self, items: Sequence[tuple[CRMRecord, str]], *,
-                once: bool = False) -> tuple[int, list[TargetRow]]:
+    def _append(self, items: Sequence[tuple[CRMRecord, str]], *, once: bool = False,
+                mark: BatchMark | None = None, replaces: str | None = None,
+                ) -> tuple[int, list[TargetRow]]:
         try:
             conn = self._connect()
         except (RunnerError, sqlite3.Error, OSError) as exc:
@@ -386,6 +463,8 @@ class SyntheticTarget:
             # the write lock was not taken: nothing of these rows reached the sheet
             _rollback_quietly(conn)
             raise BeforeWriteError(f"target not written (its lock: {exc})") from None
+        if mark is not None:
+            _keep_mark(conn, mark, replaces)  # in this transaction; refused: nothing applied
         try:
             values = [(write_id, record.tenant, record.source, record.source_lead_id,
                        int(record.is_test), record.contact_alias) for record, write_id in items]

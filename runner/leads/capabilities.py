@@ -59,3 +59,20 @@ def dedupes(adapter: object) -> bool:
         raise UsageError(f"the target adapter's dedupes_write_id must be True or False, "
                          f"not {value!r}")
     return value
+
+
+def marks(adapter: object) -> bool:
+    """Whether the adapter declares that its target keeps batch marks (``marks_batches``;
+    absent: it does not); refuses a value that is not a bool, or a declaration without the
+    four methods."""
+    value = getattr(adapter, "marks_batches", False)
+    if not isinstance(value, bool):
+        raise UsageError(f"the target adapter's marks_batches must be True or False, "
+                         f"not {value!r}")
+    if value:
+        lacking = [name for name in ("read_mark", "write_batch", "raise_mark", "read_by_keys")
+                   if not callable(getattr(adapter, name, None))]
+        if lacking:
+            raise UsageError("the target adapter declares marks_batches but has no "
+                             + ", ".join(lacking))
+    return value

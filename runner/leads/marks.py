@@ -39,59 +39,19 @@ The conformance kit proves all four (``runner.testing``: ``Report.marks_proven``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from runner.errors import UsageError
+from runner.ids import COUNTER_MAX as COUNTER_MAX
+from runner.ids import EPOCH_SHIFT as EPOCH_SHIFT
+from runner.ids import NO_MARK as NO_MARK
+from runner.ids import BatchMark as BatchMark
+from runner.ids import Key as Key
+from runner.ids import TargetMark as TargetMark
+from runner.ids import counter_of as counter_of
+from runner.ids import epoch_of as epoch_of
+from runner.ids import in_words as in_words
+from runner.ids import seq_of as seq_of
+from runner.leads.capabilities import marks as marks
 from runner.leads.port import BeforeWriteError, TargetRow
-
-#: bits of a seq below its epoch
-EPOCH_SHIFT = 32
-#: the most batches one epoch may mark
-COUNTER_MAX = (1 << EPOCH_SHIFT) - 1
-
-Key = tuple[str, str]
-"""A lead's business key at the target: (tenant, source_lead_id)."""
-
-
-def seq_of(epoch: int, counter: int) -> int:
-    """The seq of an epoch's counter."""
-    return epoch << EPOCH_SHIFT | counter
-
-
-def epoch_of(seq: int) -> int:
-    """The epoch a seq belongs to."""
-    return seq >> EPOCH_SHIFT
-
-
-def counter_of(seq: int) -> int:
-    """The counter of a seq within its epoch."""
-    return seq & COUNTER_MAX
-
-
-def in_words(seq: int) -> str:
-    """A seq as an operator reads it: ``epoch.counter``."""
-    return f"{epoch_of(seq)}.{counter_of(seq)}"
-
-
-@dataclass(frozen=True)
-class BatchMark:
-    """What a marked batch (or a row-less fence) carries: the store's identity and the
-    batch's seq."""
-
-    store_id: str
-    seq: int
-
-
-@dataclass(frozen=True)
-class TargetMark:
-    """What a target holds: the store it belongs to (None: no marked batch applied yet) and
-    the highest seq it applied from it (0: none)."""
-
-    owner: str | None
-    seq: int
-
-
-NO_MARK = TargetMark(None, 0)
 
 
 class StaleMark(BeforeWriteError):
@@ -128,23 +88,6 @@ def judge(held: TargetMark, mark: BatchMark, replaces: str | None = None) -> Non
     if held.owner == mark.store_id and mark.seq <= held.seq:
         raise StaleMark(f"the target holds batch {in_words(held.seq)} of this store, "
                         f"newer than {in_words(mark.seq)}", held=held)
-
-
-def marks(adapter: object) -> bool:
-    """Whether the adapter declares that its target keeps batch marks (``marks_batches``;
-    absent: it does not); refuses a value that is not a bool, or a declaration without the
-    four methods."""
-    value = getattr(adapter, "marks_batches", False)
-    if not isinstance(value, bool):
-        raise UsageError(f"the target adapter's marks_batches must be True or False, "
-                         f"not {value!r}")
-    if value:
-        lacking = [name for name in ("read_mark", "write_batch", "raise_mark", "read_by_keys")
-                   if not callable(getattr(adapter, name, None))]
-        if lacking:
-            raise UsageError("the target adapter declares marks_batches but has no "
-                             + ", ".join(lacking))
-    return value
 
 
 def rows_by_key(rows: Sequence[TargetRow]) -> dict[Key, list[TargetRow]]:

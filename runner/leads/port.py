@@ -60,9 +60,11 @@ import anyio
 
 from runner import crashpoints
 from runner.errors import RunnerError
+from runner.ids import BatchMark, TargetMark
 
 # re-exported: adapters and wrappers read the declarations from the port, as before
 from runner.leads.capabilities import dedupes as dedupes
+from runner.leads.capabilities import marks
 from runner.leads.capabilities import max_batch as max_batch
 from runner.leads.capabilities import max_read as max_read
 from runner.leads.failures import FAILURES
@@ -241,6 +243,10 @@ class CRMRecordPort:
         self.max_batch = max_batch(adapter)
         self.max_read = max_read(adapter)
         dedupes(adapter)  # a declaration that is not a bool is refused before any work
+        #: the target keeps batch marks (SPEC E8, ``runner.leads.marks``)
+        self.marks = marks(adapter)
+        #: the store this port sends for, once known (a marked batch carries it)
+        self.store_id: str | None = None
         #: the write quota (batch writes)
         self.pacer = pacer if pacer is not None else Pacer()
         #: the read quota (readbacks, reconcile reads, status reads); unset: not paced
@@ -388,7 +394,8 @@ class CRMRecordPort:
         return (callable(getattr(self.adapter, "write_batch", None))
                 and bool(getattr(self.adapter, "batches", True)))
 
-    def send_batch_blocking(self, items: Sequence[tuple[LeadEvent, str]]) -> list[SendResult]:
+    def send_batch_blocking(self, items: Sequence[tuple[LeadEvent, str]],
+                            mark: BatchMark | None = None) -> list[SendResult]:
         """:meth:`send_blocking` for a batch in one request (``write_batch``), then one
         exact readback of every row of the batch (none when the write returned the rows);
         a result per item, in order.
@@ -402,7 +409,7 @@ class CRMRecordPort:
         n = len(records)
         write_batch = self.adapter.write_batch  # type: ignore[attr-defined]
         try:
-            given = write_batch(records)
+            given = write_batch(records) if mark is None else write_batch(records, mark=mark)
         except BeforeWriteError as exc:
             return [_not_sent(exc, self._rate_limited(exc))] * n
         except Exception as exc:  # noqa: BLE001 - may have been sent: the caller decides
@@ -442,6 +449,41 @@ class CRMRecordPort:
     def _read_once(self, write_ids: Sequence[str]) -> list[TargetRow]:
         """One ``read_back_many`` request of the adapter."""
         return list(self.adapter.read_back_many(list(write_ids)))  # type: ignore[attr-defined]
+
+    async def read_mark(self) -> TargetMark:
+        """What the target keeps of batch marks (a target that keeps them)."""
+        await self.read_pacer.take()
+        return await anyio.to_thread.run_sync(
+            self.adapter.read_mark, abandon_on_cancel=True)  # type: ignore[attr-defined]
+
+    async def raise_mark(self, mark: BatchMark, replaces: str | None) -> None:
+        """Raise the target's fence to ``mark`` with no rows (StaleMark, ForeignMark when
+        it may not)."""
+        await self.pacer.take()
+        try:
+            await anyio.to_thread.run_sync(
+                self.adapter.raise_mark, mark, replaces,  # type: ignore[attr-defined]
+                abandon_on_cancel=True)
+        except RateLimited as exc:
+            self._rate_limited(exc)
+            raise
+
+    async def read_by_keys(self, keys: Sequence[tuple[str, str]]) -> list[TargetRow]:
+        """Every row held under one of these business keys, in requests of at most
+        ``read_size`` keys."""
+        rows: list[TargetRow] = []
+        size = self.read_size(len(keys)) if keys else 1
+        for start in range(0, len(keys), size):
+            await self.read_pacer.take()
+            chunk = list(keys[start : start + size])
+            try:
+                rows += await anyio.to_thread.run_sync(
+                    self.adapter.read_by_keys, chunk,  # type: ignore[attr-defined]
+                    abandon_on_cancel=True)
+            except RateLimited as exc:
+                self._rate_limited(exc)
+                raise
+        return rows
 
     async def confirm(self, event: LeadEvent, write_id: str) -> Readback:
         """Read back and classify (raises what the adapter raises)."""

@@ -32,11 +32,12 @@ from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import StoreError
 from runner.leads.failures import FAILURES
+from runner.leads.marks import BatchMark
 from runner.leads.pacing import Backoff
 from runner.leads.port import CRMRecordPort, SendResult, readback_in_words
 from runner.leads.states import IllegalTransition, LeadState
 from runner.store import DeliveryStore, DispatchSteps, LeadWork
-from runner.tasks import target
+from runner.tasks import rewind
 from runner.tasks.outcomes import (
     STOPPED,
     CycleSummary,
@@ -46,7 +47,7 @@ from runner.tasks.outcomes import (
     done_of,
     retry_of,
 )
-from runner.tasks.reconcile import reconcile_all, recover
+from runner.tasks.reconcile import reconcile_all
 
 log = logging.getLogger("runner.deliver")
 
@@ -55,6 +56,8 @@ PAGE = 200
 #: hop to a worker thread and back, which a page of only two batches of 100 paid every
 #: other request
 BATCH_PAGE = 1000
+#: the failures of a batch whose mark the target refused (it applied nothing)
+MARK_REFUSALS = ("stale_mark", "foreign_mark")
 #: how long a cancelled send may take to record its outcome before giving up (the
 #: record then stays in_flight and the next start makes it uncertain)
 RECORD_WINDOW = 2.0
@@ -124,6 +127,8 @@ async def dispatch_all(
     """
     backoff = backoff or Backoff()
     batch = batch_size if port.batches else 1
+    if port.marks and port.store_id is None:
+        port.store_id = (await store.store_mark()).store_id
     size = PAGE if batch == 1 else max(BATCH_PAGE, batch)
     after = 0
     page = (await store.dispatchable_page(after, size, clock.now())
@@ -137,7 +142,7 @@ async def dispatch_all(
                 run: _PageRun | _BatchRun = (
                     _PageRun(steps, port, clock, summary, guard, limit, page, pending,
                              backoff)
-                    if batch == 1 else
+                    if batch == 1 and not port.marks else
                     _BatchRun(steps, port, clock, summary, guard, limit, page, pending,
                               backoff, batch))
                 ahead = _NextPage(store, clock, page[-1].seq, size)
@@ -392,9 +397,16 @@ class _BatchRun(_PageRun):
                 return
             if pending:
                 crashpoints.hit("dispatch.before-confirm")
-            marked = self.steps.finish_and_mark_batch(
-                done_of(pending), [work.write_id for work in chunk], self.clock.now(),
-                *retry_of(pending))
+            mark: BatchMark | None = None
+            if self.port.marks and self.port.store_id is not None:
+                marked, seq = self.steps.mark_batch(
+                    done_of(pending), [work.write_id for work in chunk], self.clock.now(),
+                    *retry_of(pending))
+                mark = BatchMark(self.port.store_id, seq) if seq else None
+            else:
+                marked = self.steps.finish_and_mark_batch(
+                    done_of(pending), [work.write_id for work in chunk], self.clock.now(),
+                    *retry_of(pending))
             sent = [work for work in chunk if work.write_id in marked]
             # the previous outcomes are in; this batch is in flight (uncertain until the
             # request says more)
@@ -416,29 +428,31 @@ class _BatchRun(_PageRun):
                     "action": "batch.in_flight", "count": len(sent),
                     "keys": [work.source_lead_id for work in sent]})
             results = self.port.send_batch_blocking([(work.event, work.write_id)
-                                                     for work in sent])
+                                                     for work in sent], mark)
             attempts = max(marked[work.write_id] for work in sent)
             outcomes: list[Pending] = [
                 (work, *self._outcome(result, attempts))
                 for work, result in zip(sent, results, strict=True)]
             if not self._go_on(outcomes):
                 return  # abandoned while out: the loop has recorded them uncertain
+            if results and results[0].failure in MARK_REFUSALS:
+                # the target refused the batch's mark, applying nothing: the store is behind
+                # it or not its owner; nothing more is sent until that is settled (E8)
+                summary.refused_mark = results[0].failure
+                self.ended = True
+                return
 
 
 @asynccontextmanager
 async def holding_lock(
-    store: DeliveryStore, port: CRMRecordPort | None, clock: Clock
+    store: DeliveryStore, port: CRMRecordPort | None, clock: Clock, *,
+    check_target: bool = True,
 ) -> AsyncIterator[int]:
-    """Hold the worker lock (L7) for a run of cycles.  On acquiring it the target is
-    checked (with a ``port``; ``runner.tasks.target``: a bad target stops the run before
-    any record changes), then every in-flight record becomes uncertain: recovery runs
-    once per acquisition, since no other worker can leave a record in flight while the
-    lock is held.  Yields how many were recovered.  Raises LockHeld (exit 75) at once if
-    another live worker holds it."""
+    """Hold the worker lock (L7) for a run of cycles, and take over on acquiring it
+    (``runner.tasks.rewind.take_over``).  Yields how many were recovered.  Raises
+    LockHeld (exit 75) at once if another live worker holds it."""
     async with store.worker_lock():
-        if port is not None:
-            await target.check_for_writes(store, port, clock)
-        yield await recover(store, clock)
+        yield await rewind.take_over(store, port, clock, check_target=check_target)
 
 
 async def run_cycle(
@@ -463,11 +477,16 @@ async def run_cycle(
     summary = summary if summary is not None else CycleSummary()
     batch_size = port.batch_size(batch_size)  # no more than the adapter takes
     try:
+        rewound = await rewind.read_rewound(store, port, clock, batch_size, backoff)
+        summary.reconciled += rewound.confirmed + rewound.adopted
+        summary.requeued += rewound.requeued
         reconciled = await reconcile_all(store, port, clock, guard, batch_size, backoff)
         summary.reconciled += reconciled.confirmed
         summary.requeued += reconciled.requeued
         await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit,
                            batch_size=batch_size, backoff=backoff)
+        if summary.refused_mark is not None:
+            await rewind.refused(store, port, clock, summary.refused_mark)
     except anyio.get_cancelled_exc_class():
         # stopped: still counted, within a short shielded window; a store that cannot
         # answer then leaves it unknown (the stop is what is reported)

@@ -7,7 +7,7 @@ again within a minute left out (``runner.logs.Repeats``)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
@@ -41,6 +41,10 @@ class CycleSummary:
     polled: int = 0
     poll_failed: int = 0
     still_uncertain: int | None = None
+    #: the kind of a mark refusal that ended the dispatch (``stale_mark``,
+    #: ``foreign_mark``; SPEC E8): the store is behind its target, or not its owner; not
+    #: part of the summary's JSON
+    refused_mark: str | None = field(default=None, compare=False)
 
     @property
     def moved(self) -> int:
@@ -49,7 +53,9 @@ class CycleSummary:
                 + self.confirmed + self.failed_safe + self.uncertain)
 
     def to_json(self) -> dict[str, int | None]:
-        return asdict(self)
+        counts: dict[str, int | None] = asdict(self)
+        del counts["refused_mark"]
+        return counts
 
 
 class Failure(NamedTuple):

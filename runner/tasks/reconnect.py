@@ -45,8 +45,7 @@ from runner.errors import leaves as error_leaves
 from runner.leads.port import CRMRecordPort
 from runner.logs import Repeats
 from runner.store import DeliveryStore, Reconnecting, WorkerLock
-from runner.tasks import target
-from runner.tasks.reconcile import recover
+from runner.tasks.rewind import take_over
 
 log = logging.getLogger("runner.reconnect")
 
@@ -213,9 +212,7 @@ class Tenure:
             raise LockHeld(f"{exc.message.removesuffix('; not starting')}: it took over "
                            "while this worker was reconnecting; stepping aside",
                            holder_pid=exc.holder_pid) from None
-        if self.port is not None:
-            await target.check_for_writes(self.store, self.port, self.clock)
-        self.recovered = await recover(self.store, self.clock)
+        self.recovered = await take_over(self.store, self.port, self.clock)
         return self.recovered
 
 
@@ -226,6 +223,4 @@ async def tenure(store: DeliveryStore, port: CRMRecordPort | None, clock: Clock
     checked, in-flight records recovered), as a :class:`Tenure` that can hold it again
     after a lost store.  Raises LockHeld (exit 75) at once if another worker holds it."""
     async with store.worker_lock() as lock:
-        if port is not None:
-            await target.check_for_writes(store, port, clock)
-        yield Tenure(store, port, clock, lock, await recover(store, clock))
+        yield Tenure(store, port, clock, lock, await take_over(store, port, clock))

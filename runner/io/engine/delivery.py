@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import anyio.from_thread
 
 from runner.clock import to_text
-from runner.ids import WriteId
+from runner.ids import WriteId, seq_of
 from runner.io.engine.base import Db, Row
 from runner.leads.failures import FAILURES
 from runner.leads.states import IllegalTransition, LeadState, check_transition
@@ -130,6 +130,12 @@ class _Finishing(Protocol):
         failure: str | None = None,
     ) -> dict[WriteId, int]: ...
 
+    async def mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
+    ) -> tuple[dict[WriteId, int], int]: ...
+
 
 class LoopDispatchSteps:
     """Dispatch steps (``runner.store.DispatchSteps``) that run a store's own async
@@ -153,6 +159,14 @@ class LoopDispatchSteps:
         failure: str | None = None,
     ) -> dict[WriteId, int]:
         return anyio.from_thread.run(self._store.finish_and_mark_batch, done, next_ids, now,
+                                     retry_at, reason, failure)
+
+    def mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
+    ) -> tuple[dict[WriteId, int], int]:
+        return anyio.from_thread.run(self._store.mark_batch, done, next_ids, now,
                                      retry_at, reason, failure)
 
 
@@ -261,6 +275,22 @@ class DeliveryOps(Db):
             rows = await self.fetch("finish_and_mark_batch", **params)
         return batch_result(rows, done, next_ids)
 
+    async def mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
+    ) -> tuple[dict[WriteId, int], int]:
+        """``finish_and_mark_batch`` (fenced on PostgreSQL) and the seq the batch carries,
+        in one transaction; no seq (0) when no record was marked."""
+        params = batch_params(done, next_ids, now, retry_at, reason, failure)
+        async with self.transaction():
+            rows = await self._marking_batch(params)
+            marked: dict[WriteId, int] = batch_result(rows, done, next_ids)
+            if not marked:
+                return marked, 0
+            seq = (await self.fetch("next_batch_seq"))[0]
+        return marked, seq_of(int(seq[0]), int(seq[1]))
+
     async def _marking_batch(self, params: dict[str, Any]) -> Sequence[Row]:
         """Hook: run ``finish_and_mark_batch`` for a step that marks records in flight."""
         return await self.fetch("finish_and_mark_batch", **params)
@@ -299,7 +329,8 @@ class DeliveryOps(Db):
         async with self.transaction():
             changed = await self._record_verdicts(verdicts, now) if verdicts else set()
             rows = await self.fetch("authorize_resends", write_ids=[
-                str(w) for w in requeue.write_ids], target_id=requeue.target_id, now=at)
+                str(w) for w in requeue.write_ids], target_id=requeue.target_id, now=at,
+                evidence=requeue.evidence)
             if rows:
                 ids = [str(r[0]) for r in rows]
                 due = requeue.due(max(int(r[1]) for r in rows))

@@ -301,7 +301,7 @@ WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit
 -- the order of a reconcile pass (issue 16): oldest reconcile attempt first (never read
 -- back in this uncertain episode first), then accept order; the pass's keys only
 -- name: reconcile_order
-SELECT seq FROM {s}.leads WHERE state = 'uncertain'
+SELECT seq FROM {s}.leads WHERE state = 'uncertain' AND last_failure IS DISTINCT FROM 'rewound'
 ORDER BY last_reconcile_at NULLS FIRST, seq
 
 -- the records of a reconcile chunk that are still uncertain
@@ -482,8 +482,8 @@ RETURNING l.write_id
 -- as on SQLite
 -- name: authorize_resends
 INSERT INTO {s}.resend_authorizations (tenant_id, source_lead_id, write_id, target_id,
-                                       attempts, readback, decided_at)
-SELECT tenant_id, source_lead_id, write_id, :target_id, attempts, 'none', :now
+                                       attempts, readback, decided_at, evidence)
+SELECT tenant_id, source_lead_id, write_id, :target_id, attempts, 'none', :now, :evidence
 FROM {s}.leads WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'uncertain'
 ORDER BY seq
 RETURNING write_id, attempts
@@ -494,6 +494,77 @@ UPDATE {s}.leads SET state = 'failed_safe', reconcile_attempts = reconcile_attem
     last_error = :reason, last_failure = 'requeued', updated_at = :now
 WHERE write_id = ANY(:write_ids::text[]) AND coalesce(state, '') = 'uncertain'
 RETURNING write_id
+
+-- ==== the store's mark and its rewinds (v18, SPEC E8, issue 30) =====================
+
+-- name: store_mark
+SELECT store_id, epoch, counter, fenced_epoch, rewind, adopting FROM {s}.store_marks
+
+-- the next batch's seq for a target that keeps marks: in the transaction that marks the
+-- batch in flight (``mark_batch``)
+-- name: next_batch_seq
+UPDATE {s}.store_marks SET counter = counter + 1 RETURNING epoch, counter
+
+-- a new epoch above both the store's and the target's (:min_epoch), counter 0, the fence
+-- not yet raised at it; :reason: why (NULL: a rewind that is not pending any more)
+-- name: begin_epoch
+UPDATE {s}.store_marks SET epoch = greatest(epoch, :min_epoch::bigint) + 1, counter = 0, fenced_epoch = NULL,
+    rewind = coalesce(:reason, rewind), updated_at = :now
+RETURNING store_id, epoch, counter, fenced_epoch, rewind, adopting
+
+-- every record the forgotten history could have sent becomes uncertain, tagged
+-- ``rewound``: prepared and failed_safe ones through in_flight (attempts + 1), then every
+-- in_flight one, then the uncertain ones are tagged (three statements, one transaction)
+-- name: rewind_mark_sendable
+UPDATE {s}.leads SET state = 'in_flight', attempts = attempts + 1, updated_at = :now,
+    next_attempt_at = NULL, last_error = NULL, last_failure = NULL
+WHERE state IN ('prepared', 'failed_safe')
+
+-- name: rewind_tag
+UPDATE {s}.leads SET state = 'uncertain', updated_at = :now, last_error = :reason,
+    last_failure = 'rewound'
+WHERE state IN ('in_flight', 'uncertain')
+
+-- name: fence_raised
+UPDATE {s}.store_marks SET fenced_epoch = epoch, adopting = NULL, updated_at = :now
+WHERE epoch = :epoch RETURNING epoch
+
+-- the rewound records still to read, in accept order
+-- name: rewound_page
+SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
+WHERE state = 'uncertain' AND last_failure = 'rewound' AND seq > :after_seq
+ORDER BY seq LIMIT :limit
+
+-- a rewound record's verdict other than confirmed and requeued: the tag goes (it is an
+-- ordinary uncertain record from now on: reconcile only), its reason stays
+-- name: rewound_untag
+UPDATE {s}.leads SET last_failure = 'readback', reconcile_attempts = reconcile_attempts + 1,
+    last_reconcile = :outcome, last_reconcile_at = :now::text, updated_at = :now
+WHERE write_id = :write_id AND state = 'uncertain' AND last_failure = 'rewound'
+
+-- name: rewind_done
+UPDATE {s}.store_marks SET rewind = NULL, updated_at = :now
+WHERE rewind IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM {s}.leads WHERE state = 'uncertain' AND last_failure = 'rewound')
+RETURNING epoch
+
+-- name: record_target_adoption
+INSERT INTO {s}.target_adoptions (previous_owner, target_id, reason, decided_at)
+VALUES (:previous_owner, :target_id, :reason, :now)
+
+-- name: set_adopting
+UPDATE {s}.store_marks SET adopting = :previous_owner, updated_at = :now
+
+-- a rewound record found at the target under another write_id: the store takes it (the
+-- kept adoption row lets the identity guard allow the change)
+-- name: record_write_id_adoption
+INSERT INTO {s}.write_id_adoptions (tenant_id, source_lead_id, write_id_was, write_id, decided_at)
+SELECT tenant_id, source_lead_id, write_id, :write_id, :now FROM {s}.leads
+WHERE write_id = :write_id_was AND state = 'uncertain'
+
+-- name: adopt_write_id
+UPDATE {s}.leads SET write_id = :write_id, updated_at = :now
+WHERE write_id = :write_id_was AND state = 'uncertain' RETURNING seq
 
 -- ==== (end delivery) ==================================================================
 

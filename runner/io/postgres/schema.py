@@ -35,6 +35,7 @@ from __future__ import annotations
 from runner.io.postgres.candidates_schema import CANDIDATES_V1
 from runner.io.postgres.figures_schema import V8 as FIGURES_V8
 from runner.io.postgres.figures_schema import V14 as FIGURES_V14
+from runner.io.postgres.marks_schema import V18
 from runner.io.postgres.pipeline_schema import PIPELINE_V1, PIPELINE_V10, PIPELINE_V15
 from runner.io.postgres.resend_schema import V17
 from runner.io.sqlite.schema import V1_TRANSITIONS, V9_TRANSITIONS, transition_list
@@ -626,7 +627,7 @@ EXECUTE FUNCTION {s}.leads_guard();
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
                               7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
                               11: V11, 12: V12, 13: V13, 14: FIGURES_V14,
-                              15: PIPELINE_V15, 16: V16, 17: V17}
+                              15: PIPELINE_V15, 16: V16, 17: V17, 18: V18}
 LATEST = max(MIGRATIONS)
 
 

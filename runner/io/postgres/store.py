@@ -9,6 +9,7 @@ from runner.errors import AccessDenied
 from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.leads import FigureOps, LeadOps, OperatorOps, PollOps, RetentionOps
+from runner.io.engine.marks import MarkOps
 from runner.io.engine.pipeline import PipelineOps
 from runner.io.postgres import connection
 from runner.io.postgres.delivery import FencedMark
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
-                    FencedMark, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
+                    FencedMark, MarkOps, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
     """The store: the engine's operations (``runner.io.engine``) over this dialect's
     connection and hooks."""
 

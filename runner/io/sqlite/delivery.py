@@ -5,6 +5,7 @@ event loop (the hop, not SQLite, is what costs).  The step is the engine's
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -14,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from runner.ids import WriteId
+from runner.ids import WriteId, seq_of
 from runner.io.engine.delivery import (
     Done,
     Outcomes,
@@ -28,6 +29,7 @@ from runner.io.sqlite.base import QUERIES, SQLiteBase, bindable
 
 _STEP = QUERIES["finish_and_mark"].sql
 _BATCH_STEP = QUERIES["finish_and_mark_batch"].sql
+_NEXT_SEQ = QUERIES["next_batch_seq"].sql
 
 
 class BlockingDispatchSteps:
@@ -54,6 +56,30 @@ class BlockingDispatchSteps:
         rows = self._run(_BATCH_STEP, bindable(batch_params(done, next_ids, now, retry_at,
                                                             reason, failure)))
         return batch_result(rows, done, next_ids)
+
+    def mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
+    ) -> tuple[dict[WriteId, int], int]:
+        """As :meth:`finish_and_mark_batch`, and the seq the batch carries to a target
+        that keeps marks, in one transaction (``runner.io.engine.marks``)."""
+        params = bindable(batch_params(done, next_ids, now, retry_at, reason, failure))
+        with self._busy:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    rows = self._conn.execute(_BATCH_STEP, params).fetchall()
+                    marked = batch_result(rows, done, next_ids)
+                    seq = self._conn.execute(_NEXT_SEQ).fetchone() if marked else None
+                    self._conn.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise connection.translate(exc, "writing the store", self._path) from None
+        return marked, 0 if seq is None else seq_of(int(seq[0]), int(seq[1]))
 
     def _run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         with self._busy:

@@ -291,7 +291,8 @@ WHERE state = 'uncertain' AND seq > :after_seq ORDER BY seq LIMIT :limit
 -- the order of a reconcile pass (issue 16): oldest reconcile attempt first (never read
 -- back in this uncertain episode first), then accept order; the pass's keys only
 -- name: reconcile_order
-SELECT seq FROM leads WHERE state = 'uncertain' ORDER BY last_reconcile_at, seq
+SELECT seq FROM leads WHERE state = 'uncertain' AND last_failure IS NOT 'rewound'
+ORDER BY last_reconcile_at, seq
 
 -- the records of a reconcile chunk that are still uncertain (:seqs: JSON list)
 -- name: uncertain_by_seqs
@@ -385,8 +386,8 @@ RETURNING leads.write_id
 -- at :retry_at; "+state": found by write_id
 -- name: authorize_resends
 INSERT INTO resend_authorizations (tenant_id, source_lead_id, write_id, target_id, attempts,
-                                   readback, decided_at)
-SELECT tenant_id, source_lead_id, write_id, :target_id, attempts, 'none', :now
+                                   readback, decided_at, evidence)
+SELECT tenant_id, source_lead_id, write_id, :target_id, attempts, 'none', :now, :evidence
 FROM leads WHERE write_id IN (SELECT value FROM json_each(:write_ids)) AND +state = 'uncertain'
 ORDER BY seq
 RETURNING write_id, attempts
@@ -397,6 +398,77 @@ UPDATE leads SET state = 'failed_safe', reconcile_attempts = reconcile_attempts 
     last_error = :reason, last_failure = 'requeued', updated_at = :now
 WHERE write_id IN (SELECT value FROM json_each(:write_ids)) AND +state = 'uncertain'
 RETURNING write_id
+
+-- ==== the store's mark and its rewinds (v18, SPEC E8, issue 30) =====================
+
+-- name: store_mark
+SELECT store_id, epoch, counter, fenced_epoch, rewind, adopting FROM store_marks
+
+-- the next batch's seq for a target that keeps marks: in the transaction that marks the
+-- batch in flight (``mark_batch``)
+-- name: next_batch_seq
+UPDATE store_marks SET counter = counter + 1 RETURNING epoch, counter
+
+-- a new epoch above both the store's and the target's (:min_epoch), counter 0, the fence
+-- not yet raised at it; :reason: why (NULL: a rewind that is not pending any more)
+-- name: begin_epoch
+UPDATE store_marks SET epoch = max(epoch, :min_epoch) + 1, counter = 0, fenced_epoch = NULL,
+    rewind = coalesce(:reason, rewind), updated_at = :now
+RETURNING store_id, epoch, counter, fenced_epoch, rewind, adopting
+
+-- every record the forgotten history could have sent becomes uncertain, tagged
+-- ``rewound``: prepared and failed_safe ones through in_flight (attempts + 1), then every
+-- in_flight one, then the uncertain ones are tagged (three statements, one transaction)
+-- name: rewind_mark_sendable
+UPDATE leads SET state = 'in_flight', attempts = attempts + 1, updated_at = :now,
+    next_attempt_at = NULL, last_error = NULL, last_failure = NULL
+WHERE state IN ('prepared', 'failed_safe')
+
+-- name: rewind_tag
+UPDATE leads SET state = 'uncertain', updated_at = :now, last_error = :reason,
+    last_failure = 'rewound'
+WHERE state IN ('in_flight', 'uncertain')
+
+-- name: fence_raised
+UPDATE store_marks SET fenced_epoch = epoch, adopting = NULL, updated_at = :now
+WHERE epoch = :epoch RETURNING epoch
+
+-- the rewound records still to read, in accept order
+-- name: rewound_page
+SELECT seq, source_lead_id, write_id, state, canonical FROM leads
+WHERE state = 'uncertain' AND last_failure = 'rewound' AND seq > :after_seq
+ORDER BY seq LIMIT :limit
+
+-- a rewound record's verdict other than confirmed and requeued: the tag goes (it is an
+-- ordinary uncertain record from now on: reconcile only), its reason stays
+-- name: rewound_untag
+UPDATE leads SET last_failure = 'readback', reconcile_attempts = reconcile_attempts + 1,
+    last_reconcile = :outcome, last_reconcile_at = :now, updated_at = :now
+WHERE write_id = :write_id AND state = 'uncertain' AND last_failure = 'rewound'
+
+-- name: rewind_done
+UPDATE store_marks SET rewind = NULL, updated_at = :now
+WHERE rewind IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM leads WHERE state = 'uncertain' AND last_failure = 'rewound')
+RETURNING epoch
+
+-- name: record_target_adoption
+INSERT INTO target_adoptions (previous_owner, target_id, reason, decided_at)
+VALUES (:previous_owner, :target_id, :reason, :now)
+
+-- name: set_adopting
+UPDATE store_marks SET adopting = :previous_owner, updated_at = :now
+
+-- a rewound record found at the target under another write_id: the store takes it (the
+-- kept adoption row lets the identity guard allow the change)
+-- name: record_write_id_adoption
+INSERT INTO write_id_adoptions (tenant_id, source_lead_id, write_id_was, write_id, decided_at)
+SELECT tenant_id, source_lead_id, write_id, :write_id, :now FROM leads
+WHERE write_id = :write_id_was AND state = 'uncertain'
+
+-- name: adopt_write_id
+UPDATE leads SET write_id = :write_id, updated_at = :now
+WHERE write_id = :write_id_was AND state = 'uncertain' RETURNING seq
 
 -- ==== (end delivery) ==================================================================
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from runner.io.engine.candidates import CandidateOps
 from runner.io.engine.delivery import DeliveryOps
 from runner.io.engine.leads import FigureOps, LeadOps, OperatorOps, PollOps, RetentionOps
+from runner.io.engine.marks import MarkOps
 from runner.io.engine.pipeline import PipelineOps
 from runner.io.sqlite import connection
 from runner.io.sqlite.delivery import BlockingDispatch
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class SQLiteStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
-                  BlockingDispatch, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
+                  BlockingDispatch, MarkOps, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
     """The store: the engine's operations (``runner.io.engine``) over this dialect's
     connection and hooks."""
 

@@ -1,0 +1,111 @@
+"""The store's mark and its rewinds (SPEC E8, schema v18, issue 30), written once for both
+dialects: ``runner.leads.marks`` says what a mark is, ``runner.tasks.rewind`` what a
+rewind does with these operations.
+
+``mark_batch`` is the batch step of ``finish_and_mark_batch`` plus the batch's seq, in one
+transaction: for a target that keeps marks, the seq a batch carries is remembered by the
+commit that marks it in flight, so a store that lost that commit (a promoted asynchronous
+standby) has a lower seq than the target and its next batch is refused as stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import NamedTuple
+
+from runner.clock import to_text
+from runner.ids import WriteId, seq_of
+from runner.io.engine.base import Row
+from runner.io.engine.delivery import DeliveryOps, last_error
+
+
+class StoreMark(NamedTuple):
+    """What the store remembers of its marks (``store_marks``).
+
+    ``fenced``: the target's fence stands at the current epoch (raised after the rewind's
+    tags committed); ``rewind``: why a rewind is pending (None: none); ``adopting``: the
+    previous owner an operator adopted, until the fence raise replaces it."""
+
+    store_id: str
+    epoch: int
+    counter: int
+    fenced: bool
+    rewind: str | None
+    adopting: str | None
+
+    @property
+    def seq(self) -> int:
+        """The seq of the last batch the store marked (of the current epoch)."""
+        return seq_of(self.epoch, self.counter)
+
+
+def store_mark(row: Row) -> StoreMark:
+    return StoreMark(str(row[0]), int(row[1]), int(row[2]),
+                     row[3] is not None and int(row[3]) == int(row[1]),
+                     None if row[4] is None else str(row[4]),
+                     None if row[5] is None else str(row[5]))
+
+
+class MarkOps(DeliveryOps):
+    async def store_mark(self) -> StoreMark:
+        return store_mark((await self.fetch("store_mark"))[0])
+
+    async def begin_epoch(self, min_epoch: int, reason: str | None, now: datetime, *,
+                          tag: bool) -> StoreMark:
+        """A new epoch above ``min_epoch`` (the target's), its fence not raised yet; with
+        ``tag``, every record the forgotten history could have sent becomes uncertain,
+        tagged ``rewound`` (one transaction)."""
+        at = to_text(now)
+        async with self.transaction():
+            if tag:
+                await self.execute("rewind_mark_sendable", now=at)
+                await self.execute("rewind_tag", now=at, reason=last_error(reason))
+            row = (await self.fetch("begin_epoch", min_epoch=min_epoch, reason=reason,
+                                    now=at))[0]
+        return store_mark(row)
+
+    async def fence_raised(self, epoch: int, now: datetime) -> bool:
+        """Record that the target's fence stands at ``epoch`` (False: the store began
+        another epoch meanwhile)."""
+        return bool(await self.fetch("fence_raised", epoch=epoch, now=to_text(now)))
+
+    async def rewound_page(self, after_seq: int, limit: int) -> list[Row]:
+        return list(await self.fetch("rewound_page", after_seq=after_seq, limit=limit))
+
+    async def rewound_untag(self, verdicts: Sequence[tuple[WriteId, str]],
+                            now: datetime) -> None:
+        at = to_text(now)
+        async with self.transaction():
+            for write_id, outcome in verdicts:
+                await self.execute("rewound_untag", write_id=write_id, outcome=outcome, now=at)
+
+    async def adopt_write_ids(self, pairs: Sequence[tuple[WriteId, str]],
+                              now: datetime) -> list[WriteId]:
+        """Each rewound record ``(its write_id, the target's)`` takes the target's write_id
+        (a kept adoption row and its outbox event each); the new write_ids of the records
+        that were still uncertain."""
+        at = to_text(now)
+        taken: list[WriteId] = []
+        async with self.transaction():
+            for was, found in pairs:
+                await self.execute("record_write_id_adoption", write_id_was=was,
+                                   write_id=found, now=at)
+                if await self.fetch("adopt_write_id", write_id_was=was, write_id=found,
+                                    now=at):
+                    taken.append(WriteId(found))
+        return taken
+
+    async def rewind_done(self, now: datetime) -> bool:
+        """End the pending rewind once no rewound record is left unread."""
+        return bool(await self.fetch("rewind_done", now=to_text(now)))
+
+    async def adopt_target(self, previous_owner: str, target_id: str | None, reason: str,
+                           now: datetime) -> None:
+        """An operator's decision that this store replaces the target's owner (kept, with
+        its outbox event); the next run raises the target's fence with it."""
+        at = to_text(now)
+        async with self.transaction():
+            await self.execute("record_target_adoption", previous_owner=previous_owner,
+                               target_id=target_id, reason=reason, now=at)
+            await self.execute("set_adopting", previous_owner=previous_owner, now=at)
