@@ -126,8 +126,8 @@ class Report:
     def text(self) -> str:
         lines = [f"{c.outcome:7} {c.name}" + (f": {c.detail}" if c.detail else "")
                  for c in self.checks]
-        return "\n".join([*lines, f"dedupes_write_id {DEDUPE_WORDS[self.dedupe]}",
-                          f"marks_batches {MARKS_WORDS[self.marks]}"])
+        return "\n".join([*lines, f"marks_batches {MARKS_WORDS[self.marks]}",
+                          f"dedupes_write_id {DEDUPE_WORDS[self.dedupe]}"])
 
     def assert_passed(self, *, require: Sequence[Condition] = (),
                       require_dedupe: bool = False, require_marks: bool = False) -> None:

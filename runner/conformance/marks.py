@@ -31,7 +31,8 @@ refuses applying nothing.  The kit proves each part on the real target, in this 
     first (else ``StaleMark``); every batch is whole or absent, and the target holds the
     newer seq.
 
-Every readback is through a new ``healthy()`` adapter and exact (types included).  The
+Every read is through a second ``healthy()`` adapter (opened once for the proof, so a
+cache of what the writing adapter sent cannot pass) and exact (types included).  The
 proof leaves the target owned by a store of the kit's: run it against a test target,
 never one a store delivers to (that store would find its target owned by another store,
 and stop).  An adapter that does not declare ``marks_batches`` has these checks skipped.
@@ -49,10 +50,12 @@ from runner.conformance.base import (
     Run,
     attempt,
     before_work,
+    grouped,
     items,
     judged,
     opened,
     raised_words,
+    reads_many,
     record,
     working,
 )
@@ -106,6 +109,7 @@ class _Proof:
 
     run: Run
     adapter: Any
+    reader: Any
     a: str
     b: str
     epoch: int = 0
@@ -114,9 +118,8 @@ class _Proof:
         return seq_of(self.epoch + epochs, counter)
 
     def held(self) -> TargetMark:
-        """The mark as a new adapter reads it."""
-        with opened(self.run.harness.healthy) as reader:
-            found = reader.read_mark()
+        """The mark as the reader reads it."""
+        found = self.reader.read_mark()
         if not isinstance(found, TargetMark):
             raise AssertionError(f"read_mark returned {type(found).__name__}, not a "
                                  "TargetMark")
@@ -142,7 +145,7 @@ class _Proof:
                     f"{what} raised {kind.__name__} carrying {_mark_words(carried)}; the "
                     f"target holds {_mark_words(held)}")
         if batch is not None:
-            self.expect(name, judged_absent(self.run, batch),
+            self.expect(name, self.absent(batch),
                         f"{what} was refused, yet rows of it are there: a refusal applies "
                         "nothing")
         now = self.held()
@@ -150,13 +153,21 @@ class _Proof:
                                        f"not {_mark_words(held)}: a refusal changes nothing")
 
 
-def judged_absent(run: Run, batch: Sequence[tuple[CRMRecord, str]]) -> bool:
-    """Whether no record of ``batch`` has a row (read through a new adapter)."""
-    with opened(run.harness.healthy) as reader:
-        rows = list(reader.read_back_many([w for _, w in batch])) if callable(
-            getattr(reader, "read_back_many", None)) else [
-            row for _, w in batch for row in reader.read_back(w)]
-    return not rows
+    def rows(self, batch: Sequence[tuple[CRMRecord, str]]) -> dict[str, list[Any]]:
+        """The rows of the batch's write_ids, through the reader (one read_back_many
+        where it has one)."""
+        ids = [w for _, w in batch]
+        if reads_many(self.reader):
+            return grouped(list(self.reader.read_back_many(ids)))
+        return {w: list(self.reader.read_back(w)) for w in ids}
+
+    def absent(self, batch: Sequence[tuple[CRMRecord, str]]) -> bool:
+        """Whether no record of ``batch`` has a row."""
+        return not any(self.rows(batch).values())
+
+    def read(self, batch: Sequence[tuple[CRMRecord, str]]) -> str | None:
+        """The batch's rows judged (None: each record exactly once)."""
+        return judged(self.rows(batch), batch)
 
 
 def marks_proof(run: Run) -> None:
@@ -178,28 +189,34 @@ def marks_proof(run: Run) -> None:
             run.report.marks = "not_declared"
             return
         run.check(DECLARED, True)
-        proof = _Proof(run, adapter, f"conformance-a-{uuid.uuid4().hex}",
-                       f"conformance-b-{uuid.uuid4().hex}")
-        steps: list[tuple[str, Callable[[_Proof], None]]] = [
-            (APPLIED, _applied), (STALE, _stale), (FOREIGN, _foreign),
-            (TRANSFER, _transfer), (FENCE, _fence), (BY_KEYS, _by_keys),
-            (CONCURRENT, _concurrent)]
-        for at, (name, step) in enumerate(steps):
-            try:
-                step(proof)
-            except _Failed:
-                pass
-            except Exception as exc:  # noqa: BLE001 - any failure of the adapter is a finding
-                run.check(name, False, f"raised {type(exc).__name__}: {exc}")
-            else:
-                run.check(name, True)
-                continue
-            for later, _ in steps[at + 1 :]:
-                run.skip(later, f"not reached: {name!r} failed")
-            break
+        with working(run.harness.healthy) as reader:
+            _prove(_Proof(run, adapter, reader, f"conformance-a-{uuid.uuid4().hex}",
+                          f"conformance-b-{uuid.uuid4().hex}"))
     outcomes = {c.name: c.outcome for c in run.report.checks if c.name in PROOF}
     proven = all(outcomes.get(name) == "passed" for name in PROOF)
     run.report.marks = "proven" if proven else "not_proven"
+
+
+def _prove(proof: _Proof) -> None:
+    """Each step in order; after a failure, the rest are not reached."""
+    run = proof.run
+    steps: list[tuple[str, Callable[[_Proof], None]]] = [
+        (APPLIED, _applied), (STALE, _stale), (FOREIGN, _foreign),
+        (TRANSFER, _transfer), (FENCE, _fence), (BY_KEYS, _by_keys),
+        (CONCURRENT, _concurrent)]
+    for at, (name, step) in enumerate(steps):
+        try:
+            step(proof)
+        except _Failed:
+            pass
+        except Exception as exc:  # noqa: BLE001 - any failure of the adapter is a finding
+            run.check(name, False, f"raised {type(exc).__name__}: {exc}")
+        else:
+            run.check(name, True)
+            continue
+        for later, _ in steps[at + 1 :]:
+            run.skip(later, f"not reached: {name!r} failed")
+        break
 
 
 def _applied(p: _Proof) -> None:
@@ -210,7 +227,7 @@ def _applied(p: _Proof) -> None:
     batch = items(2)
     raised = p.write(batch, p.a, p.seq(0, 1))
     p.expect(APPLIED, raised is None, f"a batch of a new store's mark {raised_words(raised)}")
-    found = p.run.read_other(batch)
+    found = p.read(batch)
     p.expect(APPLIED, found is None, f"after a marked batch, the readback: {found}")
     held = p.held()
     p.expect(APPLIED, held == TargetMark(p.a, p.seq(0, 1)),
@@ -252,7 +269,7 @@ def _transfer(p: _Proof) -> None:
     batch = items(2)
     raised = p.write(batch, p.b, p.seq(1, 1))
     p.expect(TRANSFER, raised is None, f"a batch of the new owner {raised_words(raised)}")
-    found = p.run.read_other(batch)
+    found = p.read(batch)
     p.expect(TRANSFER, found is None, f"the new owner's batch, read back: {found}")
 
 
@@ -276,9 +293,8 @@ def _by_keys(p: _Proof) -> None:
         raised = p.write([(rec, write_id)], p.b, p.seq(2, counter))
         p.expect(BY_KEYS, raised is None, f"a marked batch {raised_words(raised)}")
     nobody = record(uuid.uuid4().hex[:12])
-    with opened(p.run.harness.healthy) as reader:
-        rows = list(reader.read_by_keys([(rec.tenant, rec.source_lead_id),
-                                         (nobody.tenant, nobody.source_lead_id)]))
+    rows = list(p.reader.read_by_keys([(rec.tenant, rec.source_lead_id),
+                                       (nobody.tenant, nobody.source_lead_id)]))
     ids = sorted(row.write_id for row in rows)
     p.expect(BY_KEYS, ids == sorted((first, second)),
              f"a record written under two write_ids, read by its key: {len(rows)} rows "
@@ -289,11 +305,12 @@ def _by_keys(p: _Proof) -> None:
 
 
 def _concurrent(p: _Proof) -> None:
-    for round_ in range(ROUNDS):
-        _round(p, round_)
+    with working(p.run.harness.healthy) as one, working(p.run.harness.healthy) as two:
+        for round_ in range(ROUNDS):
+            _round(p, round_, (one, two))
 
 
-def _round(p: _Proof, round_: int) -> None:
+def _round(p: _Proof, round_: int, adapters: tuple[Any, Any]) -> None:
     """One round of the concurrent check."""
     base = p.seq(3 + round_, 0)
     batches = [items(CONCURRENT_BATCH), items(CONCURRENT_BATCH)]
@@ -312,14 +329,12 @@ def _round(p: _Proof, round_: int) -> None:
             raised[i] = exc
         done[i] = True
 
-    with working(p.run.harness.healthy) as one, working(p.run.harness.healthy) as two:
-        adapters = (one, two)
-        threads = [threading.Thread(target=call, args=(i, adapters[i]), daemon=True,
-                                    name=f"conformance-marks-{i}") for i in order]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(CALL_TIMEOUT)
+    threads = [threading.Thread(target=call, args=(i, adapters[i]), daemon=True,
+                                name=f"conformance-marks-{i}") for i in order]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(CALL_TIMEOUT)
     p.expect(CONCURRENT, all(done), f"a call did not return within {CALL_TIMEOUT:.0f} s")
     answers = "; ".join(f"the batch of seq {in_words(seqs[i])} {raised_words(raised[i])}"
                         for i in (0, 1))
@@ -328,13 +343,13 @@ def _round(p: _Proof, round_: int) -> None:
         f"two concurrent marked batches: {answers} (expected the newer applied, the "
         "older applied or StaleMark)")
     for i in (0, 1):
-        found = p.run.read_other(batches[i])
+        found = p.read(batches[i])
         if raised[i] is None:
             p.expect(CONCURRENT, found is None,
                      f"the batch of seq {in_words(seqs[i])} applied, yet the readback: "
                      f"{found}")
         else:
-            p.expect(CONCURRENT, judged_absent(p.run, batches[i]),
+            p.expect(CONCURRENT, p.absent(batches[i]),
                      f"the batch of seq {in_words(seqs[i])} was refused, yet rows of it "
                      "are there: a refusal applies nothing")
     held = p.held()
