@@ -22,6 +22,7 @@ runner sends, and proves the adapter's ``dedupes_write_id`` when it declares it:
     print(report.text())
     report.assert_passed()
     report.dedupe_proven        # True only if it declares dedupes_write_id and the kit proved it
+    report.marks_proven         # the same for marks_batches (issue 30)
 
 ``healthy`` and every condition are factories of context managers that yield an adapter
 (a plain adapter works too: it is used as is, and closed with ``close()`` if it has one).
@@ -67,6 +68,12 @@ The dedupe proof is described in ``runner.conformance.dedupe``: one row for a wr
 written twice in one batch, in two batches and in two concurrent calls, and a repeated
 write whose answer does not strand the record.
 
+The marks proof is described in ``runner.conformance.marks``: a stale or foreign marked
+batch applies nothing and raises ``StaleMark`` or ``ForeignMark``, ``raise_mark`` fences
+and transfers ownership, ``read_by_keys`` finds rows under another write_id, and
+concurrent marked batches leave one consistent mark and no partial batch.  It leaves the
+target owned by a store of the kit's: run it against a test target.
+
 The records the kit writes are synthetic, with fresh ``write_id`` values, so it can run
 against a test target that already holds rows; it never deletes anything (a run at the
 default sizes writes a little over 1,000 rows).
@@ -78,18 +85,21 @@ from runner.conformance.base import Check, Condition, Harness, Report, Run
 from runner.conformance.conditions import condition
 from runner.conformance.dedupe import dedupe
 from runner.conformance.healthy import healthy
+from runner.conformance.marks import marks_proof
 
 __all__ = ["Check", "Condition", "Harness", "Report", "check_adapter"]
 
 
 def check_adapter(harness: Harness) -> Report:
     """Drive the adapter through the healthy path at runner's sizes, the dedupe proof (when
-    it declares ``dedupes_write_id``) and every condition; the report lists every check as
-    passed, failed or skipped, and says whether deduplication is proven
-    (``Report.dedupe_proven``)."""
+    it declares ``dedupes_write_id``), the marks proof (when it declares
+    ``marks_batches``) and every condition; the report lists every check as passed,
+    failed or skipped, and says whether deduplication and marks are proven
+    (``Report.dedupe_proven``, ``Report.marks_proven``)."""
     run = Run(harness)
     healthy(run)
     dedupe(run)
+    marks_proof(run)
     for each in Condition:
         condition(run, each)
     return run.report

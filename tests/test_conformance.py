@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from runner.conformance import marks as marks_proof
 from runner.io.faults import Fault, FaultyAdapter
 from runner.io.synthetic_target import SyntheticTarget
 from runner.io.targets.http import HttpTarget, Timeouts
@@ -21,6 +22,7 @@ from tests.targetkit import target_server
 
 pytestmark = pytest.mark.timeout(120)
 
+MARKS_CHECKS = {marks_proof.DECLARED, *marks_proof.PROOF}
 DEDUPE_CHECKS = {"dedupe: declared", "dedupe: twice in one batch", "dedupe: twice in two batches",
                  "dedupe: twice in two concurrent calls", "dedupe: the repeated write's answer"}
 
@@ -71,8 +73,8 @@ def test_the_http_adapter_conforms_against_the_reference_server(workdir: Path) -
             })
         report = check_adapter(harness)
     report.assert_passed(require=list(Condition))
-    # all but the dedupe proof, which a version-1 server does not claim
-    assert {c.name for c in report.skipped} == DEDUPE_CHECKS, report.text()
+    # all but the dedupe and marks proofs, which a version-1 server does not claim
+    assert {c.name for c in report.skipped} == DEDUPE_CHECKS | MARKS_CHECKS, report.text()
     assert report.dedupe == "not_declared"
 
 
@@ -102,7 +104,8 @@ def test_the_http_adapter_conforms_against_a_deduplicating_server(workdir: Path)
         return opened
 
     with ExitStack() as stack:
-        healthy = stack.enter_context(target_server(workdir, "--dedupe", store=store))
+        healthy = stack.enter_context(target_server(workdir, "--dedupe", "--marks",
+                                                    store=store))
         harness = Harness(
             healthy=lambda: identified(healthy.url),
             conditions={
@@ -116,8 +119,8 @@ def test_the_http_adapter_conforms_against_a_deduplicating_server(workdir: Path)
         report = check_adapter(harness)
     report.assert_passed(require=list(Condition))
     assert not report.skipped, report.text()
-    # the kit's dedupe proof ran against the server's declaration, and passed
-    assert report.dedupe_proven, report.text()
+    # the kit's dedupe and marks proofs ran against the server's declarations, and passed
+    assert report.dedupe_proven and report.marks_proven, report.text()
     assert {c.name for c in report.checks if c.outcome == "passed"} >= DEDUPE_CHECKS
 
 

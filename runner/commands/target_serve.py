@@ -4,7 +4,9 @@ A remote target to deliver to over real HTTP, with a quota and faults on demand
 (``runner.io.targets.server``; the protocol: docs/reference/http-target.md).  It stores
 rows in a SQLite sheet of the synthetic target's shape, and runs until SIGINT/SIGTERM.
 With ``--dedupe`` it speaks protocol version 2: it deduplicates by write_id, says so in
-its identity, and answers each append with the rows it holds (issue 29).
+its identity, and answers each append with the rows it holds (issue 29).  With
+``--marks`` (issue 30) it speaks version 2 and keeps batch marks: it judges the mark an
+append carries with its rows, and answers the mark and read-by-key calls.
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
                             "it in the identity, and answer each append with the rows "
                             "held for its write_ids (without it: version 1, no dedupe, "
                             "like a spreadsheet)")
+    serve.add_argument("--marks", action="store_true",
+                       help="speak protocol version 2 and keep batch marks (issue 30): "
+                            "declare marks_batches in the identity, refuse (409, nothing "
+                            "applied) an append whose mark is stale or another store's, "
+                            "and answer GET/POST mark and POST read_keys; independent of "
+                            "--dedupe")
     serve.add_argument("--fault", action="append", metavar="KIND[:S][@P]",
                        help="inject a fault with probability P (default 1): latency:S, "
                             "error-before, unavailable, throttle, reject, drop-after-apply, "
@@ -64,6 +72,7 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
     import anyio
 
     from runner.io.http.server import HttpServer, ServerLimits, bind, parse_address
+    from runner.io.targets.marksheet import MarkedSheet
     from runner.io.targets.server import (
         ROWS_FAULTS,
         DropProtocol,
@@ -88,12 +97,13 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
                          "append with rows")
     plan = FaultPlan(faults, random.Random(args.fault_seed))
     sheet = open_sheet(args.store)
+    marks = MarkedSheet(sheet.path) if args.marks else None
     try:
         with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             if plan.has("refuse"):
                 return await _refuse(address, signals, log)
             app = TargetServerApp(sheet, token=token, quota=quota, faults=plan,
-                                  dedupe=args.dedupe)
+                                  dedupe=args.dedupe, marks=marks)
             server = HttpServer(app, bind(address), grace=args.grace,
                                 limits=ServerLimits(max_concurrency=1024),
                                 protocol=DropProtocol)
@@ -118,6 +128,8 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
                      extra={"action": "target_server.stopped", "count": c.rows})
             return 128 + hard[0] if hard else 0
     finally:
+        if marks is not None:
+            marks.close()
         sheet.close()
 
 

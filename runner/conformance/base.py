@@ -73,6 +73,19 @@ DEDUPE_WORDS: Mapping[Dedupe, str] = {
 }
 
 
+#: what the kit found of the adapter's ``marks_batches`` (see :class:`Report`)
+Marks = Literal["proven", "not_declared", "not_proven"]
+
+MARKS_WORDS: Mapping[Marks, str] = {
+    "proven": "proven: a store that forgot what it sent notices it at this target and "
+              "reads before it sends",
+    "not_declared": "not declared: a store that forgot what it sent (an emptied or "
+                    "restored store, a promoted lagging standby) cannot notice it here",
+    "not_proven": "NOT proven: do not declare marks_batches until the kit proves it "
+                  "(runner would trust a fence the target may not keep)",
+}
+
+
 @dataclass
 class Report:
     """Every check the kit ran, passed, failed or skipped; and whether the adapter's
@@ -84,6 +97,8 @@ class Report:
     #: the adapter does not declare it; ``not_proven``: declared and some check failed,
     #: or the declaration is not a bool or could not be read
     dedupe: Dedupe = "not_declared"
+    #: the same for ``marks_batches`` (``runner.conformance.marks``)
+    marks: Marks = "not_declared"
 
     @property
     def failures(self) -> list[Check]:
@@ -100,21 +115,33 @@ class Report:
         and in two concurrent calls, and a repeated write answered without stranding)."""
         return self.dedupe == "proven"
 
+    @property
+    def marks_proven(self) -> bool:
+        """Whether the adapter may declare ``marks_batches = True``: it does, and the kit
+        proved it (a stale or foreign batch applies nothing and says so, ``raise_mark``
+        fences and transfers, ``read_by_keys`` finds rows under any write_id, concurrent
+        marked batches leave one consistent mark and no partial batch)."""
+        return self.marks == "proven"
+
     def text(self) -> str:
         lines = [f"{c.outcome:7} {c.name}" + (f": {c.detail}" if c.detail else "")
                  for c in self.checks]
-        return "\n".join([*lines, f"dedupes_write_id {DEDUPE_WORDS[self.dedupe]}"])
+        return "\n".join([*lines, f"marks_batches {MARKS_WORDS[self.marks]}",
+                          f"dedupes_write_id {DEDUPE_WORDS[self.dedupe]}"])
 
     def assert_passed(self, *, require: Sequence[Condition] = (),
-                      require_dedupe: bool = False) -> None:
+                      require_dedupe: bool = False, require_marks: bool = False) -> None:
         """Raise AssertionError if any check failed, a required condition was skipped, or
-        (``require_dedupe``) the adapter's deduplication is not proven."""
+        (``require_dedupe``, ``require_marks``) the adapter's deduplication or its marks
+        are not proven."""
         missing = [str(c) for c in require if any(
             s.name.startswith(f"{c}:") for s in self.skipped)]
         lines = [f"{c.name}: {c.detail}" for c in self.failures]
         lines += [f"{name}: required but not provided" for name in missing]
         if require_dedupe and not self.dedupe_proven:
             lines.append(f"dedupes_write_id: required, but {DEDUPE_WORDS[self.dedupe]}")
+        if require_marks and not self.marks_proven:
+            lines.append(f"marks_batches: required, but {MARKS_WORDS[self.marks]}")
         if lines:
             raise AssertionError("the adapter does not conform:\n" + "\n".join(lines))
 

@@ -14,6 +14,13 @@ port confirms the batch from them without a ``read`` request.  Until the identit
 been read (runner reads it before any work), the adapter speaks version 1: no dedupe, and
 an append's answer is never taken as rows.
 
+Batch marks (issue 30) are learnt from the identity as well: a server that declares
+``marks_batches`` makes :attr:`HttpTarget.marks_batches` true; a marked ``write_batch``
+then carries the mark in its append (a ``409`` refusal is ``StaleMark`` / ``ForeignMark``),
+and ``read_mark``, ``raise_mark`` and ``read_by_keys`` are ``GET BASE/mark``, ``POST
+BASE/mark`` and ``POST BASE/read_keys``.  A server that does not declare it is never sent
+a mark.
+
 The bearer token is held in the client's default headers and nowhere else: it is never
 logged, never part of an error message, and ``repr`` does not show it.  A URL with a user
 name or password is refused (the token has its own file or variable).
@@ -38,13 +45,19 @@ from runner.io.targets.protocol import (
     classify_answer,
     classify_append,
     classify_exception,
+    key_json,
+    mark_json,
+    mark_refusal,
     parse_identity,
+    parse_mark,
     parse_rows,
     parse_statuses,
     row_json,
 )
+from runner.leads.marks import BatchMark, Key, TargetMark
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
+    BeforeWriteError,
     Observation,
     RateLimited,
     ReadFailure,
@@ -124,9 +137,11 @@ class HttpTarget:
         return self._client.post(f"{self.url}/{path}", json=doc)
 
     def _read(self, path: str, doc: Any) -> Any:
-        """A read call's JSON answer; any failure is TargetReadError."""
+        """A read call's JSON answer (a POST with ``doc``; None: a GET); any failure is
+        TargetReadError."""
         try:
-            answer = self._post(path, doc)
+            answer = (self._client.get(f"{self.url}/{path}") if doc is None
+                      else self._post(path, doc))
         except httpx.HTTPError as exc:
             raise TargetReadError(f"target {path} failed: {type(exc).__name__}") from None
         if answer.status_code != 200:
@@ -151,20 +166,40 @@ class HttpTarget:
         until its identity has been read."""
         return self.identity is not None and self.identity.dedupes_write_id
 
+    @property
+    def marks_batches(self) -> bool:
+        """Whether the server declared (protocol 2) that it keeps batch marks; False
+        until its identity has been read."""
+        return self.identity is not None and self.identity.marks_batches
+
+    def _check_marks(self) -> None:
+        if not self.marks_batches:
+            raise BeforeWriteError(f"the HTTP target {self.url} does not declare "
+                                   "marks_batches (any more): a mark is never sent to it")
+
     def write(self, record: CRMRecord, write_id: str) -> Sequence[TargetRow] | None:
         return self.write_batch([(record, write_id)])
 
-    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]
-                    ) -> Sequence[TargetRow] | None:
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]],
+                    mark: BatchMark | None = None) -> Sequence[TargetRow] | None:
         """One append request for the whole batch (applied atomically by the target).
         Returns the rows a version-2 server answered with (every row it holds for each
-        write_id of the batch); None: it gave none, so the batch is read back."""
+        write_id of the batch); None: it gave none, so the batch is read back.  With
+        ``mark`` (a server that declares marks only), the append carries it; a refusal
+        is StaleMark or ForeignMark (nothing applied)."""
         write_ids = [write_id for _, write_id in items]
-        body = {"rows": [row_json(record, write_id) for record, write_id in items]}
+        body: dict[str, Any] = {
+            "rows": [row_json(record, write_id) for record, write_id in items]}
+        if mark is not None:
+            self._check_marks()
+            body["mark"] = mark_json(mark)
         try:
             answer = self._post("append", body)
         except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent" is safe
             raise classify_exception(exc) from None
+        refused = mark_refusal(answer.status_code, answer.content) if mark else None
+        if refused is not None:
+            raise refused
         found = classify_answer(answer.status_code, answer.headers, answer.content,
                                 len(items), datetime.now(UTC))
         if isinstance(found, RejectedWrite):
@@ -179,6 +214,50 @@ class HttpTarget:
         rows = append_rows(found, write_ids)
         if isinstance(rows, Exception):
             raise rows
+        return rows
+
+    def read_mark(self) -> TargetMark:
+        """The server's mark (``GET BASE/mark``); any failure is TargetReadError."""
+        self._check_reads_marks()
+        try:
+            return parse_mark(self._read("mark", None))
+        except BadAnswer as exc:
+            raise TargetReadError(f"target mark answered badly: {exc}") from None
+
+    def _check_reads_marks(self) -> None:
+        if not self.marks_batches:
+            raise TargetReadError(f"the HTTP target {self.url} does not declare "
+                                  "marks_batches: it has no mark to read")
+
+    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> None:
+        """The fence alone (``POST BASE/mark``): refused as a batch is (StaleMark,
+        ForeignMark), other failures classified as an append's."""
+        self._check_marks()
+        try:
+            answer = self._post("mark", {"mark": mark_json(mark), "replaces": replaces})
+        except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent" is safe
+            raise classify_exception(exc) from None
+        refused = mark_refusal(answer.status_code, answer.content)
+        if refused is not None:
+            raise refused
+        if answer.status_code != 200:
+            error = classify_append(answer.status_code, answer.headers, answer.content, 0,
+                                    datetime.now(UTC))
+            assert error is not None  # anything but 200 is an error
+            raise error
+
+    def read_by_keys(self, keys: Sequence[Key]) -> Sequence[TargetRow]:
+        """Every row of these (tenant, source_lead_id) keys, whatever its write_id
+        (``POST BASE/read_keys``, in chunks)."""
+        self._check_reads_marks()
+        rows: list[TargetRow] = []
+        for start in range(0, len(keys), READ_CHUNK):
+            chunk = [key_json(key) for key in keys[start : start + READ_CHUNK]]
+            doc = self._read("read_keys", {"keys": chunk})
+            try:
+                rows.extend(parse_rows(doc))
+            except BadAnswer as exc:
+                raise TargetReadError(f"target read_keys answered badly: {exc}") from None
         return rows
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]:

@@ -15,6 +15,12 @@ rows as stored (``"rows"``), which then prove the batch without a ``read`` reque
 version-1 identity (``protocol`` 1 or absent) is read exactly as before: no dedupe, and
 an append's answer is never taken as rows.
 
+Batch marks (issue 30) are version 2 too: an identity may declare ``"marks_batches":
+true``; then runner's append carries ``"mark": {"store_id", "seq"}``, a refused one is
+answered ``409`` with ``{"refused": "stale_mark" | "foreign_mark", "held": {"owner",
+"seq"}}`` (:func:`mark_refusal`: ``StaleMark`` / ``ForeignMark``, nothing applied), and
+three calls read and raise the mark and read rows by key (:func:`parse_mark`).
+
 The rule they encode (``docs/reference/http-target.md``, "What an answer means"):
 
 * nothing was sent (connect failure or timeout, a pool timeout, a bad URL) ->
@@ -37,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from runner.leads.marks import BatchMark, ForeignMark, Key, StaleMark, TargetMark
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
@@ -54,6 +61,10 @@ PROTOCOL_VERSION = 2
 FIELDS = ("tenant", "source", "source_lead_id", "is_test", "contact_alias")
 #: the longest reason from a server's error body kept in an error message
 MAX_REASON = 200
+#: the status a server answers a marked request it refuses by its mark with
+MARK_REFUSED = 409
+#: the largest seq a mark may carry (a signed 64-bit integer: SQL BIGINT, SQLite INTEGER)
+MAX_SEQ = (1 << 63) - 1
 #: the longest Retry-After honoured, in seconds (a day): beyond it, a day
 MAX_RETRY_AFTER = 86_400.0
 
@@ -85,14 +96,83 @@ def parse_rows(doc: Any, what: str = "a read answer") -> list[TargetRow]:
     return rows
 
 
+def mark_json(mark: BatchMark) -> dict[str, Any]:
+    return {"store_id": mark.store_id, "seq": mark.seq}
+
+
+def held_json(held: TargetMark) -> dict[str, Any]:
+    return {"owner": held.owner, "seq": held.seq}
+
+
+def key_json(key: Key) -> dict[str, str]:
+    return {"tenant": key[0], "source_lead_id": key[1]}
+
+
+def _seq(value: Any) -> int | None:
+    """A seq of a JSON document (a whole number in [0, MAX_SEQ]; None: it is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEQ:
+        return None
+    return value
+
+
+def parse_mark(doc: Any) -> TargetMark:
+    """A held mark (``{"owner": string or null, "seq": N}``: a ``GET BASE/mark`` answer,
+    or the ``held`` of a refusal); raises BadAnswer for anything malformed."""
+    if not isinstance(doc, dict):
+        raise BadAnswer("a mark that is not a JSON object")
+    owner, seq = doc.get("owner"), _seq(doc.get("seq"))
+    if owner is not None and (not isinstance(owner, str) or not owner):
+        raise BadAnswer("a mark whose owner is not null or a non-empty string")
+    if seq is None:
+        raise BadAnswer("a mark whose seq is not a whole number from 0 to 2**63-1")
+    if owner is None and seq != 0:
+        raise BadAnswer("a mark of no owner with a seq")
+    return TargetMark(owner, seq)
+
+
+def parse_batch_mark(doc: Any) -> BatchMark:
+    """A request's mark (``{"store_id": string, "seq": N}``); raises BadAnswer."""
+    if not isinstance(doc, dict) or set(doc) != {"store_id", "seq"}:
+        raise BadAnswer("a mark must be exactly {\"store_id\", \"seq\"}")
+    store_id, seq = doc["store_id"], _seq(doc["seq"])
+    if not isinstance(store_id, str) or not 0 < len(store_id) <= 200:
+        raise BadAnswer("a mark's store_id must be a string of 1-200 characters")
+    if seq is None:
+        raise BadAnswer("a mark's seq must be a whole number from 0 to 2**63-1")
+    return BatchMark(store_id, seq)
+
+
+def mark_refusal(status: int, body: bytes) -> StaleMark | ForeignMark | None:
+    """A marked request's answer refusing it by its mark (``409`` with ``refused`` and
+    ``held``) as the error to raise; None for any other answer (a 409 without a readable
+    refusal is a 4xx as any other: nothing was applied)."""
+    if status != MARK_REFUSED:
+        return None
+    try:
+        doc = json.loads(body)
+        kind = doc.get("refused") if isinstance(doc, dict) else None
+        held = parse_mark(doc.get("held")) if kind in ("stale_mark", "foreign_mark") \
+            else None
+    except (ValueError, UnicodeDecodeError, BadAnswer):
+        return None
+    if held is None:
+        return None
+    words = _reason(body)
+    if kind == "stale_mark":
+        return StaleMark(f"the target refused the batch as stale: {words}", held=held)
+    return ForeignMark(f"the target refused the batch as another store's: {words}",
+                       held=held)
+
+
 @dataclass(frozen=True)
 class Identity:
     """What a server's ``identity`` answer says: its id, its protocol version, and (from
-    version 2) whether it deduplicates by write_id."""
+    version 2) whether it deduplicates by write_id and whether it keeps batch marks."""
 
     target_id: str
     protocol: int = PROTOCOL_V1
     dedupes_write_id: bool = False
+    marks_batches: bool = False
 
     @property
     def rows_in_append(self) -> bool:
@@ -103,8 +183,8 @@ class Identity:
 def parse_identity(doc: Any) -> Identity:
     """An ``identity`` answer; raises BadAnswer, with the one thing wrong, for anything
     malformed.  ``protocol`` absent is version 1; a version-1 identity declares nothing
-    more (a ``dedupes_write_id`` there is not a member of version 1, and ignored: no
-    dedupe); members a version does not define are ignored."""
+    more (a ``dedupes_write_id`` or ``marks_batches`` there is not a member of version 1,
+    and ignored); members a version does not define are ignored."""
     if not isinstance(doc, dict):
         raise BadAnswer("an identity that is not a JSON object")
     found = doc.get("target_id")
@@ -118,7 +198,10 @@ def parse_identity(doc: Any) -> Identity:
     dedupes = doc.get("dedupes_write_id", False)
     if not isinstance(dedupes, bool):
         raise BadAnswer(f"a dedupes_write_id that is not true or false ({dedupes!r:.40})")
-    return Identity(found, protocol, dedupes)
+    marked = doc.get("marks_batches", False)
+    if not isinstance(marked, bool):
+        raise BadAnswer(f"a marks_batches that is not true or false ({marked!r:.40})")
+    return Identity(found, protocol, dedupes, marked)
 
 
 def parse_statuses(doc: Any, write_ids: Sequence[str]) -> dict[str, list[str]]:

@@ -9,6 +9,11 @@ version 1 and never deduplicates (a spreadsheet); with ``dedupe`` (``--dedupe``,
 29) it speaks version 2: it deduplicates by write_id (within one append, across appends,
 and under concurrent appends: one transaction looks up and appends), declares it in its
 identity, and answers each append with the rows it holds for the request's write_ids.
+With ``marks`` (``--marks``, issue 30) it speaks version 2 and keeps batch marks
+(``runner.io.targets.marksheet``): it declares ``marks_batches``, judges the mark an
+append carries in the transaction that applies its rows (``409`` with the held mark when
+refused, nothing applied), and answers ``GET``/``POST BASE/mark`` and ``POST
+BASE/read_keys``.
 
 What makes it a *useful* server to test against is what it does on purpose:
 
@@ -42,7 +47,16 @@ from pydantic import ValidationError
 from runner.errors import UsageError
 from runner.io.http.server import _HeaderTimeoutProtocol
 from runner.io.synthetic_target import SyntheticTarget
-from runner.io.targets.protocol import PROTOCOL_V1, PROTOCOL_VERSION
+from runner.io.targets.marksheet import MarkedSheet
+from runner.io.targets.protocol import (
+    MARK_REFUSED,
+    PROTOCOL_V1,
+    PROTOCOL_VERSION,
+    BadAnswer,
+    held_json,
+    parse_batch_mark,
+)
+from runner.leads.marks import BatchMark, ForeignMark, Key, StaleMark
 from runner.leads.models import CRMRecord, describe_validation_error
 from runner.leads.port import AmbiguousWriteError, BeforeWriteError, TargetRow
 
@@ -190,9 +204,11 @@ class TargetServerApp:
 
     def __init__(self, sheet: SyntheticTarget, *, token: bytes | None = None,
                  quota: float | None = None, faults: FaultPlan | None = None,
-                 dedupe: bool = False) -> None:
+                 dedupe: bool = False, marks: MarkedSheet | None = None) -> None:
         self.sheet = sheet
         self.dedupe = dedupe
+        #: the sheet's marks (None: the server keeps none)
+        self.marks = marks
         self._token = token
         self.bucket = TokenBucket(quota, time.monotonic()) if quota else None
         self.faults = faults or FaultPlan()
@@ -219,15 +235,32 @@ class TargetServerApp:
                                         "protocol": PROTOCOL_V1}
             if self.dedupe:
                 identity.update(protocol=PROTOCOL_VERSION, dedupes_write_id=True)
+            if self.marks is not None:
+                identity.update(protocol=PROTOCOL_VERSION, marks_batches=True)
             raise _Answer(200, identity)
-        if call not in ("append", "read", "status"):
-            raise _error(404, "not_found", "no such call (identity, append, read, status)")
+        calls: tuple[str, ...] = ("append", "read", "status")
+        if self.marks is not None:
+            calls += ("mark", "read_keys")
+        if call not in calls:
+            raise _error(404, "not_found", f"no such call (identity, {', '.join(calls)})")
+        if call == "mark" and method == "GET":
+            assert self.marks is not None
+            raise _Answer(200, held_json(await anyio.to_thread.run_sync(
+                self.marks.read_mark)))
         if method != "POST":
             raise _error(405, "method_not_allowed", f"{call} takes POST")
         doc = await _read_json(receive)
         if call == "append":
             await self._append(scope, doc, receive)
             return
+        if call == "mark":
+            await self._raise_mark(doc)
+            return
+        if call == "read_keys":
+            assert self.marks is not None
+            found = await anyio.to_thread.run_sync(self.marks.read_by_keys, _keys(doc))
+            self.counters.reads += 1
+            raise _Answer(200, {"rows": _rows_json(found)})
         write_ids = _write_ids(doc)
         if call == "read":
             if self.faults.drawn("read-error") is not None:
@@ -258,8 +291,35 @@ class TargetServerApp:
             out[row.write_id].append(row.status or "")
         return out
 
+    async def _raise_mark(self, doc: Any) -> None:
+        """``POST BASE/mark``: the fence alone, judged as an append's mark is."""
+        assert self.marks is not None
+        mark = _mark(doc)
+        replaces = doc.get("replaces")
+        if replaces is not None and (not isinstance(replaces, str) or not replaces):
+            raise _error(422, "invalid_request", "replaces must be null or a store_id")
+        assert mark is not None
+        try:
+            await self._marked(self.marks.append, [], mark, replaces)
+        except BeforeWriteError as exc:
+            raise _error(503, "unavailable", f"the sheet is busy: {exc.message}",
+                         {"retry-after": "1"}) from None
+        except AmbiguousWriteError as exc:
+            raise _error(500, "internal", f"the mark write failed: {exc.message}") from None
+        raise _Answer(200, held_json(await anyio.to_thread.run_sync(self.marks.read_mark)))
+
+    async def _marked(self, call: Any, *args: Any, **kw: Any) -> Any:
+        """A marked write in a worker thread; a refusal by its mark is the 409 answer."""
+        try:
+            return await anyio.to_thread.run_sync(lambda: call(*args, **kw))
+        except (StaleMark, ForeignMark) as exc:
+            raise _Answer(MARK_REFUSED, {"error": exc.reason, "refused": exc.reason,
+                                         "message": exc.message,
+                                         "held": held_json(exc.held)}) from None
+
     async def _append(self, scope: Any, doc: Any, receive: Any) -> None:
         items = _rows(doc)
+        mark = _mark(doc) if self.marks is not None and "mark" in doc else None
         if self.bucket is not None:
             wait = self.bucket.take(time.monotonic())
             if wait is not None:
@@ -277,7 +337,11 @@ class TargetServerApp:
                 raise _error(status, error, f"fault {kind}: nothing was applied", headers)
         held: list[TargetRow] = []
         try:
-            if self.dedupe:
+            if mark is not None:
+                assert self.marks is not None
+                made, held = await self._marked(self.marks.append, items, mark,
+                                                once=self.dedupe)
+            elif self.dedupe:
                 made, held = await anyio.to_thread.run_sync(self.sheet.write_batch_once,
                                                             items)
             else:
@@ -359,6 +423,29 @@ def _write_ids(doc: Any) -> list[str]:
         raise _error(422, "invalid_request", f"expected {{\"write_ids\": [...]}} with at most "
                                              f"{MAX_ROWS} write_ids")
     return [_write_id(w) for w in ids]
+
+
+def _mark(doc: Any) -> BatchMark | None:
+    """A request's ``mark`` (422 when malformed)."""
+    try:
+        return parse_batch_mark(doc.get("mark") if isinstance(doc, dict) else None)
+    except BadAnswer as exc:
+        raise _error(422, "invalid_mark", str(exc)) from None
+
+
+def _keys(doc: Any) -> list[Key]:
+    keys = doc.get("keys") if isinstance(doc, dict) else None
+    if not isinstance(keys, list) or len(keys) > MAX_ROWS:
+        raise _error(422, "invalid_request", f"expected {{\"keys\": [...]}} with at most "
+                                             f"{MAX_ROWS} keys")
+    found: list[Key] = []
+    for key in keys:
+        if not isinstance(key, dict) or set(key) != {"tenant", "source_lead_id"} or not all(
+                isinstance(v, str) for v in key.values()):
+            raise _error(422, "invalid_key",
+                         "a key is exactly {\"tenant\": string, \"source_lead_id\": string}")
+        found.append((key["tenant"], key["source_lead_id"]))
+    return found
 
 
 def _rows(doc: Any) -> list[tuple[CRMRecord, str]]:

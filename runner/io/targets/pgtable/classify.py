@@ -1,7 +1,8 @@
 """A failure of the PostgreSQL table target as runner's verdict: one pure function per
 call kind, no I/O, so a table test walks every case (``tests/test_pgtable_classify.py``).
 
-A write is two phases, and the adapter says which one failed:
+A write is two phases (a marked write, issue 30, three: below), and the adapter says which
+one failed:
 
 * ``connect``: getting a live session (connecting, or the ping of a session left idle)
   before the batch's statement is sent.  Whatever fails here, the statement never left:
@@ -21,6 +22,18 @@ A write is two phases, and the adapter says which one failed:
     its commit and its answer); a lost connection, a client timeout or an unknown error
     says nothing about whether the server committed.
 
+A marked batch (``write_batch(items, mark=…)``) runs in an explicit transaction: the mark's
+row lock, the check, the ``INSERT`` and the new mark, then ``COMMIT``.  Its phases:
+
+* ``connect``: as above;
+* ``uncommitted``: a statement of the open transaction failed, before ``COMMIT`` was sent.
+  Whatever the failure (an ``ERROR``, a ``FATAL``, a lost connection, a timeout), nothing
+  was applied: a transaction the server never received a ``COMMIT`` for is never
+  committed (the session's end rolls it back).  ``RejectedWrite`` for the request's fault
+  (the classes above), else ``BeforeWriteError``;
+* ``commit``: ``COMMIT`` was handed to the driver: as ``statement`` (an ``ERROR`` there
+  rolled the transaction back; anything else may have committed).
+
 A read that fails in any way is ``TargetReadError``: it never means "no rows".
 """
 
@@ -38,7 +51,7 @@ from runner.leads.port import (
     TargetReadError,
 )
 
-Phase = Literal["connect", "statement"]
+Phase = Literal["connect", "statement", "uncommitted", "commit"]
 #: SQLSTATE classes of an ``ERROR`` that is the request's fault against this table
 REJECTED_CLASSES = ("22", "23", "42", "0A", "P0")
 #: the longest server message kept in an error
@@ -93,6 +106,13 @@ def classify_write(exc: BaseException, phase: Phase, where: str) -> TargetError:
         return _kind(BeforeWriteError(f"not sent: cannot reach {where}: {_reason(exc)}"),
                      "refused")
     found = severity(exc)
+    if phase == "uncommitted":
+        sqlstate = str(getattr(exc, "sqlstate", "") or "")
+        if found == "ERROR" and sqlstate[:2] in REJECTED_CLASSES:
+            return RejectedWrite(f"{where} refused the batch: {_reason(exc)}; nothing was "
+                                 "applied")
+        return BeforeWriteError(f"{where} failed the batch before its commit: "
+                                f"{_reason(exc)}; nothing was applied")
     if found == "ERROR":
         sqlstate = str(getattr(exc, "sqlstate", "") or "")
         if sqlstate[:2] in REJECTED_CLASSES:

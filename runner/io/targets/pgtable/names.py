@@ -14,6 +14,7 @@ the password of the DSN.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
@@ -56,9 +57,42 @@ class TableLocation:
     def name(self) -> str:
         return f"{self.schema}.{self.table}"
 
+    @property
+    def mark_table(self) -> str:
+        """The side table that keeps the batch mark (issue 30): ``<table>_runner_mark``
+        in the table's schema (see :func:`side_name`)."""
+        return side_name(self.table, MARK_SUFFIX)
+
+    @property
+    def mark_ident(self) -> str:
+        """The mark table as a quoted, qualified SQL identifier."""
+        return f'"{self.schema}"."{self.mark_table}"'
+
+    @property
+    def key_index(self) -> str:
+        """The name of the index on (tenant, source_lead_id) runner makes with a table it
+        creates (``read_by_keys``)."""
+        return side_name(self.table, KEY_INDEX_SUFFIX)
+
     def describe(self) -> str:
         """``table crm.leads at host:5432/db`` (never the user or the password)."""
         return f"table {self.name} at {self.where}"
+
+
+#: what the names of a table's side objects end with
+MARK_SUFFIX = "_runner_mark"
+KEY_INDEX_SUFFIX = "_runner_by_key"
+#: PostgreSQL's longest name (longer ones are truncated, silently)
+MAX_NAME = 63
+
+
+def side_name(table: str, suffix: str) -> str:
+    """``table + suffix``, or, when that is longer than a name may be, the table's name cut
+    short with 8 hex digits of its hash (so two long table names never share one)."""
+    if len(table) + len(suffix) <= MAX_NAME:
+        return table + suffix
+    digest = hashlib.sha256(table.encode()).hexdigest()[:8]
+    return f"{table[: MAX_NAME - len(suffix) - 9]}_{digest}{suffix}"
 
 
 def parse_table_name(value: str) -> tuple[str | None, str]:

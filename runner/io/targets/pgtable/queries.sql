@@ -1,6 +1,7 @@
 -- The PostgreSQL table target's SQL, by name (runner.io.engine.queries).  {t} is the
--- target table, quoted and qualified ("schema"."table"), put in when the adapter loads
--- this file; parameters are :name.  Every read of the catalog is read-only.
+-- target table, quoted and qualified ("schema"."table"), {m} its mark table (the same,
+-- for "<table>_runner_mark") and {k} the name of its key index (quoted), put in when the
+-- adapter loads this file; parameters are :name.  Every read of the catalog is read-only.
 
 -- the table and its schema, as the shape check needs them: whether the schema exists,
 -- the table (absent: NULL), its kind, its comment (the identity), whether the schema
@@ -76,6 +77,74 @@ ON CONFLICT (write_id) DO NOTHING
 -- name: read_rows
 SELECT write_id, tenant, source, source_lead_id, is_test, contact_alias, status
 FROM {t} WHERE write_id = ANY(:write_ids::text[])
+
+-- every row of the given business keys (tenant, source_lead_id), whatever its write_id
+-- (a rewind's readback, issue 30): the two arrays are the keys' two halves, in order
+-- name: read_by_keys
+SELECT t.write_id, t.tenant, t.source, t.source_lead_id, t.is_test, t.contact_alias,
+       t.status
+FROM {t} AS t
+JOIN (SELECT DISTINCT * FROM unnest(:tenants::text[], :source_lead_ids::text[])
+      AS k(tenant, source_lead_id)) AS k
+  ON t.tenant = k.tenant AND t.source_lead_id = k.source_lead_id
+
+-- the index read_by_keys uses, made with a table runner creates (a user's table is read
+-- without it if it has none)
+-- name: create_key_index
+CREATE INDEX {k} ON {t} (tenant, source_lead_id)
+
+-- the batch mark (issue 30): one row, the owner (the store that marked the last batch
+-- applied, NULL before any) and its seq (epoch << 32 | counter); made with the table, or
+-- on the first marked write to a table made before marks
+-- name: create_mark_table
+CREATE TABLE IF NOT EXISTS {m} (
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one),
+    owner      text,
+    seq        bigint NOT NULL DEFAULT 0 CHECK (seq >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- its one row (an emptied mark table gets it back: a mark of no owner)
+-- name: insert_mark_row
+INSERT INTO {m} (one) VALUES (true) ON CONFLICT (one) DO NOTHING
+
+-- the mark table's columns (none: it is not there), for its shape check
+-- name: mark_columns
+SELECT a.attname::text AS name, a.atttypid::regtype::text AS type
+FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = to_regclass(:mark_table::text) AND a.attnum > 0
+  AND NOT a.attisdropped
+ORDER BY a.attnum
+
+-- whether runner's role may read and write the mark table
+-- name: mark_privileges
+SELECT has_table_privilege(:mark_table::text, 'SELECT')
+       AND has_table_privilege(:mark_table::text, 'INSERT')
+       AND has_table_privilege(:mark_table::text, 'UPDATE')
+
+-- name: read_mark
+SELECT owner, seq FROM {m}
+
+-- in a marked batch's transaction, first: the row every marked writer locks, so that
+-- concurrent writers serialise on it (the second waits, then reads the first's mark)
+-- name: lock_mark
+SELECT owner, seq FROM {m} FOR UPDATE
+
+-- a marked batch's rows and its new mark, in one statement (the transaction holds the
+-- mark's row lock since lock_mark)
+-- name: insert_rows_marked
+WITH inserted AS (
+    INSERT INTO {t} (write_id, tenant, source, source_lead_id, is_test, contact_alias)
+    SELECT * FROM unnest(:write_ids::text[], :tenants::text[], :sources::text[],
+                         :source_lead_ids::text[], :is_tests::boolean[], :aliases::text[])
+    ON CONFLICT (write_id) DO NOTHING
+    RETURNING 1
+)
+UPDATE {m} SET owner = :owner::text, seq = :seq::bigint, updated_at = now()
+
+-- the fence alone (raise_mark)
+-- name: set_mark
+UPDATE {m} SET owner = :owner::text, seq = :seq::bigint, updated_at = now()
 
 -- name: read_statuses
 SELECT write_id, status FROM {t} WHERE write_id = ANY(:write_ids::text[])

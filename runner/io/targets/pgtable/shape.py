@@ -11,6 +11,20 @@ The columns runner creates (``queries.sql``, ``create_table``)::
     status         text NOT NULL DEFAULT 'new'  the business column polls report
     created_at     timestamptz NOT NULL DEFAULT now()   when the row arrived
 
+Beside it, the batch mark (issue 30) is kept in a side table of the same schema,
+``<table>_runner_mark`` (a table name too long for the suffix is cut short with a hash:
+``names.side_name``), one row::
+
+    one        boolean PRIMARY KEY DEFAULT true CHECK (one)   there is one row
+    owner      text                        the store that owns the target (NULL: none yet)
+    seq        bigint NOT NULL DEFAULT 0   the newest seq applied from it (epoch << 32 |
+                                           counter)
+    updated_at timestamptz NOT NULL DEFAULT now()            when it last changed
+
+made with a table runner creates, or on the first marked write to a table made before
+marks (or made by a user).  A side table of that name without ``one``, ``owner`` and
+``seq`` of those types is refused as a wrong-shaped table is (:func:`mark_problems`).
+
 A table made by someone else is taken when it has the same seven columns with these
 types (``character varying`` counts as text), ``contact_alias`` nullable, ``status``
 NOT NULL with a default, a unique, immediate, non-partial key on ``write_id`` alone (what
@@ -74,6 +88,8 @@ class TableFacts:
     store_schema: bool = False  # the schema holds a runner store
     keyed: bool = False  # a key ON CONFLICT (write_id) can use
     columns: tuple[Column, ...] = ()
+    #: the mark table's columns (name, type; empty: there is none)
+    mark_columns: tuple[tuple[str, str], ...] = ()
 
 
 @cache
@@ -123,9 +139,33 @@ def problems(facts: TableFacts, table: str) -> list[str]:
     return out
 
 
-def refusal(facts: TableFacts, table: str, where: str) -> str | None:
-    """The one line that refuses a table (None: it is a target)."""
-    found = problems(facts, table)
+#: the mark table's columns runner reads and writes, with the types each must have
+MARK_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("one", ("boolean",)), ("owner", SAME_TYPE["text"]), ("seq", ("bigint",)),
+)
+
+
+def mark_problems(columns: Sequence[tuple[str, str]], mark_table: str) -> list[str]:
+    """What keeps an existing mark table (its columns: name, type) from being one, in words
+    (empty: it is one, or it is not there)."""
+    if not columns:
+        return []
+    found = dict(columns)
+    out = []
+    for name, types in MARK_COLUMNS:
+        if name not in found:
+            out.append(f"its mark table {mark_table} has no column {name}")
+        elif found[name] not in types:
+            out.append(f"column {name} of its mark table {mark_table} is {found[name]}, "
+                       f"not {types[0]}")
+    return out
+
+
+def refusal(facts: TableFacts, table: str, where: str,
+            mark: Sequence[str] = ()) -> str | None:
+    """The one line that refuses a table (None: it is a target); ``mark``: the problems of
+    its mark table (:func:`mark_problems`)."""
+    found = problems(facts, table) + list(mark)
     if not found:
         return None
     return (f"{where} is not a target table: " + "; ".join(found)

@@ -21,6 +21,17 @@ one (``_repeatable``), a write never.
 The table is created, or a user's table adopted, only by ``prepare_writes(create=True)``
 (runner's check before the first send of a store that has not delivered yet); reads and
 ``target_id`` never create or change anything (:mod:`.shape` for what a table must be).
+
+Batch marks (issue 30, :mod:`runner.leads.marks`): the adapter declares
+``marks_batches``.  The mark is one row of a side table, ``<table>_runner_mark``
+(:mod:`.shape`), made with the table, or by the checks before work (or the first marked
+write) for a table made before marks.  A marked batch is one transaction: ``SELECT … FOR
+UPDATE`` of the mark's row (concurrent marked writers serialise on it), the check
+(:func:`~runner.leads.marks.judge`), then the rows' ``INSERT … ON CONFLICT (write_id) DO
+NOTHING`` and the new mark in one statement, then ``COMMIT``; a refused batch is rolled
+back having applied nothing.  A role that may not create the mark table (a user's table
+in a schema runner may not create in) turns marks off with a warning, and runner delivers
+as before.
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ from runner.io.targets.pgtable.classify import (
     session_lost,
 )
 from runner.io.targets.pgtable.names import TableLocation, parse_location
+from runner.leads.marks import NO_MARK, BatchMark, Key, TargetMark, judge
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
@@ -120,6 +132,23 @@ def _server_error(exc: BaseException) -> bool:
         getattr(exc, "severity_en", None) or getattr(exc, "severity", "")).upper() == "ERROR"
 
 
+def _target_row(row: Sequence[Any]) -> TargetRow:
+    """A row as read (write_id, the five fields, status)."""
+    return TargetRow(row[0], {"tenant": row[1], "source": row[2], "source_lead_id": row[3],
+                              "is_test": row[4], "contact_alias": row[5]}, row[6])
+
+
+def _late(where: str) -> Callable[[], Exception]:
+    """The error of a write whose answer did not come in time: it may have been applied."""
+    def late() -> Exception:
+        error = AmbiguousWriteError(f"{where} did not answer the batch in time: it may "
+                                    "have been applied")
+        error.failure = "timed_out"
+        return error
+
+    return late
+
+
 class PgTableTarget:
     """A CRM adapter that delivers into a PostgreSQL table (blocking; runner calls it in a
     thread).  ``target`` is a ``postgresql://`` DSN, ``table`` a ``--target-table`` name
@@ -134,8 +163,14 @@ class PgTableTarget:
         self.location: TableLocation = parse_location(target, table)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self._sql = {name: query.numbered().replace("{t}", self.location.ident)
+        loc = self.location
+        self._sql = {name: query.numbered().replace("{t}", loc.ident)
+                     .replace("{m}", loc.mark_ident).replace("{k}", f'"{loc.key_index}"')
                      for name, query in load("runner.io.targets.pgtable").items()}
+        #: whether the mark table is known to be there (checked, or made, this session)
+        self._mark_ready = False
+        #: False once the checks before work found that marks cannot be kept here
+        self._marks = True
         self._mutex = threading.Lock()
         self._loop: _Loop | None = None
         self._conn: asyncpg.Connection | None = None
@@ -148,10 +183,18 @@ class PgTableTarget:
     def where(self) -> str:
         return self.location.describe()
 
+    @property
+    def marks_batches(self) -> bool:
+        """Whether this table keeps batch marks (issue 30): true, unless the checks before
+        work found that runner's role cannot make or write its mark table."""
+        return self._marks
+
     # -- the loop and the session -------------------------------------------------------
 
-    def _call(self, fn: Callable[[], Awaitable[T]], on_timeout: Callable[[], Exception]) -> T:
-        """``await fn()`` on the private loop, from a blocking caller."""
+    def _call(self, fn: Callable[[], Awaitable[T]], on_timeout: Callable[[], Exception],
+              statements: int = 1) -> T:
+        """``await fn()`` on the private loop, from a blocking caller (waiting for at most
+        a connection and ``statements`` statements)."""
         async def go() -> T:
             return await fn()
 
@@ -159,7 +202,8 @@ class PgTableTarget:
             if self._loop is None:
                 self._loop = _Loop(f"runner-pgtable {self.location.name}")
             try:
-                return self._loop.run(go(), self.connect_timeout + self.timeout + MARGIN)
+                return self._loop.run(go(), self.connect_timeout
+                                      + statements * self.timeout + MARGIN)
             except TimeoutError:
                 raise on_timeout() from None
 
@@ -240,13 +284,17 @@ class PgTableTarget:
         if not row["has_schema"]:
             return shape.TableFacts(has_schema=False, exists=False), None
         oid = row["table_oid"]
+        marks = tuple((str(c[0]), str(c[1])) for c in await conn.fetch(
+            self._sql["mark_columns"], loc.mark_ident))
         if oid is None:
-            return shape.TableFacts(True, False, store_schema=row["store_schema"]), None
+            return shape.TableFacts(True, False, store_schema=row["store_schema"],
+                                    mark_columns=marks), None
         columns = await conn.fetch(self._sql["table_columns"], oid)
         return shape.TableFacts(
             True, True, kind=row["kind"], comment=row["comment"],
             store_schema=row["store_schema"], keyed=row["keyed"],
-            columns=shape.column_facts([tuple(c) for c in columns])), int(oid)
+            columns=shape.column_facts([tuple(c) for c in columns]),
+            mark_columns=marks), int(oid)
 
     def _refuse_store_table(self, facts: shape.TableFacts) -> None:
         if facts.store_schema and self.location.table in shape.store_tables():
@@ -261,12 +309,16 @@ class PgTableTarget:
         if not facts.has_schema:
             raise TargetAbsent(f"no schema {self.location.schema!r} for the {self.where} "
                                "(runner creates the table, not its schema: create it first)")
+        marks = shape.mark_problems(facts.mark_columns, self.location.mark_table)
         if not facts.exists:
+            if marks:
+                raise TargetUnavailable(f"the {self.where} cannot be created: "
+                                        + "; ".join(marks) + "; nothing was changed")
             if create:
                 return
             raise TargetAbsent(f"no {self.where} (a table is created only by a delivery "
                                "run, once or start, of a store that has not delivered yet)")
-        refusal = shape.refusal(facts, self.location.table, self.where)
+        refusal = shape.refusal(facts, self.location.table, self.where, marks)
         if refusal is not None:
             raise TargetUnavailable(refusal)
 
@@ -337,11 +389,13 @@ class PgTableTarget:
                         "not delivered yet")
                 if not facts.exists:
                     await conn.execute(self._sql["create_table"])
+                    await conn.execute(self._sql["create_key_index"])
                     outcome = "created"
                 if found is None:
                     found = shape.new_identity()
                     await self._write_identity(conn, facts.comment, found)
                     outcome = outcome or "adopted"
+                await self._prepare_marks(conn, made=bool(facts.mark_columns))
             if outcome:
                 log.info("target table %s: %s", outcome, self.location.name,
                          extra={"action": f"target.table_{outcome}",
@@ -363,6 +417,36 @@ class PgTableTarget:
                 "have its owner write the identity (see 'Deliver into a PostgreSQL "
                 "table'); nothing was changed") from None
 
+    async def _prepare_marks(self, conn: asyncpg.Connection, *, made: bool) -> None:
+        """In the checks' transaction: make the mark table if it is not there (a table made
+        before marks); marks are turned off (with a warning) when runner's role may not
+        make it, or may not read and write it."""
+        if not made:
+            try:
+                async with conn.transaction():  # a savepoint: a refusal keeps the rest
+                    await conn.execute(self._sql["create_mark_table"])
+                    await conn.execute(self._sql["insert_mark_row"])
+            except asyncpg.InsufficientPrivilegeError:
+                self._marks_off("runner's role may not create it")
+                return
+            log.info("target table %s: mark table %s made", self.location.name,
+                     self.location.mark_table,
+                     extra={"action": "target.mark_table_made", "table": self.location.name})
+        allowed = await conn.fetchval(self._sql["mark_privileges"], self.location.mark_ident)
+        if not allowed:
+            self._marks_off("runner's role may not SELECT, INSERT and UPDATE it")
+            return
+        self._marks = self._mark_ready = True
+
+    def _marks_off(self, why: str) -> None:
+        self._marks = False
+        loc = self.location
+        log.warning("target table %s keeps no batch marks: its mark table %s.%s is not "
+                    "usable (%s); runner delivers without them (see 'Deliver into a "
+                    "PostgreSQL table': the mark table)", loc.name, loc.schema,
+                    loc.mark_table, why,
+                    extra={"action": "target.marks_off", "table": loc.name})
+
     def _check_privileges(self, row: asyncpg.Record | None) -> None:
         assert row is not None
         missing = [what for what, ok in (("INSERT", row["can_insert"]),
@@ -378,9 +462,12 @@ class PgTableTarget:
     def write(self, record: CRMRecord, write_id: str) -> None:
         self.write_batch([(record, write_id)])
 
-    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]) -> None:
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]],
+                    mark: BatchMark | None = None) -> None:
         """One ``INSERT … ON CONFLICT (write_id) DO NOTHING`` for the whole batch: all
-        rows or none; a write_id the table holds already adds no row."""
+        rows or none; a write_id the table holds already adds no row.  With ``mark``,
+        the check and the new mark are in the rows' transaction (the module docstring):
+        ``StaleMark`` or ``ForeignMark`` when refused, nothing applied."""
         if not items:
             return
         columns = (
@@ -404,24 +491,117 @@ class PgTableTarget:
                     self._drop()
                 raise classify_write(exc, phase, self.where) from None
 
-        def late() -> Exception:
-            error = AmbiguousWriteError(f"{self.where} did not answer the batch in time: "
-                                        "it may have been applied")
-            error.failure = "timed_out"
-            return error
-
-        self._call(insert, late)
+        if mark is None:
+            self._call(insert, _late(self.where))
+        else:
+            self._call(lambda: self._marked(mark, None, "insert_rows_marked", *columns),
+                       _late(self.where), statements=3)
         crashpoints.hit("dispatch.batch-applied")
 
-    def _fetch(self, name: str, write_ids: Sequence[str], doing: str) -> list[Any]:
+    async def _marked(self, mark: BatchMark, replaces: str | None, statement: str,
+                      *args: Any) -> None:
+        """One marked transaction: lock the mark's row, judge, ``statement`` (the rows and
+        the new mark, or the new mark alone) with ``args`` then the mark, commit.  Raises
+        StaleMark or ForeignMark (rolled back: nothing applied), else what
+        ``classify_write`` makes of a failure in its phase."""
+        phase: Phase = "connect"
+        try:
+            conn = await self._session()
+            phase = "uncommitted"
+            if not self._mark_ready:
+                await self._make_mark_table(conn)
+            transaction = conn.transaction()
+            await transaction.start()
+            try:
+                held = await self._lock_mark(conn)
+                judge(held, mark, replaces)
+                await conn.execute(self._sql[statement], *args, mark.store_id, mark.seq,
+                                   timeout=self.timeout)
+                phase = "commit"
+                await transaction.commit()
+            except BaseException as exc:
+                if phase == "uncommitted":
+                    await self._roll_back(transaction, exc)
+                raise
+            self._last_used = time.monotonic()
+        except TargetError:
+            raise  # refused by its mark: rolled back above
+        except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent"
+            if isinstance(exc, asyncpg.UndefinedTableError):
+                self._mark_ready = False  # dropped meanwhile: made again next time
+            if not _server_error(exc):
+                self._drop()
+            raise classify_write(exc, phase, self.where) from None
+
+    async def _roll_back(self, transaction: Any, exc: BaseException) -> None:
+        """End an uncommitted transaction: a ROLLBACK on a live session, else the session
+        is dropped (the server rolls back a transaction whose session ends)."""
+        if isinstance(exc, TargetError) or _server_error(exc):
+            # not rolled back (the session failed meanwhile): the session goes instead
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(transaction.rollback(), self.timeout)
+                return
+        self._drop()
+
+    async def _make_mark_table(self, conn: asyncpg.Connection) -> None:
+        """The mark table, made if it is not there (a table made before marks, a mark
+        table dropped since), under the table's creation lock."""
+        async with conn.transaction():
+            await conn.execute(self._sql["lock_table"], stable_key(
+                "runner.pgtable", self.location.schema, self.location.table))
+            await conn.execute(self._sql["create_mark_table"], timeout=self.timeout)
+            await conn.execute(self._sql["insert_mark_row"], timeout=self.timeout)
+        self._mark_ready = True
+
+    async def _lock_mark(self, conn: asyncpg.Connection) -> TargetMark:
+        """The mark's row, locked for this transaction (made again if it was deleted)."""
+        row = await conn.fetchrow(self._sql["lock_mark"], timeout=self.timeout)
+        if row is None:
+            await conn.execute(self._sql["insert_mark_row"], timeout=self.timeout)
+            row = await conn.fetchrow(self._sql["lock_mark"], timeout=self.timeout)
+        assert row is not None
+        return TargetMark(row["owner"], int(row["seq"]))
+
+    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> None:
+        """The fence alone (no rows), in one transaction with its check: refused as a
+        batch is (``StaleMark``, ``ForeignMark``), except that an owner equal to
+        ``replaces`` is replaced."""
+        self._call(lambda: self._marked(mark, replaces, "set_mark"), _late(self.where),
+                   statements=3)
+
+    def read_mark(self) -> TargetMark:
+        """What the mark table holds (``NO_MARK`` while it has no marked batch, or is not
+        there yet); reads only."""
+        async def fetch(conn: asyncpg.Connection) -> TargetMark:
+            try:
+                row = await conn.fetchrow(self._sql["read_mark"], timeout=self.timeout)
+            except asyncpg.UndefinedTableError:
+                return NO_MARK
+            self._last_used = time.monotonic()
+            return NO_MARK if row is None else TargetMark(row["owner"], int(row["seq"]))
+
+        return self._reading(lambda: self._repeatable(fetch), "a mark read")
+
+    def read_by_keys(self, keys: Sequence[Key]) -> Sequence[TargetRow]:
+        """Every row whose (tenant, source_lead_id) is one of ``keys``, whatever its
+        write_id, in one statement."""
+        tenants = [tenant for tenant, _ in keys]
+        lead_ids = [lead_id for _, lead_id in keys]
+
         async def fetch(conn: asyncpg.Connection) -> list[Any]:
-            rows = await conn.fetch(self._sql[name], list(write_ids), timeout=self.timeout)
+            rows = await conn.fetch(self._sql["read_by_keys"], tenants, lead_ids,
+                                    timeout=self.timeout)
             self._last_used = time.monotonic()
             return list(rows)
 
-        async def read() -> list[Any]:
+        return [_target_row(row) for row in self._reading(
+            lambda: self._repeatable(fetch), "a read by keys")]
+
+    def _reading(self, fn: Callable[[], Awaitable[T]], doing: str) -> T:
+        """A read: any failure is ``TargetReadError``."""
+        async def read() -> T:
             try:
-                return await self._repeatable(fetch)
+                return await fn()
             except Exception as exc:  # noqa: BLE001 - any failure is a failed read
                 if not _server_error(exc):
                     self._drop()
@@ -435,16 +615,21 @@ class PgTableTarget:
         except Exception as exc:  # noqa: BLE001 - whatever failed, the read proves nothing
             raise classify_read(exc, self.where, doing) from None
 
+    def _fetch(self, name: str, write_ids: Sequence[str], doing: str) -> list[Any]:
+        async def fetch(conn: asyncpg.Connection) -> list[Any]:
+            rows = await conn.fetch(self._sql[name], list(write_ids), timeout=self.timeout)
+            self._last_used = time.monotonic()
+            return list(rows)
+
+        return self._reading(lambda: self._repeatable(fetch), doing)
+
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
         return self.read_back_many([write_id])
 
     def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
         """Every row of these write_ids, in one statement, typed as stored (``is_test`` a
         bool, ``contact_alias`` None or a str: the shape check holds them to it)."""
-        return [TargetRow(row[0], {"tenant": row[1], "source": row[2],
-                                   "source_lead_id": row[3], "is_test": row[4],
-                                   "contact_alias": row[5]}, row[6])
-                for row in self._fetch("read_rows", write_ids, "a readback")]
+        return [_target_row(row) for row in self._fetch("read_rows", write_ids, "a readback")]
 
     def observe_status(self, write_ids: Sequence[str]) -> Mapping[str, Observation]:
         found: dict[str, list[str]] = {w: [] for w in write_ids}
