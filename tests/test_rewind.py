@@ -12,23 +12,56 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import pg
 from tests.fakes import sheet_rows
 from tests.helpers import event, last_json, run_cli, run_main
+from tests.targetkit import target_server
 
 pytestmark = pytest.mark.timeout(120)
 
 
+class Target:
+    """Where the leads go: the synthetic target's file, a ``target-serve --marks``
+    server (real loopback HTTP), or a table of the PostgreSQL server; each keeps marks."""
+
+    def __init__(self, args: list[str | Path], keys: Callable[[], list[str]]) -> None:
+        self.args = args
+        self.keys = keys
+
+
+@pytest.fixture(params=["synthetic", "http", "pgtable"])
+def target(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Target]:
+    if request.param == "synthetic":
+        path = workdir / "t.db"
+        yield Target(["--target", path], lambda: [str(r[4]) for r in sheet_rows(path)])
+    elif request.param == "http":
+        with target_server(workdir, "--marks") as server:
+            yield Target(["--target", server.url],
+                         lambda: [str(r[4]) for r in sheet_rows(server.store)])
+    else:
+        pg.require()
+        schema = pg.new_schema()
+        pg.execute(f'CREATE SCHEMA "{schema}"')
+        yield Target(["--target", pg.dsn(), "--target-table", f"{schema}.leads"],
+                     lambda: [str(r[0]) for r in pg.fetch(
+                         f'SELECT source_lead_id FROM "{schema}".leads')])
+        pg.drop_later([schema])
+
+
 class Sqlite:
-    def __init__(self, workdir: Path, scope_file: Path) -> None:
+    def __init__(self, workdir: Path, scope_file: Path, target: Target | None = None) -> None:
         self.dir = workdir
         self.db = workdir / "q.db"
         self.scope = scope_file
         self.target = workdir / "t.db"
+        self.to = target or Target(["--target", self.target],
+                                   lambda: [str(r[4]) for r in sheet_rows(self.target)])
 
     def accept(self, ids: range) -> None:
         feed = self.dir / f"feed-{ids.start}-{ids.stop}.ndjson"
@@ -37,8 +70,8 @@ class Sqlite:
         assert proc.returncode == 0, proc.stderr
 
     def once(self, *extra: str, code: int = 0) -> Any:
-        proc = run_main("once", "--db", self.db, "--scope", self.scope, "--target",
-                        self.target, *extra)
+        proc = run_main("once", "--db", self.db, "--scope", self.scope, *self.to.args,
+                        *extra)
         assert proc.returncode == code, proc.stderr
         return proc
 
@@ -59,7 +92,7 @@ class Sqlite:
         return {r["source_lead_id"]: r for r in map(json.loads, proc.stdout.splitlines())}
 
     def rows_per_key(self) -> Counter[str]:
-        return Counter(str(row[4]) for row in sheet_rows(self.target))
+        return Counter(self.to.keys())
 
 
 @pytest.fixture
@@ -83,7 +116,8 @@ def test_a_store_restored_from_before_its_last_sends_reads_back_and_sends_nothin
 
 
 def test_a_restored_store_finds_events_accepted_again_under_their_first_write_id(
-        env: Sqlite) -> None:
+        workdir: Path, scope_file: Path, target: Target) -> None:
+    env = Sqlite(workdir, scope_file, target)
     env.accept(range(30))
     backup = env.backup("half.db")
     env.accept(range(30, 60))
@@ -102,7 +136,8 @@ def test_a_restored_store_finds_events_accepted_again_under_their_first_write_id
 
 @pytest.mark.parametrize("how", ["emptied", "deleted"])
 def test_an_emptied_or_deleted_store_is_refused_until_adopted_then_sends_nothing_twice(
-        env: Sqlite, how: str) -> None:
+        workdir: Path, scope_file: Path, target: Target, how: str) -> None:
+    env = Sqlite(workdir, scope_file, target)
     env.accept(range(40))
     env.once()
     if how == "emptied":
@@ -112,12 +147,12 @@ def test_an_emptied_or_deleted_store_is_refused_until_adopted_then_sends_nothing
             Path(f"{env.db}{side}").unlink(missing_ok=True)
     env.accept(range(45))  # the same events again (new write_ids), and 5 new
     # as an operator runs it: a real process
-    refused = run_cli("once", "--db", env.db, "--scope", env.scope, "--target", env.target)
+    refused = run_cli("once", "--db", env.db, "--scope", env.scope, *target.args)
     assert refused.returncode == 78, refused.stderr
     assert "another store" in refused.stderr and "runner target adopt" in refused.stderr
     assert env.rows_per_key().total() == 40  # nothing was sent
     adopted = run_cli("target", "adopt", "--db", env.db, "--scope", env.scope,
-                      "--target", env.target, "--reason", "the store file was lost")
+                      *target.args, "--reason", "the store file was lost")
     assert adopted.returncode == 0, adopted.stderr
     assert last_json(adopted.stdout)["adopted"]
     env.once()

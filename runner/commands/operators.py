@@ -202,13 +202,13 @@ async def cmd_target_adopt(args: argparse.Namespace) -> int:
         raise RuleViolation("target adopt needs --target", reason="target_required")
     try:
         port = CRMRecordPort(adapter)
-        if not port.marks:
-            raise RuleViolation("this target keeps no batch marks: there is no owner to "
-                                "adopt (see 'High availability and restores' for what a "
-                                "target without marks cannot catch)",
-                                reason="target_keeps_no_marks")
         async with await open_store(args.db, scope=scope) as store, store.worker_lock():
-            await checks.check_for_writes(store, port, clock)
+            await checks.check_for_writes(store, port, clock)  # an HTTP target says here
+            if not port.marks:
+                raise RuleViolation("this target keeps no batch marks: there is no owner "
+                                    "to adopt (see 'High availability and restores' for "
+                                    "what a target without marks cannot catch)",
+                                    reason="target_keeps_no_marks")
             own = await store.store_mark()
             held = await port.read_mark()
             if held.owner is None or held.owner == own.store_id:

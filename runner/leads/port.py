@@ -243,8 +243,7 @@ class CRMRecordPort:
         self.max_batch = max_batch(adapter)
         self.max_read = max_read(adapter)
         dedupes(adapter)  # a declaration that is not a bool is refused before any work
-        #: the target keeps batch marks (SPEC E8, ``runner.leads.marks``)
-        self.marks = marks(adapter)
+        marks(adapter)  # likewise
         #: the store this port sends for, once known (a marked batch carries it)
         self.store_id: str | None = None
         #: the write quota (batch writes)
@@ -273,6 +272,12 @@ class CRMRecordPort:
         """Whether the target deduplicates by write_id (SPEC E7): read at each use, as an
         adapter may learn it from its target (the HTTP target's ``identity``)."""
         return dedupes(self.adapter)
+
+    @property
+    def marks(self) -> bool:
+        """Whether the target keeps batch marks (SPEC E8, ``runner.leads.marks``): read at
+        each use, as the HTTP target learns it from its server's ``identity``."""
+        return marks(self.adapter)
 
     @property
     def pinnable(self) -> bool:
