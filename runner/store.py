@@ -155,6 +155,18 @@ class MarkStore(Protocol):
         """Record an operator's decision that this store replaces the target's owner."""
         ...
 
+    async def server_timeline(self) -> int | None:
+        """The PostgreSQL server's timeline (None: a store without one)."""
+        ...
+
+    async def record_timeline(self, timeline: int, replication: str, now: datetime) -> None:
+        """Record the server's timeline and replication mode at a start under the lock."""
+        ...
+
+    async def replication(self) -> Replication:
+        """The replication guarantee the store runs under (``runner.replication``)."""
+        ...
+
 
 class IntakeStore(Protocol):
     """What durable intake needs (``runner.leads.intake``, L3)."""

@@ -55,9 +55,10 @@ def target(request: pytest.FixtureRequest, workdir: Path) -> Iterator[Target]:
 
 
 class Sqlite:
-    def __init__(self, workdir: Path, scope_file: Path, target: Target | None = None) -> None:
+    def __init__(self, workdir: Path, scope_file: Path, target: Target | None = None,
+                 db: str | Path | None = None) -> None:
         self.dir = workdir
-        self.db = workdir / "q.db"
+        self.db: str | Path = db if db is not None else workdir / "q.db"
         self.scope = scope_file
         self.target = workdir / "t.db"
         self.to = target or Target(["--target", self.target],
@@ -78,13 +79,13 @@ class Sqlite:
     def backup(self, name: str) -> Path:
         """A consistent copy (the store is closed between commands: one file)."""
         copy = self.dir / name
-        shutil.copyfile(self.db, copy)
+        shutil.copyfile(Path(self.db), copy)
         return copy
 
     def restore(self, copy: Path) -> None:
         for side in ("-wal", "-shm"):
             Path(f"{self.db}{side}").unlink(missing_ok=True)
-        shutil.copyfile(copy, self.db)
+        shutil.copyfile(copy, Path(self.db))
 
     def records(self) -> dict[str, Any]:
         proc = run_main("status", "--db", self.db, "--records")
@@ -141,7 +142,7 @@ def test_an_emptied_or_deleted_store_is_refused_until_adopted_then_sends_nothing
     env.accept(range(40))
     env.once()
     if how == "emptied":
-        env.db.write_bytes(b"")
+        Path(env.db).write_bytes(b"")
     for side in ("" if how == "deleted" else None, "-wal", "-shm"):
         if side is not None:
             Path(f"{env.db}{side}").unlink(missing_ok=True)
@@ -194,3 +195,43 @@ def test_a_store_that_lost_its_in_flight_marks_resends_only_what_the_target_lack
     summary = last_json(proc.stdout)
     assert summary["reconciled"] == 20 and summary["requeued"] == 20
     assert {r["state"] for r in env.records().values()} == {"confirmed"}
+
+
+@pytest.mark.parametrize("was", ["asynchronous", "synchronous"])
+def test_a_newer_timeline_rewinds_a_store_whose_target_keeps_no_marks(
+        workdir: Path, scope_file: Path, was: str) -> None:
+    """A promoted standby, as the store sees it: the server is on a newer timeline than
+    the one the store last started on (made here by recording an older one).  A target
+    without marks cannot fence the forgotten history, so after asynchronous replication
+    every record that could have been sent is read back first and one with no row stays
+    uncertain for an operator; after synchronous replication nothing was lost."""
+    pg.require()
+    schema = pg.pooled_schema()
+    db = pg.location(schema)
+    try:
+        with target_server(workdir) as server:  # protocol v2, no --marks
+            env = Sqlite(workdir, scope_file, Target(
+                ["--target", server.url], lambda: [str(r[4]) for r in sheet_rows(server.store)]),
+                db=db)
+            env.accept(range(10))
+            env.once()
+            env.accept(range(10, 15))
+            pg.execute(f'UPDATE "{schema}".store_marks SET timeline = 0, replication = $1',
+                       was)
+            proc = env.once()
+            states = Counter(r["state"] for r in env.records().values())
+            if was == "asynchronous":
+                assert "promoted standby may lack the last commits" in proc.stderr
+                assert states == Counter(confirmed=10, uncertain=5)
+                assert env.rows_per_key().total() == 10
+                settled = run_main("resolve", "--db", db, "--scope", scope_file,
+                                   "--target", server.url, "--all", "--as", "not-sent",
+                                   "--reason", "the old primary is gone")
+                assert settled.returncode == 0, settled.stderr
+                env.once()
+            else:
+                assert "nothing committed was lost" in proc.stderr
+            assert env.rows_per_key() == Counter({f"lead-{i}": 1 for i in range(15)})
+            assert {r["state"] for r in env.records().values()} == {"confirmed"}
+    finally:
+        pg.give_back(schema)

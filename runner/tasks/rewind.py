@@ -91,7 +91,37 @@ async def take_over(store: DeliveryStore, port: CRMRecordPort | None, clock: Clo
     recovered = await recover(store, clock)
     if port is not None:
         await check_marks(store, port, clock)
+        await check_timeline(store, port, clock)
     return recovered
+
+
+async def check_timeline(store: DeliveryStore, port: CRMRecordPort, clock: Clock) -> None:
+    """On PostgreSQL: a server on a newer timeline than the one the store last started on
+    is a promoted standby.  Under asynchronous replication (as last seen) it may lack the
+    last commits; a target that keeps marks catches that itself (a stale batch), any other
+    target gets a rewind without a fence: every record that could have been sent is read
+    back, and one with no row stays uncertain (the readback cannot prove that no request
+    of the forgotten history is still on its way), unless the target deduplicates by
+    write_id (SPEC E7).  The timeline and the replication mode are recorded each time."""
+    timeline = await store.server_timeline()
+    if timeline is None:
+        return
+    own = await store.store_mark()
+    mode = (await store.replication()).mode
+    if own.timeline is not None and timeline > own.timeline and not port.marks:
+        if own.replication == "synchronous":
+            log.info("the server is on timeline %d (the store last started on %d): a "
+                     "promoted standby, under synchronous replication: nothing committed was "
+                     "lost", timeline, own.timeline, extra={"action": "store.promoted"})
+        else:
+            reason = (f"the server is on timeline {timeline}, the store last started on "
+                      f"{own.timeline} under {own.replication or 'unknown'} replication: a "
+                      "promoted standby may lack the last commits")
+            log.warning("%s; reading back before sending (this target keeps no batch marks: "
+                        "a record with no row stays uncertain)", reason,
+                        extra={"action": "store.rewind", "reason": "newer_timeline"})
+            await store.begin_epoch(0, reason, clock.now(), tag=True)
+    await store.record_timeline(timeline, mode, clock.now())
 
 
 async def check_marks(store: DeliveryStore, port: CRMRecordPort, clock: Clock) -> None:

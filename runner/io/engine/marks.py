@@ -33,6 +33,10 @@ class StoreMark(NamedTuple):
     fenced: bool
     rewind: str | None
     adopting: str | None
+    #: the PostgreSQL server's timeline and replication mode at the last start under the
+    #: lock (None: SQLite, or not recorded yet)
+    timeline: int | None = None
+    replication: str | None = None
 
     @property
     def seq(self) -> int:
@@ -44,7 +48,9 @@ def store_mark(row: Row) -> StoreMark:
     return StoreMark(str(row[0]), int(row[1]), int(row[2]),
                      row[3] is not None and int(row[3]) == int(row[1]),
                      None if row[4] is None else str(row[4]),
-                     None if row[5] is None else str(row[5]))
+                     None if row[5] is None else str(row[5]),
+                     None if row[6] is None else int(row[6]),
+                     None if row[7] is None else str(row[7]))
 
 
 class MarkOps(DeliveryOps):
@@ -99,6 +105,14 @@ class MarkOps(DeliveryOps):
     async def rewind_done(self, now: datetime) -> bool:
         """End the pending rewind once no rewound record is left unread."""
         return bool(await self.fetch("rewind_done", now=to_text(now)))
+
+    async def server_timeline(self) -> int | None:
+        """The server's timeline (PostgreSQL; None: a store without one)."""
+        return None
+
+    async def record_timeline(self, timeline: int, replication: str, now: datetime) -> None:
+        await self.execute("record_timeline", timeline=timeline, replication=replication,
+                           now=to_text(now))
 
     async def adopt_target(self, previous_owner: str, target_id: str | None, reason: str,
                            now: datetime) -> None:

@@ -36,6 +36,8 @@ CREATE TABLE {s}.store_marks (
     fenced_epoch bigint,
     rewind       text,
     adopting     text,
+    timeline     bigint,
+    replication  text,
     updated_at   text
 );
 INSERT INTO {s}.store_marks (store_id, epoch, counter)

@@ -37,6 +37,8 @@ CREATE TABLE store_marks (
     fenced_epoch INTEGER,
     rewind       TEXT,
     adopting     TEXT,
+    timeline     INTEGER,
+    replication  TEXT,
     updated_at   TEXT
 ) STRICT;
 

@@ -402,7 +402,8 @@ RETURNING write_id
 -- ==== the store's mark and its rewinds (v18, SPEC E8, issue 30) =====================
 
 -- name: store_mark
-SELECT store_id, epoch, counter, fenced_epoch, rewind, adopting FROM store_marks
+SELECT store_id, epoch, counter, fenced_epoch, rewind, adopting, timeline, replication
+FROM store_marks
 
 -- the next batch's seq for a target that keeps marks: in the transaction that marks the
 -- batch in flight (``mark_batch``)
@@ -414,7 +415,7 @@ UPDATE store_marks SET counter = counter + 1 RETURNING epoch, counter
 -- name: begin_epoch
 UPDATE store_marks SET epoch = max(epoch, :min_epoch) + 1, counter = 0, fenced_epoch = NULL,
     rewind = coalesce(:reason, rewind), updated_at = :now
-RETURNING store_id, epoch, counter, fenced_epoch, rewind, adopting
+RETURNING store_id, epoch, counter, fenced_epoch, rewind, adopting, timeline, replication
 
 -- every record the forgotten history could have sent becomes uncertain, tagged
 -- ``rewound``: prepared and failed_safe ones through in_flight (attempts + 1), then every
@@ -451,6 +452,11 @@ UPDATE store_marks SET rewind = NULL, updated_at = :now
 WHERE rewind IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM leads WHERE state = 'uncertain' AND last_failure = 'rewound')
 RETURNING epoch
+
+-- the server's timeline and the replication it ran under, recorded at each start under
+-- the lock: a newer timeline later means a promoted standby (SPEC E8)
+-- name: record_timeline
+UPDATE store_marks SET timeline = :timeline, replication = :replication, updated_at = :now
 
 -- name: record_target_adoption
 INSERT INTO target_adoptions (previous_owner, target_id, reason, decided_at)
