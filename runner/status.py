@@ -122,6 +122,18 @@ async def _oldest_uncertain(store: StatusReader, shown: int) -> list[LeadRow]:
     return rows
 
 
+async def marks_json(store: Store, schema_version: int) -> dict[str, Any] | None:
+    """The ``marks`` block (SPEC E8, v18): the store's identity, the mark of its last
+    batch to a target that keeps marks (``epoch.counter``), a rewind still pending
+    (``rewind``: why) and a target's owner adopted but not yet fenced (``adopting``);
+    None for a store older than v18 (read as it is: status upgrades nothing)."""
+    if schema_version < 18:
+        return None
+    mark = await store.store_mark()
+    return {"store_id": mark.store_id, "mark": f"{mark.epoch}.{mark.counter}",
+            "rewind": mark.rewind, "adopting": mark.adopting}
+
+
 async def status_document(store: Store, *, shown: int = UNCERTAIN_SHOWN) -> dict[str, Any]:
     """The status document: counts, health, the replication guarantee the store runs
     under (``runner.replication``), and the oldest ``shown`` uncertain records (bounded:
@@ -132,9 +144,10 @@ async def status_document(store: Store, *, shown: int = UNCERTAIN_SHOWN) -> dict
         lifecycle = await store.candidate_summary()
         oldest = await _oldest_uncertain(store, shown)
         pipeline = await pipeline_blocks(store)
+        marks = await marks_json(store, summary.schema_version)
     replication = await store.replication()  # the server's settings now, not the snapshot's
     total = summary.counts.get(LeadState.UNCERTAIN, 0)
-    return {**head_json(summary), "replication": replication.to_json(),
+    return {**head_json(summary), "replication": replication.to_json(), "marks": marks,
             "uncertain": uncertain_json(total, oldest),
             **tail_json(summary), "lifecycle": lifecycle_json(lifecycle), **pipeline,
             "decisions": summary.decisions}

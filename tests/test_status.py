@@ -47,10 +47,13 @@ def test_status_shape(db: str, scope_file: Path) -> None:
     assert proc.stdout.count("\n") == 1
     doc = json.loads(proc.stdout)
     assert list(doc) == ["scope", "schema_version", "counts", "retries", "replication",
-                         "uncertain",
+                         "marks", "uncertain",
                          "outbox", "poll_health", "lifecycle", "pipeline", "funnel",
                          "decisions"]
     assert doc["uncertain"] == {"total": 0, "truncated": False, "records": []}
+    marks = doc["marks"]  # nothing sent yet: the first epoch, no batch, no rewind
+    assert (len(marks["store_id"]), marks["mark"], marks["rewind"], marks["adopting"]) == (
+        32, "1.0", None, None)
     assert doc["retries"] == {"waiting": 0, "next_attempt_at": None, "rejected": 0}
     assert doc["scope"] == SCOPE
     assert doc["schema_version"] >= 1

@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from runner.errors import UsageError
+from runner.ids import BatchMark, TargetMark
+from runner.leads.capabilities import marks
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
@@ -170,13 +172,33 @@ class FaultyAdapter:
         """A batch is sent only to an inner adapter that can take one."""
         return callable(getattr(self.inner, "write_batch", None))
 
-    def write_batch(self, items: Sequence[tuple[CRMRecord, str]]
-                    ) -> Sequence[TargetRow] | None:
-        """The same faults as ``write``, for one request of many rows."""
+    def write_batch(self, items: Sequence[tuple[CRMRecord, str]], *,
+                    mark: BatchMark | None = None) -> Sequence[TargetRow] | None:
+        """The same faults as ``write``, for one request of many rows (its batch mark
+        passed through)."""
         self._before_request()
-        rows: Sequence[TargetRow] | None = self.inner.write_batch(  # type: ignore[attr-defined]
-            items)
+        inner = self.inner.write_batch  # type: ignore[attr-defined]
+        rows: Sequence[TargetRow] | None = (inner(items) if mark is None
+                                            else inner(items, mark=mark))
         self._after_request()
+        return rows
+
+    @property
+    def marks_batches(self) -> bool:
+        """The inner adapter's declaration (SPEC E8)."""
+        return marks(self.inner)
+
+    def read_mark(self) -> TargetMark:
+        mark: TargetMark = self.inner.read_mark()  # type: ignore[attr-defined]
+        return mark
+
+    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> None:
+        self._before_request()
+        self.inner.raise_mark(mark, replaces)  # type: ignore[attr-defined]
+
+    def read_by_keys(self, keys: Sequence[tuple[str, str]]) -> Sequence[TargetRow]:
+        self._slow()
+        rows: Sequence[TargetRow] = self.inner.read_by_keys(keys)  # type: ignore[attr-defined]
         return rows
 
     def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:

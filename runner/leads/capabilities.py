@@ -26,6 +26,9 @@ uncertain record.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 from runner.errors import UsageError
 
 
@@ -64,15 +67,30 @@ def dedupes(adapter: object) -> bool:
 def marks(adapter: object) -> bool:
     """Whether the adapter declares that its target keeps batch marks (``marks_batches``;
     absent: it does not); refuses a value that is not a bool, or a declaration without the
-    four methods."""
+    four methods.  An adapter whose ``write_batch`` takes no ``mark`` (a subclass or a
+    wrapper of a marking target that overrides it, written before marks) does not mark:
+    its batches are sent as before."""
     value = getattr(adapter, "marks_batches", False)
     if not isinstance(value, bool):
         raise UsageError(f"the target adapter's marks_batches must be True or False, "
                          f"not {value!r}")
-    if value:
-        lacking = [name for name in ("read_mark", "write_batch", "raise_mark", "read_by_keys")
-                   if not callable(getattr(adapter, name, None))]
-        if lacking:
-            raise UsageError("the target adapter declares marks_batches but has no "
-                             + ", ".join(lacking))
-    return value
+    if not value:
+        return False
+    lacking = [name for name in ("read_mark", "write_batch", "raise_mark", "read_by_keys")
+               if not callable(getattr(adapter, name, None))]
+    if lacking:
+        raise UsageError("the target adapter declares marks_batches but has no "
+                         + ", ".join(lacking))
+    write_batch: object = getattr(adapter, "write_batch", None)
+    return _takes_mark(getattr(write_batch, "__func__", write_batch))
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_mark(function: object) -> bool:
+    """Whether a ``write_batch`` takes a ``mark`` keyword (read once per function)."""
+    try:
+        parameters = inspect.signature(function).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return "mark" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

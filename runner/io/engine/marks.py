@@ -107,8 +107,10 @@ class MarkOps(DeliveryOps):
         return bool(await self.fetch("rewind_done", now=to_text(now)))
 
     async def server_timeline(self) -> int | None:
-        """The server's timeline (PostgreSQL; None: a store without one)."""
-        return None
+        """The server's timeline (PostgreSQL: from the name of its current WAL file,
+        readable by any role; a promoted standby begins a newer one), None on SQLite."""
+        value = (await self.fetch("server_timeline"))[0][0]
+        return None if value is None else int(value)
 
     async def record_timeline(self, timeline: int, replication: str, now: datetime) -> None:
         await self.execute("record_timeline", timeline=timeline, replication=replication,

@@ -27,11 +27,6 @@ class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, Lead
     """The store: the engine's operations (``runner.io.engine``) over this dialect's
     connection and hooks."""
 
-    async def server_timeline(self) -> int | None:
-        """The server's timeline, from the name of its current WAL file (readable by any
-        role); a promoted standby begins a newer one (SPEC E8)."""
-        return int((await self.fetch("server_timeline"))[0][0])
-
     async def replication(self) -> Replication:
         """The server's replication settings and WAL senders, classified (one read;
         ``runner.replication`` says what a plain role sees)."""

@@ -458,6 +458,10 @@ RETURNING epoch
 -- name: record_timeline
 UPDATE store_marks SET timeline = :timeline, replication = :replication, updated_at = :now
 
+-- a SQLite store has no server timeline
+-- name: server_timeline
+SELECT NULL
+
 -- name: record_target_adoption
 INSERT INTO target_adoptions (previous_owner, target_id, reason, decided_at)
 VALUES (:previous_owner, :target_id, :reason, :now)
