@@ -235,3 +235,32 @@ def test_a_newer_timeline_rewinds_a_store_whose_target_keeps_no_marks(
             assert {r["state"] for r in env.records().values()} == {"confirmed"}
     finally:
         pg.give_back(schema)
+
+
+async def test_a_batch_refused_as_stale_mid_run_rewinds_under_the_same_lock(
+        workdir: Path, scope_file: Path) -> None:
+    """Two copies of one store (a copy left running, a restore beside it): the copy passes
+    its start check, then the other delivers; the copy's next batch is refused as stale
+    (applied nothing), and the copy rewinds before it sends anything else."""
+    from runner import DurableWorker
+    from runner.io.synthetic_target import SyntheticTarget
+    from tests.helpers import SCOPE
+
+    env = Sqlite(workdir, scope_file)
+    env.accept(range(20))
+    copy = env.backup("copy.db")
+    target = SyntheticTarget(str(env.target))
+    try:
+        async with DurableWorker(str(copy), SCOPE, target) as worker, worker.hold_lock():
+            sent = run_cli("once", "--db", env.db, "--scope", env.scope, *env.to.args,
+                           "--dispatch-limit", "10")  # the original sends 10 (mark 1.1)
+            assert sent.returncode == 0, sent.stderr
+            first = await worker.run_cycle()  # the copy's batch 1.1: stale
+            assert first.dispatched == 20 and first.failed_safe == 20
+            assert env.rows_per_key().total() == 10
+            second = await worker.run_cycle()  # rewound: 10 held, 10 sent
+            assert (second.reconciled, second.requeued) == (10, 10)
+            assert second.confirmed == 10
+    finally:
+        target.close()
+    assert env.rows_per_key() == Counter({f"lead-{i}": 1 for i in range(20)})
