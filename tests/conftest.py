@@ -68,6 +68,23 @@ LONG_VARIANTS = (
     "tests/test_operators.py::test_resolve_is_refused_while_a_worker_holds_the_lock[postgres]",
     # the dedupe proof through the fault wrapper (4 s); the proof itself stays
     "tests/test_kit_dedupe.py::test_the_proof_holds_through_the_fault_wrapper",
+    # an emptied or deleted store over HTTP and a PostgreSQL table, and deleted on the
+    # synthetic target (20 s); emptied on the synthetic target stays, and the restored
+    # store runs against all three targets
+    "tests/test_rewind.py::test_an_emptied_or_deleted_store_is_refused_until_adopted_then_"
+    "sends_nothing_twice[http-",
+    "tests/test_rewind.py::test_an_emptied_or_deleted_store_is_refused_until_adopted_then_"
+    "sends_nothing_twice[pgtable-",
+    "tests/test_rewind.py::test_an_emptied_or_deleted_store_is_refused_until_adopted_then_"
+    "sends_nothing_twice[synthetic-deleted]",
+    "tests/test_rewind.py::test_a_newer_timeline_rewinds_a_store_whose_target_keeps_no_marks"
+    "[synchronous]",
+    # marks over HTTP, the kit runs and the call shapes (15 s): a refused append and a
+    # server without marks stay
+    "tests/test_http_target_marks.py::test_the_kit_proves_a_marks_server",
+    "tests/test_http_target_marks.py::test_the_mark_and_read_keys_calls_have_the_documented_",
+    "tests/test_http_target_marks.py::test_two_marks_servers_on_one_sheet_serialise_marked_",
+    "tests/test_http_target_marks.py::test_a_marks_server_declares_it_and_the_adapter_learns_it",
 )
 
 #: test files whose subject is the target's side of delivery (a protocol, an adapter's
