@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         ("sweep", lambda: sweep_row(sizes["sweep"])),
         ("startup", lambda: leads.startup()),
         ("scale", lambda: leads.scale(sizes["scale"])),
-        # the endurance run: only its quick variant here (~45 s, no results file); the
+        # the endurance run: only its quick variant here (~25 s, no results file); the
         # full one is its own command, ``python -m bench soak --minutes 30``
         ("soak", soak_row),
         ("http", lambda: (webhook.intake(sizes["webhook"])

@@ -3,7 +3,7 @@ with SIGKILL now and then, sampled for growth, and audited for loss and duplicat
 
     python -m bench soak --minutes 30 --backend sqlite      # the documented run
     python -m bench soak --minutes 30 --backend postgres
-    python -m bench soak --quick                            # ~45 s, what CI runs
+    python -m bench soak --quick                            # ~25 s, what CI runs
 
 What runs, all at once, for ``--minutes``:
 
@@ -626,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--quick", action="store_true",
-                        help="~45 s with fast sampling and kills; writes no results file")
+                        help="~25 s with fast sampling and kills; writes no results file")
     parser.add_argument("--rate", type=float, default=50.0, help="leads accepted per second")
     parser.add_argument("--churn", type=float, default=20.0, help="status changes per second")
     parser.add_argument("--kill-every", type=float, default=300.0)
@@ -642,10 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     add_backend_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.minutes = min(args.minutes, 0.75)
-        args.kill_every = min(args.kill_every, 12.0)
-        args.sample_every = min(args.sample_every, 3.0)
-        args.retention_every = min(args.retention_every, 8.0)
+        args.minutes = min(args.minutes, 0.4)
+        args.kill_every = min(args.kill_every, 8.0)
+        args.sample_every = min(args.sample_every, 2.0)
+        args.retention_every = min(args.retention_every, 5.0)
         if args.pipeline_keep == "60s":
             args.pipeline_keep = "5s"
     report = Report(args.backend, args.minutes, args.quick, args.rate, args.churn,

@@ -128,6 +128,11 @@ class MarkStore(Protocol):
         history could have sent becomes uncertain, tagged ``rewound``."""
         ...
 
+    async def tag_rewind(self, reason: str, now: datetime) -> None:
+        """Every record a forgotten history could have sent becomes uncertain, tagged
+        ``rewound``; the rewind is pending with ``reason``."""
+        ...
+
     async def fence_raised(self, epoch: int, now: datetime) -> bool:
         """Record that the target's fence stands at ``epoch``."""
         ...

@@ -116,12 +116,13 @@ def test_the_mark_and_read_keys_calls_have_the_documented_shapes(workdir: Path) 
         assert httpx.get(f"{url}/mark").json() == {"owner": None, "seq": 0}
         raised = httpx.post(f"{url}/mark", json={"mark": {"store_id": "a", "seq": 5},
                                                  "replaces": None})
-        assert raised.status_code == 200 and raised.json() == {"owner": "a", "seq": 5}
+        assert raised.status_code == 200 and raised.json() == {
+            "owner": "a", "seq": 5, "replaced": {"owner": None, "seq": 0}}
         again = httpx.post(f"{url}/mark", json={"mark": {"store_id": "a", "seq": 5}})
         assert again.status_code == 409 and again.json()["refused"] == "stale_mark"
         moved = httpx.post(f"{url}/mark", json={"mark": {"store_id": "b", "seq": 1},
                                                 "replaces": "a"})
-        assert moved.json() == {"owner": "b", "seq": 1}
+        assert moved.json() == {"owner": "b", "seq": 1, "replaced": {"owner": "a", "seq": 5}}
         for bad in ({"store_id": "", "seq": 1}, {"store_id": "b", "seq": -1},
                     {"store_id": "b", "seq": True}, {"store_id": "b", "seq": 1 << 63},
                     {"store_id": "b"}, "b"):

@@ -10,8 +10,10 @@ refuses applying nothing.  The kit proves each part on the real target, in this 
     holds that store and seq.  A target another store owns already (a test target the kit
     ran against before) is adopted first, with ``raise_mark(…, replaces=owner)``.
 ``marks: a stale seq applies nothing``
-    a batch whose seq equals the held one, and one whose seq is lower, each raise
-    ``StaleMark`` carrying the held mark, and none of their rows is there.
+    a batch whose seq equals the held one, one whose seq is lower, and one of a newer
+    epoch whose fence was not raised (a request of a forgotten history that began an
+    epoch of its own), each raise ``StaleMark`` carrying the held mark, and none of their
+    rows is there.
 ``marks: another store's batch applies nothing``
     a batch (and a row-less ``raise_mark``) of another store, with a higher seq, raise
     ``ForeignMark`` carrying the held mark, applying nothing.
@@ -19,15 +21,15 @@ refuses applying nothing.  The kit proves each part on the real target, in this 
     ``raise_mark(mark, replaces=owner)`` makes the target the new store's; then the old
     owner's batch is foreign and the new owner's applies.
 ``marks: a raised fence refuses an older seq``
-    after ``raise_mark`` to a new epoch, a batch of the old epoch (a request still on its
-    way when the store noticed it was behind) is stale and applies nothing, and so is
-    ``raise_mark`` to the seq held.
+    ``raise_mark`` to a new epoch answers the mark it replaced; after it, a batch of the
+    old epoch (a request still on its way when the store noticed it was behind) is stale
+    and applies nothing, and so is ``raise_mark`` to the seq held.
 ``marks: read_by_keys finds rows under another write_id``
     a record written twice under two write_ids is found by its (tenant, source_lead_id)
     as both rows, exactly; a key without rows finds none.
 ``marks: concurrent marked batches``
-    two adapters in two threads, released together, send batches of one store with two
-    seqs, several times: the newer always applies, the older applies only if it came
+    after a fence, two adapters in two threads, released together, send batches of one
+    store with two seqs of its epoch, several times: the newer always applies, the older applies only if it came
     first (else ``StaleMark``); every batch is whole or absent, and the target holds the
     newer seq.
 
@@ -243,6 +245,9 @@ def _stale(p: _Proof) -> None:
     batch = items(2)
     p.refused(STALE, "a batch of an older seq", p.write(batch, p.a, p.seq(0, 0)),
               StaleMark, held, batch)
+    batch = items(2)
+    p.refused(STALE, "a batch of a newer epoch whose fence was not raised",
+              p.write(batch, p.a, p.seq(1, 1)), StaleMark, held, batch)
 
 
 def _foreign(p: _Proof) -> None:
@@ -274,8 +279,14 @@ def _transfer(p: _Proof) -> None:
 
 
 def _fence(p: _Proof) -> None:
-    raised = attempt(lambda: p.adapter.raise_mark(BatchMark(p.b, p.seq(2, 0))))
+    replaced: list[Any] = []
+    raised = attempt(lambda: replaced.append(
+        p.adapter.raise_mark(BatchMark(p.b, p.seq(2, 0)))))
     p.expect(FENCE, raised is None, f"raise_mark to a new epoch {raised_words(raised)}")
+    before = TargetMark(p.b, p.seq(1, 1))
+    p.expect(FENCE, replaced == [before],
+             f"raise_mark to a new epoch answered {replaced[0] if replaced else None!r}, "
+             f"not the mark it replaced ({_mark_words(before)})")
     held = p.held()
     p.expect(FENCE, held == TargetMark(p.b, p.seq(2, 0)),
              f"after raise_mark to a new epoch, read_mark holds {_mark_words(held)}")
@@ -313,6 +324,7 @@ def _concurrent(p: _Proof) -> None:
 def _round(p: _Proof, round_: int, adapters: tuple[Any, Any]) -> None:
     """One round of the concurrent check."""
     base = p.seq(3 + round_, 0)
+    p.adapter.raise_mark(BatchMark(p.b, base))  # the round's epoch: batches follow a fence
     batches = [items(CONCURRENT_BATCH), items(CONCURRENT_BATCH)]
     seqs = (base + 1, base + 2)
     # the threads start in both orders (the barrier releases them together)

@@ -192,9 +192,13 @@ class FaultyAdapter:
         mark: TargetMark = self.inner.read_mark()  # type: ignore[attr-defined]
         return mark
 
-    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> None:
-        self._before_request()
-        self.inner.raise_mark(mark, replaces)  # type: ignore[attr-defined]
+    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> TargetMark:
+        """The fence, raised at every start: passed through (the faults are of the sends
+        of records, and a fence carries none)."""
+        self._slow()
+        replaced: TargetMark = self.inner.raise_mark(  # type: ignore[attr-defined]
+            mark, replaces)
+        return replaced
 
     def read_by_keys(self, keys: Sequence[tuple[str, str]]) -> Sequence[TargetRow]:
         self._slow()

@@ -234,7 +234,8 @@ def _held_mark(conn: sqlite3.Connection) -> TargetMark:
     return NO_MARK if row is None else TargetMark(str(row[0]), int(row[1]))
 
 
-def _keep_mark(conn: sqlite3.Connection, mark: BatchMark, replaces: str | None) -> None:
+def _keep_mark(conn: sqlite3.Connection, mark: BatchMark, replaces: str | None
+               ) -> TargetMark:
     """Judge ``mark`` against the mark held and keep it, inside the caller's write
     transaction; a refusal (or a failure) rolls it back: nothing of the request applied,
     so it is BeforeWriteError (StaleMark, ForeignMark, or a plain one)."""
@@ -246,6 +247,7 @@ def _keep_mark(conn: sqlite3.Connection, mark: BatchMark, replaces: str | None) 
             conn.execute(SHEET_KEY_INDEX)
         conn.execute("INSERT OR REPLACE INTO target_mark (only_row, owner, seq) "
                      "VALUES (1, ?, ?)", (mark.store_id, mark.seq))
+        return held
     except BeforeWriteError:
         _rollback_quietly(conn)
         raise
@@ -414,11 +416,11 @@ class SyntheticTarget:
             except (RunnerError, sqlite3.Error, OSError) as exc:
                 raise TargetReadError(f"target mark read failed: {_message(exc)}") from None
 
-    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> None:
+    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> TargetMark:
         """The fence alone: keep ``mark`` if it may apply (an owner equal to ``replaces``
-        is replaced), applying no row."""
+        is replaced), applying no row; the mark it replaced."""
         with self._mutex:
-            self._append([], mark=mark, replaces=replaces)
+            return self._append([], mark=mark, replaces=replaces)[2]
 
     def read_by_keys(self, keys: Sequence[tuple[str, str]]) -> Sequence[TargetRow]:
         """Every row whose (tenant, source_lead_id) is one of ``keys``, whatever its
@@ -448,11 +450,12 @@ class SyntheticTarget:
         commit, so concurrent calls (threads or processes) never both append one
         write_id.  Not the synthetic target's port: a spreadsheet does not deduplicate."""
         with self._mutex:
-            return self._append(items, once=True)
+            made, rows, _ = self._append(items, once=True)
+            return made, rows
 
     def _append(self, items: Sequence[tuple[CRMRecord, str]], *, once: bool = False,
                 mark: BatchMark | None = None, replaces: str | None = None,
-                ) -> tuple[int, list[TargetRow]]:
+                ) -> tuple[int, list[TargetRow], TargetMark]:
         try:
             conn = self._connect()
         except (RunnerError, sqlite3.Error, OSError) as exc:
@@ -463,8 +466,8 @@ class SyntheticTarget:
             # the write lock was not taken: nothing of these rows reached the sheet
             _rollback_quietly(conn)
             raise BeforeWriteError(f"target not written (its lock: {exc})") from None
-        if mark is not None:
-            _keep_mark(conn, mark, replaces)  # in this transaction; refused: nothing applied
+        # in this transaction; refused: nothing applied
+        held = NO_MARK if mark is None else _keep_mark(conn, mark, replaces)
         try:
             values = [(write_id, record.tenant, record.source, record.source_lead_id,
                        int(record.is_test), record.contact_alias) for record, write_id in items]
@@ -480,7 +483,7 @@ class SyntheticTarget:
         except sqlite3.Error as exc:
             _rollback_quietly(conn)
             raise AmbiguousWriteError(f"target write failed: {exc}") from None
-        return len(values), rows
+        return len(values), rows, held
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
         with self._mutex:

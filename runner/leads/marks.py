@@ -24,12 +24,16 @@ What an adapter implements to mark (all four, with ``marks_batches = True``)::
     read_mark() -> TargetMark              what the target holds (TargetMark(None, 0): no
                                            marked batch yet); reads only
     write_batch(items, mark=BatchMark)     as write_batch, applied atomically with the
-                                           check and the new mark: raise StaleMark when
-                                           mark.seq <= held seq, ForeignMark when the
-                                           owner is another store, applying nothing
-    raise_mark(mark, replaces) -> None     the fence alone, with no rows: the same checks,
-                                           except that an owner equal to ``replaces``
-                                           (an adopted store) is replaced by mark.store_id
+                                           check and the new mark (:func:`judge`): raise
+                                           StaleMark when the mark is not the next of the
+                                           epoch held, ForeignMark when the owner is
+                                           another store, applying nothing
+    raise_mark(mark, replaces) -> TargetMark
+                                           the fence alone (mark.seq's counter is 0), with
+                                           no rows, judged the same way in one transaction
+                                           (an owner equal to ``replaces``, an adopted
+                                           store, is replaced by mark.store_id); returns
+                                           the mark it replaced
     read_by_keys(keys) -> rows             every row whose (tenant, source_lead_id) is one
                                            of ``keys``, whatever its write_id
 
@@ -81,13 +85,27 @@ class ForeignMark(BeforeWriteError):
 def judge(held: TargetMark, mark: BatchMark, replaces: str | None = None) -> None:
     """The target's rule for one marked request, for adapters to call in the transaction
     that applies it: raises ForeignMark or StaleMark (apply nothing), returns when the
-    request may apply (then keep ``TargetMark(mark.store_id, mark.seq)``)."""
+    request may apply (then keep ``TargetMark(mark.store_id, mark.seq)``).
+
+    A mark whose counter is 0 is a *fence* (``raise_mark``): it applies only above the
+    mark held, so it begins an epoch no request sent before it can belong to.  Any other
+    mark is a *batch*: it applies only in the epoch of the fence held, above the counter
+    held.  So a request of a forgotten history still on its way when a fence was raised
+    (its epoch is older) never applies after it, even if its seq is higher (a history
+    that began an epoch of the same number the fence now has is the reason the epoch must
+    be equal, not only lower or higher)."""
     if held.owner is not None and held.owner != mark.store_id and held.owner != replaces:
         raise ForeignMark(f"the target belongs to store {held.owner[:12]}, not to "
                           f"{mark.store_id[:12]}", held=held)
-    if held.owner == mark.store_id and mark.seq <= held.seq:
-        raise StaleMark(f"the target holds batch {in_words(held.seq)} of this store, "
-                        f"newer than {in_words(mark.seq)}", held=held)
+    if held.owner != mark.store_id:
+        return  # a first mark, or an adopted store's fence: nothing of this store held
+    if counter_of(mark.seq) == 0:
+        if mark.seq <= held.seq:
+            raise StaleMark(f"the target holds batch {in_words(held.seq)} of this store, "
+                            f"not older than the fence {in_words(mark.seq)}", held=held)
+    elif epoch_of(mark.seq) != epoch_of(held.seq) or mark.seq <= held.seq:
+        raise StaleMark(f"the target holds batch {in_words(held.seq)} of this store; batch "
+                        f"{in_words(mark.seq)} is not the next of its epoch", held=held)
 
 
 def rows_by_key(rows: Sequence[TargetRow]) -> dict[Key, list[TargetRow]]:

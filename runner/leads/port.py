@@ -461,17 +461,21 @@ class CRMRecordPort:
         return await anyio.to_thread.run_sync(
             self.adapter.read_mark, abandon_on_cancel=True)  # type: ignore[attr-defined]
 
-    async def raise_mark(self, mark: BatchMark, replaces: str | None) -> None:
+    async def raise_mark(self, mark: BatchMark, replaces: str | None) -> TargetMark:
         """Raise the target's fence to ``mark`` with no rows (StaleMark, ForeignMark when
-        it may not)."""
+        it may not); the mark it replaced."""
         await self.pacer.take()
         try:
-            await anyio.to_thread.run_sync(
+            replaced = await anyio.to_thread.run_sync(
                 self.adapter.raise_mark, mark, replaces,  # type: ignore[attr-defined]
                 abandon_on_cancel=True)
         except RateLimited as exc:
             self._rate_limited(exc)
             raise
+        if not isinstance(replaced, TargetMark):
+            raise TargetError(f"the adapter's raise_mark answered {type(replaced).__name__}, "
+                              "not the TargetMark it replaced")
+        return replaced
 
     async def read_by_keys(self, keys: Sequence[tuple[str, str]]) -> list[TargetRow]:
         """Every row held under one of these business keys, in requests of at most

@@ -126,8 +126,9 @@ async def check_timeline(store: DeliveryStore, port: CRMRecordPort, clock: Clock
 
 async def check_marks(store: DeliveryStore, port: CRMRecordPort, clock: Clock) -> None:
     """At every start under the lock, on a target that keeps marks: refuse a target of
-    another store unless adopted, and rewind when the store is behind it (or a rewind
-    was cut short before its fence stood)."""
+    another store unless adopted, then raise the target's fence (:func:`fence`), which
+    rewinds when the store is behind the target, when it adopted it, or when a rewind
+    was cut short before its fence stood."""
     if not port.marks:
         return
     own = await store.store_mark()
@@ -138,38 +139,47 @@ async def check_marks(store: DeliveryStore, port: CRMRecordPort, clock: Clock) -
         kind, words = describe_failure(exc)
         raise TargetUnavailable(f"the target's batch mark cannot be read ({kind}): "
                                 f"{words}; nothing was changed") from None
+    reason = None
     if held.owner is not None and held.owner != own.store_id:
         if own.adopting != held.owner:
             raise _owned(held, own.store_id)
-        await rewind(store, port, clock, held,
-                     f"adopted the target of store {held.owner[:12]}")
+        reason = f"adopted the target of store {held.owner[:12]}"
     elif held.owner == own.store_id and held.seq > own.seq:
-        await rewind(store, port, clock, held,
-                     f"the target holds batch {in_words(held.seq)} of this store, newer "
-                     f"than its own {in_words(own.seq)}: the store forgot what it sent "
-                     "(restored from a backup, or a standby promoted before it caught up)")
+        reason = _behind(held, own.seq)
     elif own.rewind is not None and not own.fenced:
-        await rewind(store, port, clock, held, own.rewind)
+        reason = own.rewind  # cut short before its fence stood: again
+    await fence(store, port, clock, held, reason)
 
 
-async def rewind(store: DeliveryStore, port: CRMRecordPort, clock: Clock, held: TargetMark,
-                 reason: str) -> None:
-    """Steps 1 and 2: a new epoch with every record that could have been sent made
-    uncertain and tagged, then the target's fence raised to it.  Step 3 is
-    :func:`read_rewound`, at the start of each cycle until it is done."""
+def _behind(held: TargetMark, remembered: int) -> str:
+    return (f"the target holds batch {in_words(held.seq)} of this store, newer than its "
+            f"own {in_words(remembered)}: the store forgot what it sent (restored from a "
+            "backup, or a standby promoted before it caught up)")
+
+
+async def fence(store: DeliveryStore, port: CRMRecordPort, clock: Clock, held: TargetMark,
+                reason: str | None) -> None:
+    """Raise the target's fence to a new epoch above ``held`` (at every start, so that no
+    request sent before it, by this history or a forgotten one, can apply after it), and
+    rewind (steps 1 and 2 of the module) when ``reason`` says why, or when the mark the
+    fence replaced shows batches the store does not remember (they landed after the
+    target was read).  Step 3 is :func:`read_rewound`, at the start of each cycle until
+    it is done."""
     own = await store.store_mark()
-    replaces = own.adopting
-    log.warning("the store is behind its target: %s; reading back before sending", reason,
-                extra={"action": "store.rewind", "reason": "behind_target"})
-    mark = await store.begin_epoch(epoch_of(held.seq), reason, clock.now(), tag=True)
+    replaces, remembered = own.adopting, own.seq
+    if reason is not None:
+        _say(reason)
+    mark = await store.begin_epoch(epoch_of(held.seq), reason, clock.now(),
+                                   tag=reason is not None)
     for attempt in range(RAISES):
-        fence = BatchMark(mark.store_id, seq_of(mark.epoch, 0))
         try:
-            await port.raise_mark(fence, replaces)
+            replaced = await port.raise_mark(
+                BatchMark(mark.store_id, seq_of(mark.epoch, 0)), replaces)
         except StaleMark as exc:  # raised higher meanwhile: above it, once more
             if attempt + 1 == RAISES:
                 raise TargetUnavailable(f"the target's fence could not be raised: "
                                         f"{exc}") from None
+            reason = await _forgot(store, clock, exc.held, own.store_id, remembered, reason)
             mark = await store.begin_epoch(epoch_of(exc.held.seq), None, clock.now(),
                                            tag=False)
             continue
@@ -180,10 +190,29 @@ async def rewind(store: DeliveryStore, port: CRMRecordPort, clock: Clock, held: 
             raise TargetUnavailable(f"the target's fence could not be raised ({kind}): "
                                     f"{words}; the next start tries again, and nothing is "
                                     "sent before") from None
+        await _forgot(store, clock, replaced, own.store_id, remembered, reason)
         break
     await store.fence_raised(mark.epoch, clock.now())
-    log.info("fence raised at epoch %d", mark.epoch,
-             extra={"action": "store.fenced", "count": mark.epoch})
+    log.debug("fence raised at epoch %d", mark.epoch,
+              extra={"action": "store.fenced", "count": mark.epoch})
+
+
+def _say(reason: str) -> None:
+    log.warning("the store is behind its target: %s; reading back before sending", reason,
+                extra={"action": "store.rewind", "reason": "behind_target"})
+
+
+async def _forgot(store: DeliveryStore, clock: Clock, found: TargetMark, store_id: str,
+                  remembered: int, reason: str | None) -> str | None:
+    """A mark found while raising the fence that is newer than what the store remembers
+    (a forgotten batch that landed after the target was read): tag the rewind now, if it
+    is not tagged yet.  Returns the rewind's reason (None: none)."""
+    if reason is not None or found.owner != store_id or found.seq <= remembered:
+        return reason
+    reason = _behind(found, remembered)
+    _say(reason)
+    await store.tag_rewind(reason, clock.now())
+    return reason
 
 
 @dataclass
@@ -309,6 +338,6 @@ async def refused(store: DeliveryStore, port: CRMRecordPort, clock: Clock, kind:
                                 f"cannot be read ({kind_}): {words}") from None
     if kind == "foreign_mark" or (held.owner is not None and held.owner != own.store_id):
         raise _owned(held, own.store_id)
-    await rewind(store, port, clock, held,
-                 f"the target refused batch {in_words(own.seq)} as stale: it holds "
-                 f"{in_words(held.seq)} of this store, which forgot what it sent")
+    await fence(store, port, clock, held,
+                f"the target refused batch {in_words(own.seq)} as stale: it holds "
+                f"{in_words(held.seq)} of this store, which forgot what it sent")

@@ -71,6 +71,16 @@ class MarkOps(DeliveryOps):
                                     now=at))[0]
         return store_mark(row)
 
+    async def tag_rewind(self, reason: str, now: datetime) -> None:
+        """Every record a forgotten history could have sent becomes uncertain, tagged
+        ``rewound``, and the store's rewind is pending with ``reason`` (one
+        transaction)."""
+        at = to_text(now)
+        async with self.transaction():
+            await self.execute("rewind_mark_sendable", now=at)
+            await self.execute("rewind_tag", now=at, reason=last_error(reason))
+            await self.execute("set_rewind", reason=reason, now=at)
+
     async def fence_raised(self, epoch: int, now: datetime) -> bool:
         """Record that the target's fence stands at ``epoch`` (False: the store began
         another epoch meanwhile)."""

@@ -526,6 +526,9 @@ UPDATE {s}.leads SET state = 'uncertain', updated_at = :now, last_error = :reaso
     last_failure = 'rewound'
 WHERE state IN ('in_flight', 'uncertain')
 
+-- name: set_rewind
+UPDATE {s}.store_marks SET rewind = :reason, updated_at = :now
+
 -- name: fence_raised
 UPDATE {s}.store_marks SET fenced_epoch = epoch, adopting = NULL, updated_at = :now
 WHERE epoch = :epoch RETURNING epoch

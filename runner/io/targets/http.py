@@ -28,6 +28,7 @@ name or password is refused (the token has its own file or variable).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from runner.io.targets.protocol import (
 from runner.leads.marks import BatchMark, Key, TargetMark
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
+    AmbiguousWriteError,
     BeforeWriteError,
     Observation,
     RateLimited,
@@ -229,9 +231,10 @@ class HttpTarget:
             raise TargetReadError(f"the HTTP target {self.url} does not declare "
                                   "marks_batches: it has no mark to read")
 
-    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> None:
+    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> TargetMark:
         """The fence alone (``POST BASE/mark``): refused as a batch is (StaleMark,
-        ForeignMark), other failures classified as an append's."""
+        ForeignMark), other failures classified as an append's; the mark it replaced (the
+        answer's ``replaced``)."""
         self._check_marks()
         try:
             answer = self._post("mark", {"mark": mark_json(mark), "replaces": replaces})
@@ -245,6 +248,13 @@ class HttpTarget:
                                     datetime.now(UTC))
             assert error is not None  # anything but 200 is an error
             raise error
+        try:
+            doc = json.loads(answer.content)
+            return parse_mark(doc.get("replaced") if isinstance(doc, dict) else None)
+        except (ValueError, BadAnswer) as exc:
+            # raised, but what it replaced is not known: the caller must assume the worst
+            raise AmbiguousWriteError(f"the fence's answer names no replaced mark: "
+                                      f"{exc}") from None
 
     def read_by_keys(self, keys: Sequence[Key]) -> Sequence[TargetRow]:
         """Every row of these (tenant, source_lead_id) keys, whatever its write_id

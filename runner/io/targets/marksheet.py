@@ -100,9 +100,23 @@ class MarkedSheet:
             except sqlite3.Error as exc:
                 raise TargetReadError(f"the mark was not read: {exc}") from None
 
+    def fence(self, mark: BatchMark, replaces: str | None = None) -> TargetMark:
+        """The fence alone (``raise_mark``): judged and kept as an append's mark, in one
+        transaction; the mark it replaced."""
+        return self._apply([], mark, replaces, once=False)[2]
+
     def append(self, items: Sequence[tuple[CRMRecord, str]], mark: BatchMark | None,
                replaces: str | None = None, *, once: bool = False
                ) -> tuple[int, list[TargetRow]]:
+        """Judge ``mark`` and, if it may apply, append ``items`` (only the write_ids the
+        sheet does not hold, with ``once``) and keep the mark, in one transaction.  Returns
+        the rows made and (with ``once``) every row held for the items' write_ids."""
+        made, rows, _ = self._apply(items, mark, replaces, once=once)
+        return made, rows
+
+    def _apply(self, items: Sequence[tuple[CRMRecord, str]], mark: BatchMark | None,
+               replaces: str | None, *, once: bool
+               ) -> tuple[int, list[TargetRow], TargetMark]:
         """Judge ``mark`` and, if it may apply, append ``items`` (only the write_ids the
         sheet does not hold, with ``once``) and keep the mark, in one transaction.  Returns
         the rows made and (with ``once``) every row held for the items' write_ids.
@@ -116,8 +130,9 @@ class MarkedSheet:
                 raise BeforeWriteError(f"the sheet was not written (its lock: {exc})") \
                     from None
             try:
+                held = self._held()
                 if mark is not None:
-                    judge(self._held(), mark, replaces)
+                    judge(held, mark, replaces)
                 made, rows = self._insert(conn, items, once)
                 if mark is not None:
                     conn.execute("INSERT INTO server_mark (one, owner, seq) VALUES (1, ?, ?) "
@@ -133,7 +148,7 @@ class MarkedSheet:
             except BaseException:
                 _rollback(conn)
                 raise
-        return made, rows
+        return made, rows, held
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, items: Sequence[tuple[CRMRecord, str]],

@@ -56,7 +56,7 @@ from runner.io.targets.protocol import (
     held_json,
     parse_batch_mark,
 )
-from runner.leads.marks import BatchMark, ForeignMark, Key, StaleMark
+from runner.leads.marks import BatchMark, ForeignMark, Key, StaleMark, TargetMark
 from runner.leads.models import CRMRecord, describe_validation_error
 from runner.leads.port import AmbiguousWriteError, BeforeWriteError, TargetRow
 
@@ -300,13 +300,14 @@ class TargetServerApp:
             raise _error(422, "invalid_request", "replaces must be null or a store_id")
         assert mark is not None
         try:
-            await self._marked(self.marks.append, [], mark, replaces)
+            replaced = await self._marked(self.marks.fence, mark, replaces)
         except BeforeWriteError as exc:
             raise _error(503, "unavailable", f"the sheet is busy: {exc.message}",
                          {"retry-after": "1"}) from None
         except AmbiguousWriteError as exc:
             raise _error(500, "internal", f"the mark write failed: {exc.message}") from None
-        raise _Answer(200, held_json(await anyio.to_thread.run_sync(self.marks.read_mark)))
+        raise _Answer(200, {**held_json(TargetMark(mark.store_id, mark.seq)),
+                            "replaced": held_json(replaced)})
 
     async def _marked(self, call: Any, *args: Any, **kw: Any) -> Any:
         """A marked write in a worker thread; a refusal by its mark is the 409 answer."""

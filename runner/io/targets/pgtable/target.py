@@ -499,7 +499,7 @@ class PgTableTarget:
         crashpoints.hit("dispatch.batch-applied")
 
     async def _marked(self, mark: BatchMark, replaces: str | None, statement: str,
-                      *args: Any) -> None:
+                      *args: Any) -> TargetMark:
         """One marked transaction: lock the mark's row, judge, ``statement`` (the rows and
         the new mark, or the new mark alone) with ``args`` then the mark, commit.  Raises
         StaleMark or ForeignMark (rolled back: nothing applied), else what
@@ -524,6 +524,7 @@ class PgTableTarget:
                     await self._roll_back(transaction, exc)
                 raise
             self._last_used = time.monotonic()
+            return held
         except TargetError:
             raise  # refused by its mark: rolled back above
         except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent"
@@ -562,11 +563,11 @@ class PgTableTarget:
         assert row is not None
         return TargetMark(row["owner"], int(row["seq"]))
 
-    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> None:
+    def raise_mark(self, mark: BatchMark, replaces: str | None = None) -> TargetMark:
         """The fence alone (no rows), in one transaction with its check: refused as a
         batch is (``StaleMark``, ``ForeignMark``), except that an owner equal to
-        ``replaces`` is replaced."""
-        self._call(lambda: self._marked(mark, replaces, "set_mark"), _late(self.where),
+        ``replaces`` is replaced; the mark it replaced."""
+        return self._call(lambda: self._marked(mark, replaces, "set_mark"), _late(self.where),
                    statements=3)
 
     def read_mark(self) -> TargetMark:
