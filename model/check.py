@@ -166,7 +166,8 @@ def checks_for(*, quick: bool = False, deep: bool = False) -> list[Check]:
     if quick:
         found = [Check("small", p) for p in PROPERTIES if p not in DEDUPE_ONLY]
         found += [Check("small-dedupe", p) for p in (*SAFETY, *DEDUPE_ONLY)]
-        found += [Check("small-rewind", p) for p in (*SAFETY, *plain_liveness)]
+        # the store that forgets: its liveness search costs more than the rest of --quick
+        found += [Check("small-rewind", p) for p in SAFETY]
     else:
         found = [Check(c, p) for c in ("today", "batches", "dedupe") for p in SAFETY]
         found += [Check(c, p) for c in ("today-n2", "batches-n2") for p in plain_liveness]
