@@ -166,10 +166,16 @@ def checks_for(*, quick: bool = False, deep: bool = False) -> list[Check]:
     if quick:
         found = [Check("small", p) for p in PROPERTIES if p not in DEDUPE_ONLY]
         found += [Check("small-dedupe", p) for p in (*SAFETY, *DEDUPE_ONLY)]
+        # the store that forgets: its liveness search costs more than the rest of --quick
+        found += [Check("small-rewind", p) for p in SAFETY]
     else:
         found = [Check(c, p) for c in ("today", "batches", "dedupe") for p in SAFETY]
         found += [Check(c, p) for c in ("today-n2", "batches-n2") for p in plain_liveness]
         found += [Check("dedupe-live", p) for p in DEDUPE_ONLY]
+        # a store that forgets (REWIND=1): every property but the deduplicating target's
+        # in one verifier; never two rows again with a crash on top
+        found += [Check("rewind", p) for p in (*SAFETY, *plain_liveness)]
+        found += [Check("rewind-crash", "no_duplicate_write")]
         if deep:
             found += [Check("batches-deep", p) for p in plain_liveness]
             found += [Check("dedupe-deep", p) for p in DEDUPE_ONLY]

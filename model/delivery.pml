@@ -23,6 +23,17 @@
  * TARGET_RECOVERS=1: a failed read and a dropped request count as faults too (within
  * MAXFAULT): the target answers at last; the liveness run of DEDUPE uses it.
  *
+ * REWIND=1: the target marks batches (SPEC E8, issue 30; runner/leads/marks.py): every
+ * in-flight mark takes the store's next counter (seq = epoch.counter, SEQ below) in its
+ * commit, and the target applies a batch only if its seq is newer than the one it holds,
+ * atomically with the rows (else StaleMark: nothing applied, the batch is failed-safe).
+ * And the store may forget (MAXFORGET times): a Standby copies the whole store at some
+ * moment, and later the store is that copy again (a promoted asynchronous standby, a
+ * restored backup); the target and the requests in transit keep what they have.  Every
+ * start, and every StaleMark answer, is a rewind: a new epoch above the store's and the
+ * target's, the target's fence raised to it, then a readback of every record that could
+ * have been sent, and only then dispatch (Worker: rewind).  REWIND=0: the model as it was.
+ *
  * Mutations (spin -DM_NAME): each is a one-line change that breaks one guarantee; SPIN
  * must find a counterexample for each (model/check.py, tests/test_spin_model.py).
  */
@@ -54,6 +65,15 @@
 #ifndef TARGET_RECOVERS
 #define TARGET_RECOVERS 0
 #endif
+#ifndef REWIND
+#define REWIND 0
+#endif
+#ifndef MAXFORGET
+#define MAXFORGET 1
+#endif
+#if REWIND && (DEDUPE || defined(M_DEDUPE_NOT_ATOMIC))
+#error "REWIND is checked with a target that does not deduplicate"
+#endif
 
 /* record states (runner/leads/states.py LeadState); NONE: not in the store */
 #define NONE        0
@@ -67,6 +87,7 @@
 #define NOT_SENT 1   /* BeforeWriteError: refused before sending, or rate limited (E2) */
 #define ANSWERED 2   /* the target answered: read every row back */
 #define LOST     3   /* anything else: a timeout, a dropped answer, a cancelled call */
+#define STALE    4   /* REWIND: StaleMark, the target holds a newer seq; nothing applied */
 
 /* what a readback saw */
 #define SAW_NONE  1  /* no row */
@@ -124,7 +145,11 @@
 byte st[N];        /* the store: each record's state */
 byte rows[N];      /* the target: rows carrying each record's write_id (counted up to 2) */
 bool bad[N];       /* the target's row differs from the mapped record */
+#if REWIND
+chan net = [NETCAP] of { byte, byte };  /* requests in transit: records, and their seq */
+#else
 chan net = [NETCAP] of { byte };  /* requests in transit: a bitmask of records each */
+#endif
 
 /* -- ghosts: observations for the properties, never read by the protocol --------------- */
 bool acked[N];     /* the client got the answer "accepted" */
@@ -137,12 +162,42 @@ byte crashes;      /* crashes so far (all processes) */
 byte faults;       /* "not sent" answers so far */
 byte resolves;     /* operator decisions so far */
 
+#if REWIND
+/* -- REWIND: the marks (runner/leads/marks.py), and a store that forgets ------------------
+   A seq is epoch.counter (seq_of: epoch << 32 | counter; here epoch * 16 + counter).  */
+#define SEQ(e, c)    ((e) * 16 + (c))
+#define EPOCH_OF(s)  ((s) / 16)
+byte ep, ctr;      /* the store: its epoch, and the last counter it gave a batch */
+byte tseq;         /* the target: the highest seq it applied (TargetMark.seq) */
+byte forgets;      /* times the store forgot so far */
+byte gen;          /* which copy of the store the workers talk to (bumped by a forget) */
+bool snapped;      /* the Standby holds a copy: */
+byte sst[N];       /*   each record's state */
+bool sunc[N];      /*   the ghost unc[], which follows the store's history */
+byte sep, sctr;    /*   the epoch and the counter */
+#ifdef M_NO_MARK_CHECK
+#define FRESH(s)  true
+#else
+#define FRESH(s)  ((s) > tseq)   /* marks.judge: refuse a seq that is not newer */
+#endif
+#endif
+
 /* A crash where the process stands: it dies (os._exit), keeping only what committed.
    Every step below opens with one, so a process may crash between any two steps.  The
    argument names the crash point(s) of runner/crashpoints.py at that place ("/": the
    same gap in the model serves several points); model/steps.toml maps them to the code,
    and tests/test_spin_model.py checks both sides.  */
 #define CRASH(point) if :: crashes < MAXCRASH -> crashes++; goto crashed :: true fi
+/* the same, at a step of the rewind: runner/crashpoints.py has no point there yet */
+#define CRASH_UNNAMED if :: crashes < MAXCRASH -> crashes++; goto crashed :: true fi
+
+/* REWIND: a worker whose store forgot (its session ended with the old primary) finds out
+   at its next store step: it starts again, as after a crash (the lock went with it) */
+#if REWIND
+#define LOST_STORE if :: gen != mygen -> goto crashed :: else fi
+#else
+#define LOST_STORE skip
+#endif
 
 /* the target applies a request atomically: all its rows or none (E1) */
 inline apply(mask, differs) {
@@ -163,6 +218,22 @@ inline in_transit(mask, delta) {
   };
   k = 0
 }
+
+#if REWIND
+/* REWIND: a marked request, applied atomically with the check and the new mark, or
+   refused whole (marks.judge, write_batch(items, mark=...)) */
+#define APPLY_MARKED(mask, s, differs, answer) \
+  true -> /* a step of its own: the check's else is not the caller's */ \
+  if \
+  :: FRESH(s) -> apply(mask, differs); tseq = ((s) > tseq -> (s) : tseq); res = answer \
+  :: else -> res = (answer == ANSWERED -> STALE : LOST) \
+  fi
+#define SEND_AND_APPLY(differs, answer)  APPLY_MARKED(batch, bseq, differs, answer)
+#define PUT_IN_TRANSIT                   net ! batch, bseq
+#else
+#define SEND_AND_APPLY(differs, answer)  apply(batch, differs); res = answer
+#define PUT_IN_TRANSIT                   net ! batch
+#endif
 
 /* -- accept (runner/leads/intake.py): commit, then answer ----------------------------------- */
 #define COMMIT_ACCEPT  if :: st[i] == NONE -> st[i] = PREPARED :: else fi  /* L3: a duplicate changes nothing */
@@ -231,6 +302,10 @@ inline mark_in_flight() {
   for (k : 0 .. N - 1) {
     if :: HAS(batch, k) -> st[k] = IN_FLIGHT :: else fi
   };
+#if REWIND
+  /* the batch takes the store's next counter, in the same commit */
+  if :: batch != 0 -> ctr++; assert(ctr < 16); bseq = SEQ(ep, ctr) :: else fi;
+#endif
   k = 0
 }
 
@@ -240,6 +315,7 @@ inline reconcile_pass() {
   do
   :: atomic {
        CRASH(recover_after_commit / reconcile_after_commit);
+       LOST_STORE;
        /* the next uncertain record (store.uncertain_page); the others owe nothing */
        do
        :: i < N && st[i] != UNCERTAIN -> owed = owed & ~BIT(i); i++
@@ -257,6 +333,7 @@ inline reconcile_pass() {
      }
      atomic {
        CRASH(reconcile_before_commit);
+       LOST_STORE;
        if
        :: st[i] == UNCERTAIN && ok -> st[i] = CONFIRMED
 #ifdef M_EMPTY_READ_IS_NOT_SENT
@@ -283,8 +360,14 @@ inline dispatch_pass() {
   do
   :: atomic {
        CRASH(dispatch_before_confirm / reconcile_after_commit);
+       LOST_STORE;
        /* one commit: the last batch's outcomes and this batch's in-flight mark */
        commit_outcomes();
+#if REWIND
+       /* StaleMark: the target holds a seq this store does not remember giving: rewind
+          before the next batch */
+       if :: rwd -> nxt = 0; break :: else fi;
+#endif
        select_batch();
 #ifndef M_MARK_AFTER_SEND
        mark_in_flight();
@@ -296,10 +379,10 @@ inline dispatch_pass() {
        CRASH(dispatch_after_in_flight);
        if
        :: faults < MAXFAULT -> faults++; res = NOT_SENT
-       :: apply(batch, false); res = ANSWERED
-       :: apply(batch, false); res = LOST     /* applied; the answer is lost */
-       :: apply(batch, true); res = ANSWERED  /* applied, but not as the mapped record */
-       :: nfull(net) -> net ! batch; in_transit(batch, 1); res = LOST  /* may land later */
+       :: SEND_AND_APPLY(false, ANSWERED)
+       :: SEND_AND_APPLY(false, LOST)      /* applied; the answer is lost */
+       :: SEND_AND_APPLY(true, ANSWERED)   /* applied, but not as the mapped record */
+       :: nfull(net) -> PUT_IN_TRANSIT; in_transit(batch, 1); res = LOST  /* may land later */
        fi
      }
 #ifdef M_MARK_AFTER_SEND
@@ -314,6 +397,9 @@ inline dispatch_pass() {
        pend = batch;
        if
        :: res == NOT_SENT -> pfs = batch
+#if REWIND
+       :: res == STALE -> pfs = batch; rwd = true; stale = true  /* failed-safe; rewind */
+#endif
        :: res == ANSWERED ->
 #ifdef M_CONFIRM_WITHOUT_READBACK
           pok = batch
@@ -334,9 +420,97 @@ inline dispatch_pass() {
 #endif
        fi;
        batch = 0; res = 0; k = 0
+#if REWIND
+       ; bseq = 0
+#endif
      }
   od
 }
+
+#if REWIND
+/* what a rewind reads back: every record that a history the store forgot may have sent */
+#define MAY_HAVE_BEEN_SENT(s) ((s) == PREPARED || (s) == FAILED_SAFE || (s) == UNCERTAIN)
+#ifdef M_REWIND_ONLY_WHEN_BEHIND
+/* the rewind only when the target holds a seq newer than the store's own */
+#define REWIND_NEEDED (held > SEQ(ep, ctr))
+#elif defined(M_START_REWIND_ONLY_WHEN_BEHIND)
+/* after a StaleMark always; at a start only when the target holds a newer seq */
+#define REWIND_NEEDED (stale || held > SEQ(ep, ctr))
+#else
+#define REWIND_NEEDED true
+#endif
+
+/* the rewind (runner.tasks.rewind): at every start, and after a StaleMark answer */
+inline rewind() {
+  /* read_mark: what the target holds (reads only) */
+  atomic { CRASH_UNNAMED; LOST_STORE; held = tseq; go = REWIND_NEEDED }
+  if
+  :: go ->
+     /* (1) one commit: a new epoch above the store's and the target's, counter 0 */
+     atomic {
+       CRASH_UNNAMED;
+       LOST_STORE;
+#ifdef M_SAME_EPOCH
+       /* the counter jumps past the target's seq, in the same epoch */
+       held = (held > SEQ(ep, ctr) -> held : SEQ(ep, ctr)) + 1;
+       ep = EPOCH_OF(held); ctr = held - SEQ(ep, 0); held = 0;
+#else
+       ep = (EPOCH_OF(held) > ep -> EPOCH_OF(held) : ep) + 1; ctr = 0; held = 0;
+#endif
+       assert(ep < 15)
+     }
+#ifdef M_READ_BEFORE_FENCE
+     rewind_readback();
+#endif
+     /* (2) raise_mark: the fence alone, no rows; from now on the target refuses every
+        request of an older seq (refused: the target holds a newer one; start again) */
+     atomic {
+       CRASH_UNNAMED;
+       if
+       :: FRESH(SEQ(ep, ctr)) -> tseq = (SEQ(ep, ctr) > tseq -> SEQ(ep, ctr) : tseq)
+       :: else -> goto crashed
+       fi
+     }
+#if !defined(M_READ_BEFORE_FENCE) && !defined(M_REWIND_WITHOUT_READBACK)
+     /* (3) read back everything that may have been sent */
+     rewind_readback();
+#endif
+  :: else
+  fi;
+  /* (4) only now may the dispatch send */
+  rwd = false; go = false; stale = false
+}
+
+/* one record a step: its readback and the commit of what it shows (on a target that
+   marks, the raised fence makes "no row" conclusive); after the fence, nothing can change
+   the record's rows between the two, so they are one step here */
+inline rewind_readback() {
+  do
+  :: atomic {
+       CRASH_UNNAMED;
+       LOST_STORE;
+       do
+       :: i < N && !MAY_HAVE_BEEN_SENT(st[i]) -> i++
+       :: else -> break
+       od;
+       if
+       :: i >= N -> i = 0; break
+       :: else
+       fi;
+       if
+       :: rows[i] == 1 && !bad[i] -> st[i] = CONFIRMED                     /* sent: done */
+       :: rows[i] == 0 -> st[i] = (st[i] == UNCERTAIN -> FAILED_SAFE : st[i]);  /* not sent */
+          unc[i] = false
+       :: rows[i] > 1 || bad[i] -> st[i] = UNCERTAIN; unc[i] = true  /* for the operator */
+       :: COUNTED_FAULT
+          st[i] = (st[i] == PREPARED || st[i] == FAILED_SAFE -> UNCERTAIN : st[i]);
+          unc[i] = true                  /* the read failed: unproven, never sent blind */
+       fi;
+       i++
+     }
+  od
+}
+#endif
 
 #ifdef M_NO_LOCK
 #define ACQUIRE_LOCK skip
@@ -347,12 +521,20 @@ inline dispatch_pass() {
 proctype Worker(byte me) {
   byte i, k, n, last, nxt, take, batch, pend, pok, pfs, res, saw;
   bool ok;
+#if REWIND
+  byte mygen, bseq, held;
+  bool rwd, go, stale;  /* rwd: a rewind is due (a start, or stale: a StaleMark answer) */
+restart:
+  atomic { ACQUIRE_LOCK; mygen = gen; rwd = true }  /* a start begins with a rewind */
+#else
 restart:
   atomic { ACQUIRE_LOCK }
+#endif
 cycle:
   /* recover: one commit makes every in-flight record uncertain (deliver.recover) */
   atomic {
     CRASH(recover_before_commit / dispatch_after_confirm);
+    LOST_STORE;
     for (k : 0 .. N - 1) {
       if
 #ifdef M_RETRY_IN_FLIGHT
@@ -371,6 +553,9 @@ cycle:
     };
     k = 0
   }
+#if REWIND
+  if :: rwd -> rewind() :: else fi;
+#endif
 #ifdef M_DISPATCH_BEFORE_RECONCILE
   dispatch_pass();
   reconcile_pass();
@@ -384,13 +569,28 @@ crashed:
     if :: lock == me -> lock = 0; owed = 0 :: else fi;  /* the kernel drops the flock */
     i = 0; k = 0; n = 0; last = 0; nxt = 0; take = 0; batch = 0; pend = 0; pok = 0;
     pfs = 0; res = 0; saw = 0; ok = false;
+#if REWIND
+    bseq = 0; held = 0; rwd = false; go = false; stale = false;
+#endif
     goto restart
   }
 }
 
 /* -- the target: a request in transit lands later, or never ---------------------------- */
+#if REWIND
+#define RECEIVE    net ? m, s
+#define LANDED     s = 0
+#define LAND(m)    if :: FRESH(s) -> apply(m, false); tseq = (s > tseq -> s : tseq) :: else fi
+#else
+#define RECEIVE    net ? m
+#define LANDED     skip
+#define LAND(m)    apply(m, false)
+#endif
 active proctype Target() {
   byte m, k;
+#if REWIND
+  byte s;      /* the seq of the request (a request refused as stale applies nothing) */
+#endif
 #ifdef M_DEDUPE_NOT_ATOMIC
   byte fresh;  /* the rows of the request the target found absent */
 #endif
@@ -413,14 +613,15 @@ end:
        in_transit(m, -1); m = 0; fresh = 0
      }
 #else
-  :: atomic { net ? m -> apply(m, false); in_transit(m, -1); m = 0 }
+  :: atomic { RECEIVE -> LAND(m); in_transit(m, -1); m = 0; LANDED }
 #endif
 #if TARGET_RECOVERS
   :: atomic {  /* dropped: never applied; one of the MAXFAULT faults */
-       nempty(net) && faults < MAXFAULT -> faults++; net ? m -> in_transit(m, -1); m = 0
+       nempty(net) && faults < MAXFAULT -> faults++; RECEIVE -> in_transit(m, -1); m = 0;
+       LANDED
      }
 #else
-  :: atomic { net ? m -> in_transit(m, -1); m = 0 }  /* dropped: never applied */
+  :: atomic { RECEIVE -> in_transit(m, -1); m = 0; LANDED }  /* dropped: never applied */
 #endif
   od
 }
@@ -482,6 +683,35 @@ end:
      }
   od
 }
+
+#if REWIND
+/* -- the store forgets (REWIND): a copy of the whole store at some moment (an
+      asynchronous standby's last replayed commit, a backup), and later the store is that
+      copy again; the target and the requests in transit keep what they have.  The copy is
+      taken once the client has its answers (the model's forgotten history loses no
+      accepted record: see docs/model.md) ----------------------------------------------- */
+#define ANSWERED_TO(i) (acked[i])
+active proctype Standby() {
+  byte k;
+end:
+  do
+  :: atomic {
+       !snapped && forgets < MAXFORGET && FORALL(ANSWERED_TO) ->
+       for (k : 0 .. N - 1) { sst[k] = st[k]; sunc[k] = unc[k] };
+       sep = ep; sctr = ctr; snapped = true; k = 0
+     }
+  :: atomic {
+       /* the promotion, or the restore: the store is the copy; every worker's session
+          ended with the old store (its lock with it) */
+       snapped ->
+       for (k : 0 .. N - 1) { st[k] = sst[k]; unc[k] = sunc[k]; sst[k] = 0; sunc[k] = false };
+       ep = sep; ctr = sctr; sep = 0; sctr = 0; snapped = false; k = 0;
+       forgets++; gen++; owed = 0;
+       if :: lock != OPERATOR -> lock = 0 :: else fi
+     }
+  od
+}
+#endif
 
 init {
   byte w = 1;

@@ -53,7 +53,8 @@ class Config:
 
 def _bounds(**overrides: int) -> dict[str, int]:
     base = {"N": 3, "BATCH": 1, "WORKERS": 2, "MAXCRASH": 2, "MAXFAULT": 1,
-            "MAXRESOLVE": 1, "NETCAP": 2, "DEDUPE": 0, "TARGET_RECOVERS": 0}
+            "MAXRESOLVE": 1, "NETCAP": 2, "DEDUPE": 0, "TARGET_RECOVERS": 0, "REWIND": 0,
+            "MAXFORGET": 0}
     return {**base, **overrides}
 
 
@@ -88,6 +89,21 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
            "(--quick, the default pytest run)",
            _bounds(N=2, BATCH=2, MAXCRASH=1, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0,
                    NETCAP=1)),
+    # E8 (issue 30): a target that marks batches, and a store that forgets once (REWIND=1,
+    # MAXFORGET=1).  The seqs and the store's copy multiply the states (a hundredfold at
+    # equal bounds): one worker (the forget and the crash start it again), one record per
+    # request, no operator; a crash on top multiplies them by ten again, so CI checks the
+    # main property alone with it
+    Config("rewind", "a target that marks batches and a store that forgets once (E8, "
+           "issue 30; REWIND=1, MAXFORGET=1): 2 records, one record per request, one "
+           "worker, no crash but the forget's restart, no operator",
+           _bounds(N=2, WORKERS=1, MAXCRASH=0, MAXRESOLVE=0, REWIND=1, MAXFORGET=1)),
+    Config("rewind-crash", "the same, and one crash anywhere (a crash in a rewind "
+           "included): never two rows only",
+           _bounds(N=2, WORKERS=1, MAXCRASH=1, MAXRESOLVE=0, REWIND=1, MAXFORGET=1)),
+    Config("small-rewind", "a target that marks batches and a store that forgets once, no "
+           "crash but the forget's restart (--quick, the default pytest run)",
+           _bounds(N=2, WORKERS=1, MAXCRASH=0, MAXRESOLVE=0, REWIND=1, MAXFORGET=1)),
 )}
 
 
@@ -100,6 +116,7 @@ class Mutation:
     change: str
     kind: str = "mutation"  # "limit": not a bug in the model, a documented assumption
     dedupe: bool = False  # checked with a target that deduplicates by write_id (DEDUPE=1)
+    rewind: bool = False  # checked with a target that marks and a store that forgets (REWIND=1)
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -145,6 +162,28 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("M_NO_DEDUPE_RESEND", "every_record_confirmed",
              "runner ignores the target's deduplication: a reconcile readback with no row "
              "leaves the record uncertain, as for any target", dedupe=True),
+    Mutation("M_REWIND_WITHOUT_READBACK", "no_duplicate_write",
+             "the rewind raises the fence but reads nothing back: the records the store "
+             "forgot it sent are sent again", rewind=True),
+    Mutation("M_READ_BEFORE_FENCE", "no_duplicate_write",
+             "the rewind reads back before it raises the fence: a request of the forgotten "
+             "history lands between the readback and the fence", rewind=True),
+    Mutation("M_SAME_EPOCH", "no_duplicate_write",
+             "the rewind keeps the epoch and jumps the counter past the target's seq: a "
+             "forgotten request with a higher counter, still in transit, applies later",
+             rewind=True),
+    Mutation("M_NO_MARK_CHECK", "no_duplicate_write",
+             "the target applies a batch whatever its mark (no StaleMark)", rewind=True),
+    Mutation("M_REWIND_ONLY_WHEN_BEHIND", "no_duplicate_write",
+             "a start or a StaleMark answer rewinds only when the target holds a seq newer "
+             "than the store's own (after a StaleMark the store's own seq is the refused "
+             "batch's, equal to what a forgotten request left at the target)",
+             rewind=True),
+    Mutation("M_START_REWIND_ONLY_WHEN_BEHIND", "no_duplicate_write",
+             "a StaleMark answer always rewinds, but a start only when the target holds a "
+             "seq newer than the store's own: a forgotten request still in transit at the "
+             "start lands after the store gave its seq again, with a higher counter",
+             rewind=True),
 )
 
 
@@ -152,7 +191,9 @@ def mutation_config(m: Mutation, *, quick: bool = False) -> str:
     """The bounds a mutation is checked with: small ones for ``--quick`` and the pytest
     run; the liveness bounds for a mutation that breaks a liveness property."""
     if quick:
-        return "small-dedupe" if m.dedupe else "small"
+        return "small-dedupe" if m.dedupe else "small-rewind" if m.rewind else "small"
+    if m.rewind:
+        return "rewind-crash"
     if m.dedupe:
         return "dedupe-live" if m.breaks in LIVENESS else "dedupe"
     return "today-n2" if m.breaks in LIVENESS else "today"

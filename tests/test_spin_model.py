@@ -8,8 +8,9 @@ Two kinds of tests:
   every delivery crash point is in the model, and each step's functions exist exactly
   when the step says it is on main;
 * SPIN runs the model at small bounds: the five safety properties verify, with a target
-  that does not deduplicate and with one that does (SPEC E7; a few seconds each, in the
-  default run); the liveness properties and every mutation (each must yield a
+  that does not deduplicate, with one that does (SPEC E7), and with one that marks batches
+  beside a store that forgets (SPEC E8, ``REWIND=1``; a few seconds each, in the default
+  run); the liveness properties and every mutation (each must yield a
   counterexample) are ``slow``.  CI runs ``model/check.py``, which checks the same
   properties and mutations at larger bounds, instead of these (marked ``spin_check``).
 
@@ -132,14 +133,33 @@ def test_a_dedupe_only_property_is_checked_only_with_a_deduplicating_target() ->
 
 
 def test_each_mutation_runs_on_the_target_it_is_about() -> None:
-    """A dedupe mutation with DEDUPE=1; every other (M_RESEND_NONDEDUPE above all: the
-    rule on a target that does not deduplicate) with DEDUPE=0, the model as it was."""
+    """A dedupe mutation with DEDUPE=1, a rewind mutation with REWIND=1 (a target that
+    marks, a store that forgets); every other (M_RESEND_NONDEDUPE above all: the rule on a
+    target that does not deduplicate) with DEDUPE=0 and REWIND=0, the model as it was."""
     by_macro = {m.macro: m for m in tables.MUTATIONS}
     runs = [c for c in _all_checks() if c.mutation is not None]
     assert {c.mutation for c in runs} == set(by_macro)
     for c in runs:
-        assert tables.CONFIGS[c.config].defines["DEDUPE"] == int(by_macro[str(c.mutation)].dedupe)
+        defines, m = tables.CONFIGS[c.config].defines, by_macro[str(c.mutation)]
+        assert defines["DEDUPE"] == int(m.dedupe)
+        assert defines["REWIND"] == int(m.rewind)
+        assert not defines["REWIND"] or defines["MAXFORGET"] >= 1, c.name
+        assert not (m.dedupe and m.rewind), m.macro
     assert not by_macro["M_RESEND_NONDEDUPE"].dedupe
+
+
+def test_the_rewind_variant_checks_the_safety_properties_and_settling() -> None:
+    """REWIND=1 (a store that forgets) is checked for the five safety properties in the
+    CI run and in the quick one, for every record settling in the CI run, and for never
+    two rows also with a crash on top."""
+    for quick in (True, False):
+        checked = {(c.config, c.prop) for c in check.checks_for(quick=quick)
+                   if c.mutation is None and tables.CONFIGS[c.config].defines["REWIND"]}
+        props = {p for _, p in checked}
+        assert props == set(tables.SAFETY) | (set() if quick else {"every_record_settles"})
+        assert all(tables.CONFIGS[c].defines["MAXFORGET"] >= 1 for c, _ in checked)
+    assert ("rewind-crash", "no_duplicate_write") in {
+        (c.config, c.prop) for c in check.checks_for() if c.mutation is None}
 
 
 def test_the_recorded_figures_are_from_this_model() -> None:
@@ -177,6 +197,14 @@ def test_safety_properties_verify_with_a_deduplicating_target_at_small_bounds(
         spin_tools: tuple[str, str]) -> None:
     spin, cc = spin_tools
     outcomes = check.run_group("small-dedupe", None, tables.SAFETY, spin=spin, cc=cc)
+    _expect(outcomes)
+    assert all(o.states_stored and o.states_stored > 10_000 for o in outcomes)
+
+
+def test_safety_properties_verify_with_a_store_that_forgets_at_small_bounds(
+        spin_tools: tuple[str, str]) -> None:
+    spin, cc = spin_tools
+    outcomes = check.run_group("small-rewind", None, tables.SAFETY, spin=spin, cc=cc)
     _expect(outcomes)
     assert all(o.states_stored and o.states_stored > 10_000 for o in outcomes)
 
