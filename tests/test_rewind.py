@@ -264,3 +264,57 @@ async def test_a_batch_refused_as_stale_mid_run_rewinds_under_the_same_lock(
     finally:
         target.close()
     assert env.rows_per_key() == Counter({f"lead-{i}": 1 for i in range(20)})
+
+
+async def test_a_request_still_on_its_way_when_a_restored_copy_starts_never_applies(
+        workdir: Path, scope_file: Path) -> None:
+    """A worker's batch is on its way (held inside the adapter) when a copy of its store
+    from before that batch starts: the copy's start raises the target's fence to a new
+    epoch and sends every record; the request on its way then lands and is refused as
+    stale, applying nothing."""
+    import sqlite3
+    import threading
+
+    import anyio
+
+    from runner import DurableWorker
+    from runner.io.synthetic_target import SyntheticTarget
+    from runner.leads.marks import StaleMark
+    from tests.helpers import SCOPE
+
+    class OnItsWay(SyntheticTarget):
+        def __init__(self, path: str) -> None:
+            super().__init__(path)
+            self.entered, self.release = threading.Event(), threading.Event()
+            self.raised: BaseException | None = None
+
+        def write_batch(self, items: Any, *, mark: Any = None) -> None:
+            self.entered.set()
+            assert self.release.wait(60)
+            try:
+                super().write_batch(items, mark=mark)
+            except StaleMark as exc:
+                self.raised = exc
+                raise
+
+    env = Sqlite(workdir, scope_file)
+    env.accept(range(20))
+    copy = workdir / "copy.db"
+    target = OnItsWay(str(env.target))
+    try:
+        async with DurableWorker(str(env.db), SCOPE, target) as worker, worker.hold_lock():
+            # the copy: after this worker's start (its fence), before its batch
+            with sqlite3.connect(env.db) as live, sqlite3.connect(copy) as into:
+                live.backup(into)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker.run_cycle)
+                await anyio.to_thread.run_sync(target.entered.wait, 30)
+                started = await anyio.to_thread.run_sync(lambda: run_cli(
+                    "once", "--db", copy, "--scope", env.scope, "--target", env.target))
+                assert started.returncode == 0, started.stderr
+                assert env.rows_per_key() == Counter({f"lead-{i}": 1 for i in range(20)})
+                target.release.set()
+    finally:
+        target.close()
+    assert isinstance(target.raised, StaleMark)
+    assert env.rows_per_key() == Counter({f"lead-{i}": 1 for i in range(20)})
