@@ -8,21 +8,31 @@ that its forgotten history already sent, and would send them again.  A target th
 batch marks (``runner.leads.marks``) remembers for it: it holds the owner and the highest
 seq it applied, and refuses, applying nothing, a batch that is not newer.
 
-How the store finds out, at every start under the lock (:func:`check_marks`) and when a
-batch is refused (``runner.tasks.deliver``: a ``stale_mark`` ends the dispatch):
+How the store finds out, at every start under the lock (:func:`check_marks`, then
+:func:`fence`) and when a batch is refused (``runner.tasks.deliver``: a ``stale_mark``
+ends the dispatch, :func:`refused`):
 
-* the target holds a seq of this store newer than the store's own: the store forgot;
+* every start raises the target's fence to a new epoch, whatever it finds: a request
+  sent before it (by this history, or by one the store forgot, still on its way) can
+  never apply after it.  The fence answers the mark it replaced;
+* the store is behind when the mark it read, or the mark the fence replaced (a forgotten
+  batch that landed between the two), is a seq of this store newer than the one the
+  store remembers; or when a batch is refused as stale during a run;
 * the target belongs to another store: this one is new, emptied or re-created; it is
   refused (``TargetOwned``, exit 78) until an operator adopts the target with a recorded
-  decision (``runner target adopt``), and then treated the same way.
+  decision (``runner target adopt``), and then treated as behind.
 
-What it does (:func:`rewind`), in this order, each step committed before the next:
+The SPIN model's REWIND variant (``model/delivery.pml``) found why the fence must be
+raised at every start and report what it replaced: a store that rewinds only when the
+mark it reads is ahead misses forgotten requests still on their way, which land later.
+
+What a rewind does, in this order, each step committed before the next:
 
 1. a new epoch above both the store's and the target's, and every record that could
    have been sent (prepared, failed_safe, in_flight, uncertain) becomes uncertain, tagged
-   ``rewound`` (``begin_epoch``);
-2. the target's fence is raised to the new epoch with a row-less mark: from then on a
-   request of the forgotten history still on its way is refused as stale;
+   ``rewound`` (``begin_epoch``; ``tag_rewind`` when the fence's answer is what shows it);
+2. the target's fence is raised to the new epoch with a row-less mark (as at every
+   start): from then on a request of the forgotten history still on its way is refused;
 3. every rewound record is read back (:func:`read_rewound`, before the reconcile pass
    and any dispatch of the cycle): by write_id, and, when that finds nothing, by its
    business key (tenant, source_lead_id), since a record accepted again after the loss
