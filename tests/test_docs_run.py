@@ -1,0 +1,24 @@
+"""Every shell block of the README, the tutorials and the how-to pages runs, in order, in
+a private directory, and prints what the page shows (issue 31; the rules of comparison
+are in ``tests.docrun``).  A page that drifts from the program fails here."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.docrun import run_page
+
+pytestmark = pytest.mark.timeout(120)
+
+#: the pages whose blocks run, and the few blocks each may leave out (with the reason
+#: the page gives in its ``skip`` directive)
+PAGES = {
+    "README.md": 3,
+    "docs/tutorial/sqlite.md": 1,
+}
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_block_of_the_page_prints_what_the_page_shows(page: str) -> None:
+    skipped = run_page(page)
+    assert len(skipped) <= PAGES[page], skipped
