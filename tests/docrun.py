@@ -29,10 +29,12 @@ How output is compared (these are the whole set of rules):
    fixed, so it is not compared.
 2. Times: every ISO 8601 time (``2026-11-30T16:44:16.000Z``, with or without fraction)
    reads ``<TIME>``.
-3. Ids: each distinct UUID (a ``write_id``) reads ``<ID1>``, ``<ID2>``… in order of first
-   appearance on the page, and each distinct 12-hex-digit id (a pinned target's) ``<HEX1>``…
+3. Ids: each distinct ``write_id`` in the form runner makes (a UUID of the version 7
+   layout: a page showing an older form fails) reads ``<ID1>``, ``<ID2>``… in order of
+   first appearance on the page, and each distinct 12-hex-digit id (a pinned target's) ``<HEX1>``…
    the same way: a page that shows one id twice must show the same id twice.
-4. Process ids: ``pid=123`` and ``(pid 123`` read ``pid=<PID>``/``(pid <PID>``.
+4. Processes: ``pid=123`` and ``(pid 123`` read ``pid=<PID>``/``(pid <PID>``, and a
+   host name after ``host=`` or ``on`` in a lock holder's ``(pid 1 on vm)`` ``<HOST>``.
 5. Durations: a number of seconds after ``seconds=`` or in ``took 1.23 s`` reads ``<S>``.
 6. Paths: an absolute path in quotes keeps only its file name (``'/any/where/q.db.lock'``
    reads ``'…/q.db.lock'``).
@@ -73,9 +75,10 @@ UPDATE_ENV = "RUNNER_DOCS_UPDATE"
 COMMAND_TIMEOUT = 60.0
 
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z")
-_UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+_UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\b")
 _HEX = re.compile(r"(?<![0-9a-f-])[0-9a-f]{12}(?![0-9a-f-])")
 _PID = re.compile(r"(pid[= ])\d+")
+_HOST = re.compile(r"(host=|\(pid <PID> on )[^\s)]+")
 _SECONDS = re.compile(r"(seconds=|took )\d+(?:\.\d+)?")
 _PATH = re.compile(r"'/[^'\s]*/([^'/\s]+)'")
 _BACKGROUND = re.compile(r"^\S+ sweep\.done ")
@@ -102,6 +105,7 @@ def normalise(line: str, ids: Ids) -> str:
     line = _UUID.sub(lambda m: ids.name("ID", m.group()), line)
     line = _HEX.sub(lambda m: ids.name("HEX", m.group()), line)
     line = _PID.sub(r"\1<PID>", line)
+    line = _HOST.sub(r"\1<HOST>", line)
     line = _SECONDS.sub(r"\1<S>", line)
     return _PATH.sub(r"'…/\1'", line)
 
@@ -284,28 +288,44 @@ SYBIL = Sybil(parsers=[SkipParser(), CodeBlockParser("sh", _sh),
                        CodeBlockParser("console", _console)], path=str(ROOT))
 
 
-def run_page(relative: str) -> list[str]:
+def run_page(relative: str, after: str | None = None) -> list[str]:
     """Run every block of the page at ``relative`` (to the repository root) in order;
-    raises at the first that differs.  Returns the reasons of the blocks not run."""
-    from unittest import SkipTest
-
-    document: Document = SYBIL.parse(ROOT / relative)
+    raises at the first that differs.  Returns the reasons of the blocks not run.
+    ``after``: a page the reader follows first (the PostgreSQL tutorial goes on from the
+    SQLite tutorial's directory and files), run first in the same session, unchecked."""
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="runner-docs-") as home:
         os.chmod(home, 0o700)
         page = Page(Path(home), update=bool(os.environ.get(UPDATE_ENV)))
-        document.namespace["page"] = page
         try:
-            for example in document.examples():
-                try:
-                    example.evaluate()
-                except SkipTest as skip:
-                    skipped.append(f"line {example.line}: {skip}")
+            if after is not None:
+                _run_document(after, page, [], check=False)
+            page.expected_ids, page.actual_ids = Ids(), Ids()
+            _run_document(relative, page, skipped)
         finally:
             page.close()
     if page.replaced:
         _rewrite(ROOT / relative, page.replaced)
     return skipped
+
+
+def _run_document(relative: str, page: Page, skipped: list[str], *, check: bool = True
+                  ) -> None:
+    from unittest import SkipTest
+
+    document: Document = SYBIL.parse(ROOT / relative)
+    document.namespace["page"] = page
+    update, page.update = page.update, page.update or not check
+    try:
+        for example in document.examples():
+            try:
+                example.evaluate()
+            except SkipTest as skip:
+                skipped.append(f"line {example.line}: {skip}")
+    finally:
+        page.update = update
+        if not check:
+            page.replaced.clear()
 
 
 def _rewrite(path: Path, replaced: list[tuple[int, int, list[str]]]) -> None:
