@@ -38,7 +38,8 @@ How output is compared (these are the whole set of rules):
 5. Durations: a number of seconds after ``seconds=`` or in ``took 1.23 s`` reads ``<S>``.
 6. Paths: an absolute path in quotes keeps only its file name (``'/any/where/q.db.lock'``
    reads ``'…/q.db.lock'``).
-7. Trailing spaces are ignored, and a page line ``…`` stands for any number of lines.
+7. Trailing spaces are ignored; a page line that is only ``…`` stands for any number of
+   lines, and a ``…`` inside a line for any text (``{"id":"cand-1",…}``).
 8. A background task's log line (``sweep.done``: the candidate sweep that ``start``
    runs beside its cycles) is left out on both sides: whether it comes before a short
    run ends is not fixed.
@@ -116,7 +117,14 @@ def matches(expected: list[str], actual: list[str]) -> bool:
         return not actual
     if expected[0] == "…":
         return any(matches(expected[1:], actual[i:]) for i in range(len(actual) + 1))
-    return bool(actual) and expected[0] == actual[0] and matches(expected[1:], actual[1:])
+    return bool(actual) and same(expected[0], actual[0]) and matches(expected[1:], actual[1:])
+
+
+def same(expected: str, actual: str) -> bool:
+    if "…" not in expected:
+        return expected == actual
+    pattern = ".*".join(re.escape(part) for part in expected.split("…"))
+    return re.fullmatch(pattern, actual, re.DOTALL) is not None
 
 
 @dataclass
@@ -292,15 +300,15 @@ def run_page(relative: str, after: str | None = None) -> list[str]:
     """Run every block of the page at ``relative`` (to the repository root) in order;
     raises at the first that differs.  Returns the reasons of the blocks not run.
     ``after``: a page the reader follows first (the PostgreSQL tutorial goes on from the
-    SQLite tutorial's directory and files), run first in the same session, unchecked."""
+    SQLite tutorial's directory and files): its ``sh`` blocks (the set-up) run first, in
+    the same session."""
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="runner-docs-") as home:
         os.chmod(home, 0o700)
         page = Page(Path(home), update=bool(os.environ.get(UPDATE_ENV)))
         try:
             if after is not None:
-                _run_document(after, page, [], check=False)
-            page.expected_ids, page.actual_ids = Ids(), Ids()
+                _run_document(after, page, [], setup_only=True)
             _run_document(relative, page, skipped)
         finally:
             page.close()
@@ -309,23 +317,19 @@ def run_page(relative: str, after: str | None = None) -> list[str]:
     return skipped
 
 
-def _run_document(relative: str, page: Page, skipped: list[str], *, check: bool = True
-                  ) -> None:
+def _run_document(relative: str, page: Page, skipped: list[str], *,
+                  setup_only: bool = False) -> None:
     from unittest import SkipTest
 
     document: Document = SYBIL.parse(ROOT / relative)
     document.namespace["page"] = page
-    update, page.update = page.update, page.update or not check
-    try:
-        for example in document.examples():
-            try:
-                example.evaluate()
-            except SkipTest as skip:
-                skipped.append(f"line {example.line}: {skip}")
-    finally:
-        page.update = update
-        if not check:
-            page.replaced.clear()
+    for example in document.examples():
+        if setup_only and example.region.evaluator is _console:
+            continue
+        try:
+            example.evaluate()
+        except SkipTest as skip:
+            skipped.append(f"line {example.line}: {skip}")
 
 
 def _rewrite(path: Path, replaced: list[tuple[int, int, list[str]]]) -> None:
