@@ -16,6 +16,7 @@ PAGES = {
     "README.md": 3,
     "docs/tutorial/sqlite.md": 1,
     "docs/tutorial/postgresql.md": 1,
+    "docs/how-to/candidates.md": 0,
 }
 #: the page a reader follows first, where a page goes on from another
 AFTER = {"docs/tutorial/postgresql.md": "docs/tutorial/sqlite.md"}
