@@ -35,7 +35,8 @@ How output is compared (these are the whole set of rules):
    the same way: a page that shows one id twice must show the same id twice.
 4. Processes: ``pid=123`` and ``(pid 123`` read ``pid=<PID>``/``(pid <PID>``, and a
    host name after ``host=`` or ``on`` in a lock holder's ``(pid 1 on vm)`` ``<HOST>``.
-5. Durations: a number of seconds after ``seconds=`` or in ``took 1.23 s`` reads ``<S>``.
+5. Durations: a number of seconds after ``seconds=``, in ``took 1.23 s`` or as
+   ``"age_seconds"`` reads ``<S>``.
 6. Paths: an absolute path in quotes keeps only its file name (``'/any/where/q.db.lock'``
    reads ``'…/q.db.lock'``).
 7. Trailing spaces are ignored; a page line that is only ``…`` stands for any number of
@@ -80,7 +81,7 @@ _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0
 _HEX = re.compile(r"(?<![0-9a-f-])[0-9a-f]{12}(?![0-9a-f-])")
 _PID = re.compile(r"(pid[= ])\d+")
 _HOST = re.compile(r"(host=|\(pid <PID> on )[^\s)]+")
-_SECONDS = re.compile(r"(seconds=|took )\d+(?:\.\d+)?")
+_SECONDS = re.compile(r"(seconds=|took |\"age_seconds\":)\d+(?:\.\d+)?")
 _PATH = re.compile(r"'/[^'\s]*/([^'/\s]+)'")
 _BACKGROUND = re.compile(r"^\S+ sweep\.done ")
 _STDERR = re.compile(r"^(?:\d{4}-\d\d-\d\dT|\{\"ts\":|runner:)")
@@ -145,7 +146,7 @@ def commands(source: str, first_line: int) -> Iterator[Command]:
         text = lines[i][2:]
         while text.endswith("\\") and i + 1 < len(lines):
             i += 1
-            text = text[:-1] + "\n" + lines[i]
+            text = text + "\n" + lines[i]
         heredoc = _HEREDOC.search(text)
         if heredoc:
             while i + 1 < len(lines):
@@ -208,6 +209,7 @@ class Session:
 
 def _in_process(text: str) -> list[str] | None:
     """The arguments of a bare ``runner …`` command line that can run in this process."""
+    text = text.replace("\\\n", " ")  # a continued line is one command line
     if "\n" in text:
         return None
     try:
@@ -231,6 +233,8 @@ class Page:
         self.expected_ids, self.actual_ids = Ids(), Ids()
         #: RUNNER_DOCS_UPDATE: (page line of a command, lines it showed, lines it printed)
         self.update = update
+        #: False while a page the reader follows first runs (checked by its own test)
+        self.checking = True
         self.replaced: list[tuple[int, int, list[str]]] = []
 
     def run_sh(self, example: Example) -> None:
@@ -247,6 +251,8 @@ class Page:
                 out, err = proc.stdout, proc.stderr
             else:
                 _, out, err = self.session.run(command.text)
+            if not self.checking:
+                continue
             problem = self._compare(command, out, err)
             if problem and self.update:
                 self.replaced.append((command.line, len(command.expected),
@@ -296,19 +302,23 @@ SYBIL = Sybil(parsers=[SkipParser(), CodeBlockParser("sh", _sh),
                        CodeBlockParser("console", _console)], path=str(ROOT))
 
 
-def run_page(relative: str, after: str | None = None) -> list[str]:
+def run_page(relative: str, after: str | None = None, *, setup_only: bool = True
+             ) -> list[str]:
     """Run every block of the page at ``relative`` (to the repository root) in order;
     raises at the first that differs.  Returns the reasons of the blocks not run.
-    ``after``: a page the reader follows first (the PostgreSQL tutorial goes on from the
-    SQLite tutorial's directory and files): its ``sh`` blocks (the set-up) run first, in
-    the same session."""
+    ``after``: a page the reader follows first, run first in the same session and not
+    compared (its own test does that): only its ``sh`` blocks, the set-up, when
+    ``setup_only`` (the PostgreSQL tutorial goes on from the SQLite tutorial's files),
+    else all of it (the uncertain-record how-to starts where the SQLite tutorial ends)."""
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="runner-docs-") as home:
         os.chmod(home, 0o700)
         page = Page(Path(home), update=bool(os.environ.get(UPDATE_ENV)))
         try:
             if after is not None:
-                _run_document(after, page, [], setup_only=True)
+                page.checking = False
+                _run_document(after, page, [], setup_only=setup_only)
+                page.checking = True
             _run_document(relative, page, skipped)
         finally:
             page.close()
