@@ -11,22 +11,21 @@ linking to the running interpreter's environment, so ``.venv/bin/runner`` and
   next block); its output is not compared;
 * a ```` ```console ```` block: each ``$ COMMAND`` line (a line ending in ``\\`` goes on
   to the next; a ``<<'EOF'`` heredoc takes its lines), then the lines up to the next
-  ``$`` are what the command printed.  A command that is only ``runner …`` (or
-  ``.venv/bin/runner …``) without any shell syntax (no pipe, redirection, ``&``, ``;``,
-  ``$``) and that neither crashes nor hangs on purpose runs in this process
-  (``tests.helpers.run_main``, in the session's directory): the same exit code, stdout
-  and stderr as a process, without the interpreter start-up.  Everything else runs in
-  the bash session.
+  ``$`` are what the command printed.  A command that is one simple ``runner …`` (or
+  ``.venv/bin/runner …``) command (no pipe, redirection, ``&``, ``;``), that neither
+  crashes nor hangs on purpose and is no ``start``, runs in this process
+  (``tests.helpers.run_main``, in the session's directory, with the words the bash
+  session expands: ``"$DB"`` is the page's variable): the same exit code, stdout and
+  stderr as a process, without the interpreter start-up.  Everything else runs in the
+  bash session.
 * ``<!-- skip: next "why" -->`` before a block: not run (the reason shows in the test
   report); keep those few.
 
 How output is compared (these are the whole set of rules):
 
-1. Lines are compared in two groups, each in its own order: log and error lines (a line
-   that starts with an ISO 8601 time, is JSON with ``"ts"``, or starts with ``runner:``)
-   and all the others (what a command answers on stdout).  A command prints the first
-   on stderr and the second on stdout, and how the two interleave on a terminal is not
-   fixed, so it is not compared.
+1. The page's lines are what the command printed on stdout and on stderr, each in its
+   own order, interleaved in any way: a terminal shows the two streams as they come, and
+   how they interleave is not fixed (a log line on stderr, the answer on stdout).
 2. Times: every ISO 8601 time (``2026-11-30T16:44:16.000Z``, with or without fraction)
    reads ``<TIME>``.
 3. Ids: each distinct ``write_id`` in the form runner makes (a UUID of the version 7
@@ -85,7 +84,7 @@ _SECONDS = re.compile(r"(seconds=|took |\"age_seconds\":)\d+(?:\.\d+)?")
 _PATH = re.compile(r"'/[^'\s]*/([^'/\s]+)'")
 _BACKGROUND = re.compile(r"^\S+ sweep\.done ")
 _STDERR = re.compile(r"^(?:\d{4}-\d\d-\d\dT|\{\"ts\":|runner:)")
-_SHELL = frozenset("|&;<>()$`*?[]{}~")
+_OPERATORS = frozenset("|&;<>()")
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 
 
@@ -112,13 +111,22 @@ def normalise(line: str, ids: Ids) -> str:
     return _PATH.sub(r"'…/\1'", line)
 
 
-def matches(expected: list[str], actual: list[str]) -> bool:
-    """Rule 7: ``…`` in ``expected`` stands for any number of lines."""
-    if not expected:
-        return not actual
-    if expected[0] == "…":
-        return any(matches(expected[1:], actual[i:]) for i in range(len(actual) + 1))
-    return bool(actual) and same(expected[0], actual[0]) and matches(expected[1:], actual[1:])
+def interleaves(expected: list[str], out: list[str], err: list[str]) -> bool:
+    """Rules 1 and 7: ``expected`` is ``out`` and ``err`` interleaved, each in its order,
+    a line ``…`` standing for any number of lines of either."""
+    from functools import cache
+
+    @cache
+    def match(i: int, j: int, k: int) -> bool:
+        if i == len(expected):
+            return j == len(out) and k == len(err)
+        if expected[i] == "…":
+            return (match(i + 1, j, k) or (j < len(out) and match(i, j + 1, k))
+                    or (k < len(err) and match(i, j, k + 1)))
+        return ((j < len(out) and same(expected[i], out[j]) and match(i + 1, j + 1, k))
+                or (k < len(err) and same(expected[i], err[k]) and match(i + 1, j, k + 1)))
+
+    return match(0, 0, 0)
 
 
 def same(expected: str, actual: str) -> bool:
@@ -207,22 +215,30 @@ class Session:
                 stream.close()
 
 
-def _in_process(text: str) -> list[str] | None:
-    """The arguments of a bare ``runner …`` command line that can run in this process."""
+def _in_process(text: str, session: Session) -> list[str] | None:
+    """The arguments of a ``runner …`` command line that can run in this process: one
+    simple command (no pipe, redirection, ``&``, ``;``, heredoc), whose words the bash
+    session expands (``"$DB"``, ``"$(date …)"``), that neither crashes nor hangs on
+    purpose and is no ``start``."""
     text = text.replace("\\\n", " ")  # a continued line is one command line
     if "\n" in text:
         return None
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.commenters = "#"
     try:
-        words = shlex.split(text, comments=True)
+        tokens = list(lexer)
     except ValueError:
         return None
-    if not words or Path(words[0]).name != "runner":
+    if not tokens or Path(tokens[0]).name != "runner" or "$" in tokens[0]:
         return None
-    if any(set(word) & _SHELL for word in words) or needs_a_process(words[1:]):
+    if any(token and set(token) <= _OPERATORS for token in tokens):
         return None
-    return words[1:]
-
-
+    code, out, _ = session.run(f"printf '%s\\0' {text.split(None, 1)[1]}"
+                               if " " in text.strip() else "true")
+    words = out.split("\0")[:-1] if code == 0 else None
+    if words is None or needs_a_process(words):
+        return None
+    return words
 class Page:
     """The state of one page being run: its session and the ids its output showed."""
 
@@ -245,7 +261,7 @@ class Page:
 
     def run_console(self, example: Example) -> str | None:
         for command in commands(example.parsed, example.line + 1):
-            argv = _in_process(command.text)
+            argv = _in_process(command.text, self.session)
             if argv is not None:
                 proc = run_main(*argv, cwd=self.session.pwd(), timeout=COMMAND_TIMEOUT)
                 out, err = proc.stdout, proc.stderr
@@ -268,17 +284,16 @@ class Page:
         return text.replace(str(self.home), "/home/you").splitlines()
 
     def _compare(self, command: Command, out: str, err: str) -> str | None:
-        printed = (out + err).splitlines()
-        for what, logs in (("the answer", False), ("the log", True)):
-            want = [normalise(line, self.expected_ids) for line in command.expected
-                    if bool(_STDERR.match(line)) is logs and not _BACKGROUND.match(line)]
-            have = [normalise(line, self.actual_ids) for line in printed
-                    if bool(_STDERR.match(line)) is logs and not _BACKGROUND.match(line)]
-            if not matches(want, have):
-                return (f"{what} differs from the page:\n--- the page (normalised)\n"
-                        + "\n".join(want) + "\n--- runner printed (normalised)\n"
-                        + "\n".join(have) + "\n--- runner printed\n" + out + err)
-        return None
+        want = [normalise(line, self.expected_ids) for line in command.expected
+                if not _BACKGROUND.match(line)]
+        streams = [[normalise(line, self.actual_ids) for line in text.splitlines()
+                    if not _BACKGROUND.match(line)] for text in (out, err)]
+        if interleaves(want, *streams):
+            return None
+        return ("the output differs from the page:\n--- the page (normalised)\n"
+                + "\n".join(want) + "\n--- stdout (normalised)\n" + "\n".join(streams[0])
+                + "\n--- stderr (normalised)\n" + "\n".join(streams[1])
+                + "\n--- runner printed\n" + out + err)
 
     def close(self) -> None:
         self.session.close()
