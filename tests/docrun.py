@@ -33,7 +33,9 @@ How output is compared (these are the whole set of rules):
    first appearance on the page, and each distinct 12-hex-digit id (a pinned target's) ``<HEX1>``…
    the same way: a page that shows one id twice must show the same id twice.
 4. Processes: ``pid=123`` and ``(pid 123`` read ``pid=<PID>``/``(pid <PID>``, and a
-   host name after ``host=`` or ``on`` in a lock holder's ``(pid 1 on vm)`` ``<HOST>``.
+   host name after ``host=`` or ``on`` in a lock holder's ``(pid 1 on vm)`` ``<HOST>``,
+   and a port after ``port`` or ``port=`` (``--listen 127.0.0.1:0`` takes any free one)
+   ``<PORT>``.
 5. Durations: a number of seconds after ``seconds=``, in ``took 1.23 s`` or as
    ``"age_seconds"`` reads ``<S>``.
 6. Paths: an absolute path in quotes keeps only its file name (``'/any/where/q.db.lock'``
@@ -79,6 +81,7 @@ _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z")
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\b")
 _HEX = re.compile(r"(?<![0-9a-f-])[0-9a-f]{12}(?![0-9a-f-])")
 _PID = re.compile(r"(pid[= ])\d+")
+_PORT = re.compile(r"\b(port[= ])\d+")
 _HOST = re.compile(r"(host=|\(pid <PID> on )[^\s)]+")
 _SECONDS = re.compile(r"(seconds=|took |\"age_seconds\":)\d+(?:\.\d+)?")
 _PATH = re.compile(r"'/[^'\s]*/([^'/\s]+)'")
@@ -107,6 +110,7 @@ def normalise(line: str, ids: Ids) -> str:
     line = _HEX.sub(lambda m: ids.name("HEX", m.group()), line)
     line = _PID.sub(r"\1<PID>", line)
     line = _HOST.sub(r"\1<HOST>", line)
+    line = _PORT.sub(r"\1<PORT>", line)
     line = _SECONDS.sub(r"\1<S>", line)
     return _PATH.sub(r"'…/\1'", line)
 
