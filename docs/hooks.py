@@ -969,7 +969,15 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             raise PluginError(f"{page.file.src_path}: unknown placeholder gen:{name}")
         return GENERATORS[name](arg)
 
-    return PLACEHOLDER.sub(replace, markdown)
+    return SKIP.sub(_shown_skip, PLACEHOLDER.sub(replace, markdown))
+
+
+#: a block the docs test does not run (``tests/docrun.py``), and why: shown on the page
+SKIP = re.compile(r'^<!-- skip: next "([^"]+)" -->$', re.MULTILINE)
+
+
+def _shown_skip(match: re.Match[str]) -> str:
+    return f"*(The docs test does not run the next block: {match.group(1)}.)*\n"
 
 
 def on_post_build(config: Any) -> None:
