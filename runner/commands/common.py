@@ -207,7 +207,8 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
         parent.add_argument("--target", required=target == "required",
                             help="the target: an http(s):// URL (the HTTP target protocol), "
                                  "a postgresql:// DSN with --target-table (a table of your "
-                                 "database), else the synthetic target's SQLite file; with "
+                                 "database), or the synthetic target's SQLite file (a name "
+                                 "ending in .db, .sqlite or .sqlite3, or sqlite:PATH); with "
                                  "--target-adapter, whatever that adapter takes")
         parent.add_argument("--target-adapter", metavar="MODULE:FACTORY",
                             help="import MODULE and call FACTORY(target), or FACTORY(target, "
