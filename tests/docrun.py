@@ -18,6 +18,9 @@ linking to the running interpreter's environment, so ``.venv/bin/runner`` and
   session expands: ``"$DB"`` is the page's variable): the same exit code, stdout and
   stderr as a process, without the interpreter start-up.  Everything else runs in the
   bash session.
+* ``<!-- save: NAME -->`` before a ```` ```python ```` block: the block is written to the
+  file ``NAME`` in the session's directory (a module the page's commands import; the
+  site shows "Save the next block as NAME"); other python blocks are not run;
 * ``<!-- skip: next "why" -->`` before a block: not run (the reason shows in the test
   report); keep those few.
 
@@ -67,8 +70,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sybil import Document, Example, Sybil
+from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import CodeBlockParser, SkipParser
+from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
 
 from tests.helpers import ROOT, needs_a_process, run_main
 
@@ -255,6 +259,8 @@ class Page:
         self.update = update
         #: False while a page the reader follows first runs (checked by its own test)
         self.checking = True
+        #: the file the next python block is (``<!-- save: NAME -->``)
+        self.saving: str | None = None
         self.replaced: list[tuple[int, int, list[str]]] = []
 
     def run_sh(self, example: Example) -> None:
@@ -317,8 +323,33 @@ def _console(example: Example) -> str | None:
     return _page(example).run_console(example)
 
 
-SYBIL = Sybil(parsers=[SkipParser(), CodeBlockParser("sh", _sh),
-                       CodeBlockParser("console", _console)], path=str(ROOT))
+def _save(example: Example) -> None:
+    _page(example).saving = str(example.parsed)
+
+
+def _python(example: Example) -> None:
+    page = _page(example)
+    if page.saving is not None:
+        (page.session.pwd() / page.saving).write_text(example.parsed, encoding="utf-8")
+        page.saving = None
+
+
+class SaveParser:
+    """``<!-- save: NAME -->``: the next python block is the file ``NAME``."""
+
+    def __init__(self) -> None:
+        self.lexer = DirectiveInHTMLCommentLexer(directive="save", arguments=r"[\w.-]+")
+
+    def __call__(self, document: Document) -> Iterator[Region]:
+        for region in self.lexer(document):
+            region.parsed = region.lexemes["arguments"]
+            region.evaluator = _save
+            yield region
+
+
+SYBIL = Sybil(parsers=[SkipParser(), SaveParser(), CodeBlockParser("sh", _sh),
+                       CodeBlockParser("console", _console), CodeBlockParser("python", _python)],
+              path=str(ROOT))
 
 
 def run_page(relative: str, after: str | None = None, *, setup_only: bool = True

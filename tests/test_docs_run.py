@@ -21,6 +21,7 @@ PAGES = {
     "docs/how-to/uncertain.md": 0,
     "docs/how-to/pipeline.md": 1,
     "docs/how-to/serve.md": 1,
+    "docs/how-to/target-adapter.md": 1,
 }
 #: the page a reader follows first, where a page goes on from another: its set-up blocks
 #: only (True), or all of it (False: the state it leaves is where the page starts)
