@@ -969,7 +969,18 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             raise PluginError(f"{page.file.src_path}: unknown placeholder gen:{name}")
         return GENERATORS[name](arg)
 
-    return PLACEHOLDER.sub(replace, markdown)
+    shown = SKIP.sub(_shown_skip, PLACEHOLDER.sub(replace, markdown))
+    return SAVE.sub(lambda m: f"*Save the next block as `{m.group(1)}`:*\n", shown)
+
+
+#: a python block the docs test saves as a file (``tests/docrun.py``): shown on the page
+SAVE = re.compile(r"^<!-- save: ([\w.-]+) -->$", re.MULTILINE)
+#: a block the docs test does not run (``tests/docrun.py``), and why: shown on the page
+SKIP = re.compile(r'^<!-- skip: next "([^"]+)" -->$', re.MULTILINE)
+
+
+def _shown_skip(match: re.Match[str]) -> str:
+    return f"*(The docs test does not run the next block: {match.group(1)}.)*\n"
 
 
 def on_post_build(config: Any) -> None:

@@ -39,7 +39,7 @@ SAFE_FIELDS = (
     "reconcile_attempts", "count", "cycle", "pid", "signal", "reason", "kind", "seconds",
     "task", "stage", "worker", "candidate", "error", "version", "store", "scope", "target",
     "interval", "heartbeat", "workers", "cycles", "moved", "keys", "next_attempt_at",
-    "repeats", "replication", "standbys",
+    "repeats", "replication", "standbys", "port", "status", "rows",
 )
 
 LEVELS = ("debug", "info", "warning", "error")

@@ -80,11 +80,12 @@ class Shutdown:
         self.stopping = True
         self._stopped.set()
         if self._send_scope is not None:
-            log.warning("%s: letting the send in flight finish (grace %ss)", name, self.grace,
-                        extra={"action": "runner.stopping", "signal": name})
+            log.info("%s: letting the send in flight finish (grace %ss)", name, self.grace,
+                     extra={"action": "runner.stopping", "signal": name})
             tg.start_soon(self._grace_timer, tg)
         else:
-            log.warning("%s: stopping", name, extra={"action": "runner.stopping", "signal": name})
+            # a deliberate stop is no warning (a second signal, or a grace that ran out, is)
+            log.info("%s: stopping", name, extra={"action": "runner.stopping", "signal": name})
             if self._work_scope is not None:
                 self._work_scope.cancel()
 

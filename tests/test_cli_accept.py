@@ -140,7 +140,7 @@ def test_db_and_target_the_same_file_is_a_usage_error(
     same = run_main("accept", "--db", db, "--scope", scope_file, "--record", rec, "--target", db)
     assert same.returncode == 2 and "same file" in same.stderr
     os.link(scope_file, workdir / "hardlink.json")  # any two names of one file
-    assert run_main("status", "--db", scope_file, "--target", workdir / "hardlink.json"
+    assert run_main("status", "--db", scope_file, "--target", f"sqlite:{workdir / 'hardlink.json'}"
                    ).returncode == 2
     assert not store_exists(db)
 

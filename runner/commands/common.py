@@ -58,6 +58,10 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        # a command's parser names its command (``once: …``); the top one adds nothing
+        # to the error line's own ``runner: error:``
+        if self.prog == "runner":
+            raise UsageError(message)
         raise UsageError(f"{self.prog.removeprefix('runner ')}: {message}")
 
 
@@ -203,7 +207,8 @@ def common_options(*, scope: str = "none", target: str = "none") -> Parser:
         parent.add_argument("--target", required=target == "required",
                             help="the target: an http(s):// URL (the HTTP target protocol), "
                                  "a postgresql:// DSN with --target-table (a table of your "
-                                 "database), else the synthetic target's SQLite file; with "
+                                 "database), or the synthetic target's SQLite file (a name "
+                                 "ending in .db, .sqlite or .sqlite3, or sqlite:PATH); with "
                                  "--target-adapter, whatever that adapter takes")
         parent.add_argument("--target-adapter", metavar="MODULE:FACTORY",
                             help="import MODULE and call FACTORY(target), or FACTORY(target, "
@@ -281,6 +286,7 @@ def check_paths(args: argparse.Namespace) -> None:
     """``--db`` and ``--target`` naming one file would let the target corrupt the store;
     a companion flag the target would not take is refused (:func:`check_target`);
     ``--target-table`` goes with a postgresql:// ``--target`` only, and it with one."""
+    check_target_text(args)
     check_target(args)
     target = getattr(args, "target", None)
     table = getattr(args, "target_table", None)
@@ -295,6 +301,22 @@ def check_paths(args: argparse.Namespace) -> None:
 
     if same_file(args.db, target):
         raise UsageError("--db and --target name the same file; use two separate files")
+    store = os.path.realpath(args.db)
+    for suffix in ("-wal", "-shm", "-journal"):
+        if os.path.realpath(target) == store + suffix:
+            raise UsageError(f"--target {target!r} is the store's own {suffix[1:]} file; "
+                             "give the target a file of its own")
+
+
+def check_target_text(args: argparse.Namespace) -> None:
+    """A built-in ``--target`` that is no URL, DSN or SQLite file name is a typo, refused
+    (``compose.check_target_text``); ``sqlite:PATH`` becomes ``PATH``."""
+    target = getattr(args, "target", None)
+    if target is None or getattr(args, "target_adapter", None) is not None:
+        return
+    from runner.io.targets.compose import check_target_text as checked
+
+    args.target = checked(target)
 
 
 def target_given(args: argparse.Namespace) -> tuple[str, ...]:

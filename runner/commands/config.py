@@ -7,10 +7,12 @@ import argparse
 from typing import Any
 
 from runner.commands.common import Parser, emit
+from runner.errors import UsageError
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     config = sub.add_parser("config", help="show the effective configuration")
+    config.add_argument("--config", action=_Misplaced, help=argparse.SUPPRESS)
     verbs = config.add_subparsers(dest="verb", required=True, parser_class=Parser)
     show = verbs.add_parser(
         "show", help="print the options a command line would run with, each with where it "
@@ -21,6 +23,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     show.add_argument("words", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                       help="the command line to show (default: start)")
     show.set_defaults(handler=cmd_show)
+
+
+class _Misplaced(argparse.Action):
+    """``runner config --config FILE``: the file belongs to ``show``; say so, instead of
+    argparse's "invalid choice" for the file's name."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        raise UsageError("config: --config goes after 'show': runner config show --config "
+                         "FILE [COMMAND ...]")
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
@@ -34,13 +46,14 @@ async def cmd_show(args: argparse.Namespace) -> int:
     argv = [*words, *(["--config", args.config] if args.config else [])]
     applied = config.apply(parser, argv)
     namespace = parser.parse_args(applied.argv)
-    leaf, _ = config.leaf(parser, applied.argv)
+    leaf, depth = config.leaf(parser, applied.argv)
     assert leaf is not None  # parse_args found the command
     values = {key: {"value": _shown(action, getattr(namespace, action.dest)),
                     "from": applied.sources.get(action.dest, "default")}
               for key, action in config.options(leaf).items()
               if not key.startswith("config")}
-    emit({"command": " ".join(str(_plain(w)) for w in words if not w.startswith("-"))[:80],
+    # the command's own words (``start``, ``job submit``): every option is in ``values``
+    emit({"command": " ".join(applied.argv[:depth]),
           "config": applied.path, "values": values})
     return 0
 

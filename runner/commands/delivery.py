@@ -104,10 +104,11 @@ def _retry_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-base", type=_duration, default=1.0, metavar="T",
                         help="backoff of a record that was not sent (failed_safe): the "
                              "first retry after T/2 to T, doubling each attempt (default "
-                             "1s; 0: at once)")
+                             "1s; 0: at once; T such as 500ms, 1s, 5min, 1h, 2d: less "
+                             "than 30 days)")
     parser.add_argument("--retry-cap", type=_duration, default=300.0, metavar="T",
                         help="the longest backoff between two attempts of a record "
-                             "(default 5min)")
+                             "(default 5min; less than 30 days)")
 
 
 def _alert_options(parser: argparse.ArgumentParser) -> None:
@@ -400,12 +401,24 @@ async def cmd_start(args: argparse.Namespace) -> int:
                                   clock=clock_from(args), reconnect=policy)
     # with --cycles, the pipeline workers drain what is pending before the run ends
     drain = _drain(args) if args.cycles is not None else None
-    return await _run(args, loop.LoopSettings(
+    code = await _run(args, loop.LoopSettings(
         cycles=args.cycles, interval=args.interval, poll_limit=args.poll_limit,
         grace=args.grace, dispatch_limit=args.dispatch_limit, batch_size=args.batch_size,
         quiet_idle=args.cycles is None, heartbeat=args.heartbeat or None, reconnect=policy),
         [sweep, *_pipeline_tasks(args, drain)], started=functools.partial(log_banner, args),
         drain=drain)
+    _log_stopped(code)
+    return code
+
+
+def _log_stopped(code: int) -> None:
+    """``start``'s last line when it ends as asked (its cycles done, or a signal): a
+    failure ends with its error line instead."""
+    import logging
+
+    logging.getLogger("runner.loop").info(
+        "runner stopped%s", f" at once (exit {code})" if code else "",
+        extra={"action": "runner.stopped", "reason": "hard_stop" if code else "done"})
 
 
 def background_opener(db: str) -> Callable[[], Awaitable[Store]]:

@@ -130,7 +130,20 @@ async def cmd_uncertain(args: argparse.Namespace) -> int:
 
 async def cmd_resolve(args: argparse.Namespace) -> int:
     """Under the worker lock: a resolve never runs beside a worker (exit 75 while one
-    runs), so no reconcile or dispatch can come between its readback and its commit."""
+    runs), so no reconcile or dispatch can come between its readback and its commit.
+    Refused by the lock, it says that nothing was resolved (the lock's own message says
+    "not starting", which is a worker's word)."""
+    from runner.errors import LockHeld
+
+    try:
+        return await _resolve(args)
+    except LockHeld as exc:
+        message = exc.message.removesuffix("; not starting")
+        raise type(exc)(f"{message}; nothing was resolved",
+                        holder_pid=exc.holder_pid) from None
+
+
+async def _resolve(args: argparse.Namespace) -> int:
     from runner.commands.leads import load_scope
     from runner.errors import StoreNotFound
     from runner.tasks.resolve import check_reason, resolve

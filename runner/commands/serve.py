@@ -14,6 +14,7 @@ line (where ``ps`` shows them), and are never logged.
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -238,7 +239,10 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         async with DurableWorker(args.db, scope, clock=clock_from(args)) as worker:
             from runner.replication import announce
 
-            announce(await worker.store.replication())
+            replication = await worker.store.replication()
+            _log_serving(args, "/".join((scope.tenant_id, scope.account_id, scope.page_id,
+                                         scope.form_id)), replication.mode)
+            announce(replication)
             service = build_service(options, worker, mode="serve", grace=args.grace)
             async with anyio.create_task_group() as tg:
                 async def watch() -> None:
@@ -252,4 +256,26 @@ async def cmd_serve(args: argparse.Namespace) -> int:
                 tg.start_soon(watch)
                 await service.server.serve()
                 tg.cancel_scope.cancel()
-    return 128 + hard[0] if hard else 0
+    code = 128 + hard[0] if hard else 0
+    logging.getLogger("runner.http").info(
+        "runner serve stopped%s", " at once (second signal)" if hard else "",
+        extra={"action": "serve.stopped", "reason": "hard_stop" if hard else "signal"})
+    return code
+
+
+def _log_serving(args: argparse.Namespace, scope: str, replication: str) -> None:
+    """``serve``'s start-up line, once the store is open (the port follows, in
+    ``http.listening``).  The store is described, never echoed (a DSN may carry a
+    password)."""
+    import os
+
+    from runner import __version__
+    from runner.io.stores import describe_location
+    from runner.storedata import is_postgres
+
+    logging.getLogger("runner.http").info(
+        "runner %s serving", __version__,
+        extra={"action": "serve.started", "version": __version__, "pid": os.getpid(),
+               "store": describe_location(args.db) if is_postgres(args.db) else args.db,
+               "scope": scope,
+               "replication": replication})

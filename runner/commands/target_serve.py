@@ -125,7 +125,7 @@ async def cmd_target_serve(args: argparse.Namespace) -> int:
             c = app.counters
             log.info("stopped: %d appends, %d rows, %d throttled, %d dropped, %d reads",
                      c.appends, c.rows, c.throttled, c.dropped, c.reads,
-                     extra={"action": "target_server.stopped", "count": c.rows})
+                     extra={"action": "target_server.stopped", "rows": c.rows})
             return 128 + hard[0] if hard else 0
     finally:
         if marks is not None:

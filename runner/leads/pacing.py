@@ -57,10 +57,11 @@ def parse_rate(text: str) -> float:
 
 
 def parse_duration(text: str) -> float:
-    """``500ms``, ``1s``, ``5min`` (``m``), ``1h`` or bare seconds, as seconds (>= 0)."""
+    """``500ms``, ``1s``, ``5min`` (``m``), ``1h``, ``2d`` or bare seconds, as seconds
+    (>= 0, less than 30 days)."""
     raw = text.strip().lower()
     for unit, scale in (("ms", 0.001), ("min", 60.0), ("s", 1.0), ("m", 60.0),
-                        ("h", 3600.0)):
+                        ("h", 3600.0), ("d", 86400.0)):
         if raw.endswith(unit):
             raw, factor = raw[: -len(unit)], scale
             break
@@ -71,8 +72,8 @@ def parse_duration(text: str) -> float:
     except ValueError:
         seconds = float("nan")
     if not 0 <= seconds < 30 * 86400:
-        raise UsageError(f"duration {text!r}: give a time such as 1s, 500ms or 5min "
-                         "(less than 30 days)")
+        raise UsageError(f"duration {text!r}: give a time such as 1s, 500ms, 5min, 1h "
+                         "or 2d (less than 30 days)")
     return seconds
 
 

@@ -27,6 +27,13 @@ group commits (``runner.leads.intake.Intake``); an NDJSON request is one commit.
 
 Error bodies are ``{"error": reason, "message": text}``: fixed texts, never a header, the
 secret, the token or a contact field.
+
+A refusal of the signature check (401, 403) writes one warning line by reason
+(``http.refused``: ``unsigned``, ``bad_signature``, ``unconfigured``, ``handshake``),
+rate-limited per reason (``runner.logs.Repeats``: the first, then at most one a minute
+saying how many were left out), so a flood of bad requests cannot fill the disk.  The
+line names the reason and the status only: never the sender's address, a header or the
+body.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from runner.errors import BadInputError, LockHeld, NotSynchronous, StoreError
 from runner.io.http import auth, health
 from runner.jsonio import dumps_line, parse_object
 from runner.leads.intake import AcceptResult, rejected
+from runner.logs import Repeats
 
 log = logging.getLogger("runner.http")
 
@@ -60,6 +68,8 @@ _REASON_STATUS = {"invalid_json": 400, "too_large": 413, "conflict": 409}
 _SEVERITY = (400, 413, 422, 409, 200)
 #: how much of an oversized body is read and dropped before the 413 is sent
 DRAIN_BYTES = 1 << 20
+#: seconds between two log lines of one refusal reason (401/403)
+REFUSAL_LOG_WINDOW = 60.0
 
 
 class IntakePort(Protocol):
@@ -187,6 +197,20 @@ class RunnerApp:
         self.limits = limits or Limits()
         self._unavailable_headers: Headers = [
             (b"retry-after", str(self.limits.retry_after).encode())]
+        #: refusals are logged by reason, at most one line a minute each
+        self.refusals = Repeats(REFUSAL_LOG_WINDOW)
+
+    def _refused(self, status: int, reason: str, message: str) -> Response:
+        """A 401/403 answer, and its rate-limited log line (the module docstring)."""
+        repeated = self.refusals.admit(reason)
+        if repeated is not None:
+            extra: dict[str, object] = {"action": "http.refused", "reason": reason,
+                                        "status": status}
+            if repeated:
+                extra["repeats"] = repeated
+            log.warning("webhook refused (%d): %s", status, message, extra=extra)
+        return error(status, "forbidden" if reason in ("unconfigured", "handshake")
+                     else reason, message)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan is off; websockets are not served
@@ -246,7 +270,7 @@ class RunnerApp:
     def _handshake(self, scope: Scope) -> Response:
         challenge = auth.handshake(self.webhook, scope.get("query_string", b""))
         if challenge is None:
-            return error(403, "forbidden", "subscription handshake refused")
+            return self._refused(403, "handshake", "subscription handshake refused")
         return Response(200, challenge.encode(), b"text/plain; charset=utf-8",
                         [(b"x-content-type-options", b"nosniff")])
 
@@ -254,9 +278,10 @@ class RunnerApp:
         headers = dict(scope["headers"])  # the last of a repeated header wins
         signature = headers.get(auth.SIGNATURE_HEADER)
         if self.webhook.secret is None:
-            return error(403, "forbidden", "webhook intake is not configured (no secret)")
+            return self._refused(403, "unconfigured",
+                                 "webhook intake is not configured (no secret)")
         if signature is None:
-            return error(401, "unsigned", "X-Hub-Signature-256 is required")
+            return self._refused(401, "unsigned", "X-Hub-Signature-256 is required")
         if self.state.stopping:
             return error(503, "stopping", "the process is stopping; retry",
                          self._unavailable_headers)
@@ -265,7 +290,8 @@ class RunnerApp:
             return body
         verdict = auth.check_signature(self.webhook, signature, body)
         if verdict is not auth.Verdict.VALID:
-            return error(403, "bad_signature", "the signature does not match the body")
+            return self._refused(403, "bad_signature",
+                                 "the signature does not match the body")
         content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
         try:
             if content_type in _NDJSON_TYPES:

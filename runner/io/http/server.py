@@ -239,7 +239,7 @@ class _Server(Server):
         await super().startup(sockets)
         if sockets:
             log.info("listening on port %s", sockets[0].getsockname()[1],
-                     extra={"action": "http.listening", "count": sockets[0].getsockname()[1]})
+                     extra={"action": "http.listening", "port": sockets[0].getsockname()[1]})
         if self.task_status is not None:
             self.task_status.started()
 

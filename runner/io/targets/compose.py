@@ -40,6 +40,39 @@ def is_url(target: str) -> bool:
     return target.startswith(("http://", "https://"))
 
 
+#: how a SQLite file named as a ``--target`` must end (or be given as ``sqlite:PATH``)
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+SQLITE_PREFIX = "sqlite:"
+_SCHEMES = ("https", "http", "postgresql", "postgres")
+
+
+def check_target_text(target: str) -> str:
+    """A built-in ``--target`` as runner will use it, or a ``UsageError`` (exit 2): an
+    ``http(s)://`` URL or a ``postgresql://`` DSN as it is; a SQLite file's path when it
+    ends in ``.db``, ``.sqlite`` or ``.sqlite3``, or is given as ``sqlite:PATH`` (the
+    prefix taken off).  Anything else is a typo, never a new file: ``htp:sheet`` would
+    otherwise become a target, pinned.  A URL that lost its ``:`` or a ``/`` gets "did you
+    mean".  (With ``--target-adapter`` the factory takes any text: not checked here.)"""
+    if target.startswith((*(f"{scheme}://" for scheme in _SCHEMES),)):
+        return target
+    if target.startswith(SQLITE_PREFIX):
+        path = target.removeprefix(SQLITE_PREFIX)
+        if not path:
+            raise UsageError("--target sqlite: needs the target file's path after the colon")
+        return path
+    if target.lower().endswith(SQLITE_SUFFIXES):
+        return target
+    hint = ""
+    lowered = target.lower()
+    for scheme in _SCHEMES:
+        if lowered.startswith(scheme) and lowered[len(scheme):len(scheme) + 1] in (":", "/"):
+            hint = f"; did you mean {scheme}://{target[len(scheme):].lstrip(':/')}?"
+            break
+    raise UsageError(f"--target {target!r} is not a target: give an http(s):// URL, a "
+                     "postgresql:// DSN (with --target-table), or a SQLite file ending in "
+                     f".db, .sqlite or .sqlite3 (any other name as sqlite:PATH){hint}")
+
+
 @dataclass(frozen=True)
 class BuiltinTarget:
     """A target runner ships, and the companion flags it takes: ``--target-token-file``,
