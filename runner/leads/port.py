@@ -246,6 +246,9 @@ class CRMRecordPort:
         marks(adapter)  # likewise
         #: the store this port sends for, once known (a marked batch carries it)
         self.store_id: str | None = None
+        #: the target's fence could not be raised at this start: nothing is sent until it
+        #: is (``runner.tasks.rewind.fence``; each cycle tries again)
+        self.fence_pending = False
         #: the write quota (batch writes)
         self.pacer = pacer if pacer is not None else Pacer()
         #: the read quota (readbacks, reconcile reads, status reads); unset: not paced

@@ -477,14 +477,17 @@ async def run_cycle(
     summary = summary if summary is not None else CycleSummary()
     batch_size = port.batch_size(batch_size)  # no more than the adapter takes
     try:
+        if port.marks and port.fence_pending:  # not raised at the start: try again first
+            await rewind.check_marks(store, port, clock)
         rewound = await rewind.read_rewound(store, port, clock, batch_size, backoff)
         summary.reconciled += rewound.confirmed + rewound.adopted
         summary.requeued += rewound.requeued
         reconciled = await reconcile_all(store, port, clock, guard, batch_size, backoff)
         summary.reconciled += reconciled.confirmed
         summary.requeued += reconciled.requeued
-        await dispatch_all(store, port, clock, summary, guard=guard, limit=dispatch_limit,
-                           batch_size=batch_size, backoff=backoff)
+        if not (port.marks and port.fence_pending):  # no send before the fence stands
+            await dispatch_all(store, port, clock, summary, guard=guard,
+                               limit=dispatch_limit, batch_size=batch_size, backoff=backoff)
         if summary.refused_mark is not None:
             await rewind.refused(store, port, clock, summary.refused_mark)
     except anyio.get_cancelled_exc_class():

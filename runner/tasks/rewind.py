@@ -177,6 +177,7 @@ async def fence(store: DeliveryStore, port: CRMRecordPort, clock: Clock, held: T
     it is done."""
     own = await store.store_mark()
     replaces, remembered = own.adopting, own.seq
+    port.fence_pending = False
     if reason is not None:
         _say(reason)
     mark = await store.begin_epoch(epoch_of(held.seq), reason, clock.now(),
@@ -195,11 +196,13 @@ async def fence(store: DeliveryStore, port: CRMRecordPort, clock: Clock, held: T
             continue
         except ForeignMark as exc:
             raise _owned(exc.held, mark.store_id) from None
-        except Exception as exc:  # noqa: BLE001 - the next start raises it again
+        except Exception as exc:  # noqa: BLE001 - each cycle tries again; nothing sent
             kind, words = describe_failure(exc)
-            raise TargetUnavailable(f"the target's fence could not be raised ({kind}): "
-                                    f"{words}; the next start tries again, and nothing is "
-                                    "sent before") from None
+            port.fence_pending = True
+            log.warning("the target's fence could not be raised (%s): %s; nothing is sent "
+                        "until it is (each cycle tries again)", kind, words,
+                        extra={"action": "store.fence_failed", "reason": kind})
+            return
         await _forgot(store, clock, replaced, own.store_id, remembered, reason)
         break
     await store.fence_raised(mark.epoch, clock.now())

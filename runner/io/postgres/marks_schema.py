@@ -56,8 +56,8 @@ BEGIN
         RAISE EXCEPTION 'a store''s mark only moves forward'
             USING ERRCODE = 'integrity_constraint_violation';
     END IF;
-    IF NEW.epoch <> OLD.epoch THEN
-        PERFORM {s}.outbox_append('store_epoch', NEW.store_id,
+    IF NEW.rewind IS NOT NULL AND OLD.rewind IS NULL THEN
+        PERFORM {s}.outbox_append('store_rewind', NEW.store_id,
             jsonb_build_object('epoch', NEW.epoch, 'previous', OLD.epoch,
                                'previous_counter', OLD.counter, 'reason', NEW.rewind,
                                'adopting', NEW.adopting),

@@ -13,7 +13,8 @@ store forgot (``last_failure = 'rewound'``, each made uncertain: ``prepared`` an
 fence stands at the current epoch, raised after the tags committed and before any
 readback, so that from then on a readback finding no row is conclusive for them.
 ``adopting`` is the previous owner an operator adopted (``runner target adopt``) whose
-fence raise has not happened yet.  Every epoch writes one ``store_epoch`` outbox event.
+fence raise has not happened yet.  Every rewind writes one ``store_rewind`` outbox event
+(an epoch begun at a plain start writes none).
 
 ``target_adoptions`` and ``write_id_adoptions`` are kept as written (UPDATE and DELETE
 raise), each with its outbox event: an operator's decision that this store replaces the
@@ -56,11 +57,11 @@ CREATE TRIGGER store_marks_forward BEFORE UPDATE OF epoch, counter ON store_mark
 WHEN NEW.epoch < OLD.epoch OR (NEW.epoch = OLD.epoch AND NEW.counter < OLD.counter)
 BEGIN SELECT RAISE(ABORT, 'a store''s mark only moves forward'); END;
 
-CREATE TRIGGER store_epoch AFTER UPDATE OF epoch ON store_marks
-WHEN NEW.epoch IS NOT OLD.epoch
+CREATE TRIGGER store_rewind AFTER UPDATE OF rewind ON store_marks
+WHEN NEW.rewind IS NOT NULL AND OLD.rewind IS NULL
 BEGIN
     INSERT INTO outbox (kind, subject, payload, at)
-    VALUES ('store_epoch', NEW.store_id,
+    VALUES ('store_rewind', NEW.store_id,
             json_object('epoch', NEW.epoch, 'previous', OLD.epoch,
                         'previous_counter', OLD.counter, 'reason', NEW.rewind,
                         'adopting', NEW.adopting),
