@@ -79,6 +79,8 @@ LONG_VARIANTS = (
     "sends_nothing_twice[synthetic-deleted]",
     "tests/test_rewind.py::test_a_newer_timeline_rewinds_a_store_whose_target_keeps_no_marks"
     "[synchronous]",
+    # a PostgreSQL store made again adopts its target (10 s: two schemas made)
+    "tests/test_rewind.py::test_a_postgresql_store_made_again_adopts_its_target_and_takes_",
     # marks over HTTP, the kit runs and the call shapes (15 s): a refused append and a
     # server without marks stay
     "tests/test_http_target_marks.py::test_the_kit_proves_a_marks_server",

@@ -318,3 +318,36 @@ async def test_a_request_still_on_its_way_when_a_restored_copy_starts_never_appl
         target.close()
     assert isinstance(target.raised, StaleMark)
     assert env.rows_per_key() == Counter({f"lead-{i}": 1 for i in range(20)})
+
+
+def test_a_postgresql_store_made_again_adopts_its_target_and_takes_the_write_ids_it_holds(
+        workdir: Path, scope_file: Path) -> None:
+    """The PostgreSQL side of an emptied store: the schema dropped and made again (a new
+    store_id); the events accepted again are found at the target by key, and each record
+    takes the write_id the target holds it under (the row guard lets a write_id change
+    only with its kept adoption row)."""
+    pg.require()
+    schema = pg.new_schema()
+    db = pg.location(schema)
+    try:
+        env = Sqlite(workdir, scope_file, db=db)
+        env.accept(range(12))
+        env.once()
+        sent = {r["source_lead_id"]: r["write_id"] for r in env.records().values()}
+        pg.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        env.accept(range(15))
+        refused = run_main("once", "--db", db, "--scope", scope_file, *env.to.args)
+        assert refused.returncode == 78, refused.stderr
+        adopted = run_main("target", "adopt", "--db", db, "--scope", scope_file,
+                           *env.to.args, "--reason", "the schema was dropped")
+        assert adopted.returncode == 0, adopted.stderr
+        env.once()
+        records = env.records()
+        assert {r["state"] for r in records.values()} == {"confirmed"}
+        assert all(records[key]["write_id"] == w for key, w in sent.items())
+        assert env.rows_per_key() == Counter({f"lead-{i}": 1 for i in range(15)})
+        kinds = [r[0] for r in pg.fetch(f'SELECT kind FROM "{schema}".outbox')]
+        assert kinds.count("write_id_adopted") == 12 and kinds.count("target_adopted") == 1
+        assert kinds.count("store_rewind") == 1
+    finally:
+        pg.drop_later([schema])

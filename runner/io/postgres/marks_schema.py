@@ -10,7 +10,23 @@ gets a new one.
 
 from __future__ import annotations
 
-from runner.io.sqlite.schema import V9_TRANSITIONS, transition_list
+from runner.io.postgres.resend_schema import V17
+
+#: v17's identity clause of the row guard, and v18's: a write_id may change with a kept
+#: adoption row for that very change
+_FIXED_WRITE_ID = "       OR NEW.write_id IS DISTINCT FROM OLD.write_id\n"
+_ADOPTED_WRITE_ID = """       OR (NEW.write_id IS DISTINCT FROM OLD.write_id AND NOT EXISTS (
+           SELECT 1 FROM {s}.write_id_adoptions a
+           WHERE a.write_id_was = OLD.write_id AND a.write_id = NEW.write_id))
+"""
+
+
+def _guard_with_adoptions() -> str:
+    """v17's row guard of ``leads`` (as v17 wrote it), replaced with the write_id clause
+    that allows an adoption; everything else of it unchanged."""
+    guard = V17[V17.index("CREATE OR REPLACE FUNCTION {s}.leads_guard()"):]
+    assert guard.count(_FIXED_WRITE_ID) == 1
+    return guard.replace(_FIXED_WRITE_ID, _ADOPTED_WRITE_ID)
 
 
 def _kept(table: str, message: str) -> str:
@@ -134,41 +150,6 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE OR REPLACE FUNCTION {s}.leads_guard() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.tenant_id IS DISTINCT FROM OLD.tenant_id
-       OR NEW.source_lead_id IS DISTINCT FROM OLD.source_lead_id
-       OR NEW.canonical IS DISTINCT FROM OLD.canonical
-       OR NEW.accepted_at IS DISTINCT FROM OLD.accepted_at
-       OR NEW.seq IS DISTINCT FROM OLD.seq
-       OR (NEW.write_id IS DISTINCT FROM OLD.write_id AND NOT EXISTS (
-           SELECT 1 FROM {s}.write_id_adoptions a
-           WHERE a.write_id_was = OLD.write_id AND a.write_id = NEW.write_id)) THEN
-        RAISE EXCEPTION 'a lead record''s key, content and write_id never change'
-            USING ERRCODE = 'integrity_constraint_violation';
-    END IF;
-    IF NEW.state IS DISTINCT FROM OLD.state THEN
-        IF OLD.state || '>' || NEW.state NOT IN ({transitions}) THEN
-            RAISE EXCEPTION 'illegal lead transition % -> %', OLD.state, NEW.state
-                USING ERRCODE = 'integrity_constraint_violation';
-        END IF;
-        IF OLD.state = 'uncertain' AND NEW.state = 'failed_safe' AND NOT EXISTS (
-            SELECT 1 FROM {s}.operator_decisions d
-            WHERE d.write_id = NEW.write_id AND d.decision = 'not_sent'
-              AND d.attempts = OLD.attempts) AND NOT EXISTS (
-            SELECT 1 FROM {s}.resend_authorizations r
-            WHERE r.write_id = NEW.write_id AND r.attempts = OLD.attempts) THEN
-            RAISE EXCEPTION
-            'illegal lead transition: uncertain -> failed_safe needs a recorded not-sent decision'
-                USING ERRCODE = 'integrity_constraint_violation';
-        END IF;
-        IF NEW.state = 'uncertain' THEN
-            NEW.uncertain_since := NEW.updated_at;
-            NEW.last_reconcile := NULL;
-            NEW.last_reconcile_at := NULL;
-        END IF;
-    END IF;
-    RETURN NEW;
-END $$;
 """
-).replace("{transitions}", transition_list(V9_TRANSITIONS))
+    + _guard_with_adoptions()
+)
