@@ -123,14 +123,20 @@ class MarkStore(Protocol):
         ...
 
     async def begin_epoch(self, min_epoch: int, reason: str | None, now: datetime, *,
-                          tag: bool) -> StoreMark:
+                          tag: bool, until: datetime | None = None) -> StoreMark:
         """A new epoch above ``min_epoch``; with ``tag``, every record a forgotten
         history could have sent becomes uncertain, tagged ``rewound``."""
         ...
 
-    async def tag_rewind(self, reason: str, now: datetime) -> None:
+    async def tag_rewind(self, reason: str, now: datetime, until: datetime) -> None:
         """Every record a forgotten history could have sent becomes uncertain, tagged
-        ``rewound``; the rewind is pending with ``reason``."""
+        ``rewound``; the rewind is pending with ``reason``; records accepted until
+        ``until`` are looked up by key before they are sent."""
+        ...
+
+    async def key_check(self, reason: str, now: datetime) -> int:
+        """Prepared and failed_safe records become uncertain, tagged ``rewound`` (read
+        back by key before they are sent); how many."""
         ...
 
     async def fence_raised(self, epoch: int, now: datetime) -> bool:

@@ -479,6 +479,7 @@ async def run_cycle(
     try:
         if port.marks and port.fence_pending:  # not raised at the start: try again first
             await rewind.check_marks(store, port, clock)
+        await rewind.check_keys(store, port, clock)
         rewound = await rewind.read_rewound(store, port, clock, batch_size, backoff)
         summary.reconciled += rewound.confirmed + rewound.adopted
         summary.requeued += rewound.requeued

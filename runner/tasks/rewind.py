@@ -48,8 +48,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
-from runner.clock import Clock
+from runner.clock import Clock, to_text
 from runner.errors import TargetOwned, TargetUnavailable
 from runner.io.engine.delivery import lead_works
 from runner.leads.marks import (
@@ -73,6 +74,10 @@ log = logging.getLogger("runner.rewind")
 #: fence raises refused as stale in a row (another worker or a copy of this store raised
 #: it meanwhile) before the run stops
 RAISES = 3
+#: how long after a rewind the records accepted since are looked up by key before they
+#: are sent: an event the forgotten history delivered, sent again by its source after
+#: the rewind (with a new write_id), is found at the target instead of sent twice
+KEY_CHECK = timedelta(days=1)
 #: why a rewound record found with no row is sendable again (its ``last_error``)
 FENCED_REASON = "resend: the target's fence stands above every batch the store forgot"
 
@@ -181,7 +186,7 @@ async def fence(store: DeliveryStore, port: CRMRecordPort, clock: Clock, held: T
     if reason is not None:
         _say(reason)
     mark = await store.begin_epoch(epoch_of(held.seq), reason, clock.now(),
-                                   tag=reason is not None)
+                                   tag=reason is not None, until=clock.now() + KEY_CHECK)
     for attempt in range(RAISES):
         try:
             replaced = await port.raise_mark(
@@ -224,7 +229,7 @@ async def _forgot(store: DeliveryStore, clock: Clock, found: TargetMark, store_i
         return reason
     reason = _behind(found, remembered)
     _say(reason)
-    await store.tag_rewind(reason, clock.now())
+    await store.tag_rewind(reason, clock.now(), clock.now() + KEY_CHECK)
     return reason
 
 
@@ -238,6 +243,23 @@ class Rewound:
     requeued: int = 0
     uncertain: int = 0
     done: bool = False
+
+
+async def check_keys(store: DeliveryStore, port: CRMRecordPort, clock: Clock) -> None:
+    """Within a day of a rewind (``KEY_CHECK``), on a target that keeps marks: every
+    record about to be sent is first tagged like a rewound one, so that
+    :func:`read_rewound` looks it up by key behind the fence (an event the forgotten
+    history delivered may come again under a new write_id) before it is sent."""
+    if not port.marks or port.fence_pending:
+        return
+    own = await store.store_mark()
+    if own.key_check_until is None or not own.fenced:
+        return
+    now = clock.now()
+    if to_text(now) >= own.key_check_until:
+        return
+    await store.key_check(f"accepted after a rewind: looked up by key before it is sent "
+                          f"(until {own.key_check_until})", now)
 
 
 async def read_rewound(store: DeliveryStore, port: CRMRecordPort, clock: Clock,

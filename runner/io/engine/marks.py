@@ -37,6 +37,9 @@ class StoreMark(NamedTuple):
     #: lock (None: SQLite, or not recorded yet)
     timeline: int | None = None
     replication: str | None = None
+    #: until when records accepted after a rewind are looked up by key before they are
+    #: sent (text; None: no rewind yet)
+    key_check_until: str | None = None
 
     @property
     def seq(self) -> int:
@@ -50,7 +53,8 @@ def store_mark(row: Row) -> StoreMark:
                      None if row[4] is None else str(row[4]),
                      None if row[5] is None else str(row[5]),
                      None if row[6] is None else int(row[6]),
-                     None if row[7] is None else str(row[7]))
+                     None if row[7] is None else str(row[7]),
+                     None if row[8] is None else str(row[8]))
 
 
 class MarkOps(DeliveryOps):
@@ -58,7 +62,7 @@ class MarkOps(DeliveryOps):
         return store_mark((await self.fetch("store_mark"))[0])
 
     async def begin_epoch(self, min_epoch: int, reason: str | None, now: datetime, *,
-                          tag: bool) -> StoreMark:
+                          tag: bool, until: datetime | None = None) -> StoreMark:
         """A new epoch above ``min_epoch`` (the target's), its fence not raised yet; with
         ``tag``, every record the forgotten history could have sent becomes uncertain,
         tagged ``rewound`` (one transaction)."""
@@ -68,10 +72,10 @@ class MarkOps(DeliveryOps):
                 await self.execute("rewind_mark_sendable", now=at)
                 await self.execute("rewind_tag", now=at, reason=last_error(reason))
             row = (await self.fetch("begin_epoch", min_epoch=min_epoch, reason=reason,
-                                    now=at))[0]
+                                    now=at, until=to_text(until or now)))[0]
         return store_mark(row)
 
-    async def tag_rewind(self, reason: str, now: datetime) -> None:
+    async def tag_rewind(self, reason: str, now: datetime, until: datetime) -> None:
         """Every record a forgotten history could have sent becomes uncertain, tagged
         ``rewound``, and the store's rewind is pending with ``reason`` (one
         transaction)."""
@@ -79,7 +83,19 @@ class MarkOps(DeliveryOps):
         async with self.transaction():
             await self.execute("rewind_mark_sendable", now=at)
             await self.execute("rewind_tag", now=at, reason=last_error(reason))
-            await self.execute("set_rewind", reason=reason, now=at)
+            await self.execute("set_rewind", reason=reason, now=at, until=to_text(until))
+
+    async def key_check(self, reason: str, now: datetime) -> int:
+        """Every prepared and failed_safe record becomes uncertain, tagged ``rewound``, so
+        that it is read back by key before it is sent (records accepted after a rewind,
+        within its key-check window); how many."""
+        at = to_text(now)
+        async with self.transaction():
+            moved = await self.execute("rewind_mark_sendable", now=at)
+            if moved:
+                await self.execute("key_check_tag", now=at, reason=last_error(reason))
+                await self.execute("key_check_pending", reason=reason, now=at)
+        return moved
 
     async def fence_raised(self, epoch: int, now: datetime) -> bool:
         """Record that the target's fence stands at ``epoch`` (False: the store began

@@ -54,6 +54,7 @@ CREATE TABLE {s}.store_marks (
     adopting     text,
     timeline     bigint,
     replication  text,
+    key_check_until text,
     updated_at   text
 );
 INSERT INTO {s}.store_marks (store_id, epoch, counter)

@@ -498,7 +498,8 @@ RETURNING write_id
 -- ==== the store's mark and its rewinds (v18, SPEC E8, issue 30) =====================
 
 -- name: store_mark
-SELECT store_id, epoch, counter, fenced_epoch, rewind, adopting, timeline, replication
+SELECT store_id, epoch, counter, fenced_epoch, rewind, adopting, timeline, replication,
+       key_check_until
 FROM {s}.store_marks
 
 -- the next batch's seq for a target that keeps marks: in the transaction that marks the
@@ -510,8 +511,10 @@ UPDATE {s}.store_marks SET counter = counter + 1 RETURNING epoch, counter
 -- not yet raised at it; :reason: why (NULL: a rewind that is not pending any more)
 -- name: begin_epoch
 UPDATE {s}.store_marks SET epoch = greatest(epoch, :min_epoch::bigint) + 1, counter = 0, fenced_epoch = NULL,
-    rewind = coalesce(:reason, rewind), updated_at = :now
-RETURNING store_id, epoch, counter, fenced_epoch, rewind, adopting, timeline, replication
+    rewind = coalesce(:reason, rewind), updated_at = :now,
+    key_check_until = CASE WHEN :reason IS NULL THEN key_check_until ELSE :until END
+RETURNING store_id, epoch, counter, fenced_epoch, rewind, adopting, timeline, replication,
+          key_check_until
 
 -- every record the forgotten history could have sent becomes uncertain, tagged
 -- ``rewound``: prepared and failed_safe ones through in_flight (attempts + 1), then every
@@ -527,7 +530,16 @@ UPDATE {s}.leads SET state = 'uncertain', updated_at = :now, last_error = :reaso
 WHERE state IN ('in_flight', 'uncertain')
 
 -- name: set_rewind
-UPDATE {s}.store_marks SET rewind = :reason, updated_at = :now
+UPDATE {s}.store_marks SET rewind = :reason, updated_at = :now, key_check_until = :until
+
+-- records accepted after a rewind, before they are sent (SPEC E8): looked up by key
+-- name: key_check_tag
+UPDATE {s}.leads SET state = 'uncertain', updated_at = :now, last_error = :reason,
+    last_failure = 'rewound'
+WHERE state = 'in_flight'
+
+-- name: key_check_pending
+UPDATE {s}.store_marks SET rewind = coalesce(rewind, :reason), updated_at = :now
 
 -- name: fence_raised
 UPDATE {s}.store_marks SET fenced_epoch = epoch, adopting = NULL, updated_at = :now

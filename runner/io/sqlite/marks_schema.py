@@ -40,6 +40,7 @@ CREATE TABLE store_marks (
     adopting     TEXT,
     timeline     INTEGER,
     replication  TEXT,
+    key_check_until TEXT,
     updated_at   TEXT
 ) STRICT;
 
