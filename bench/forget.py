@@ -472,13 +472,34 @@ def race_round(index: int, n: int, seed: int) -> dict[str, Any]:
         first = _start(db, scope, target, work / "first.log", work / "first.out", *pace)
         procs.append(first)
         wait(lambda: target_rows(target).total() >= 20, 60, "the first worker's batches")
-        time.sleep(rng.uniform(0, 0.3))  # a random moment for the kill
-        pair.failover()
-        second = _start(db, scope, target, work / "second.log", work / "second.out", *pace)
+        # the second is started a random moment before the kill: its start-up (about
+        # half a second here) ends before, during or after the promotion, while the
+        # first waits out its reconnect backoff
+        # odd rounds: the first is stopped (SIGSTOP, a stalled host) across the failover
+        # and resumed a random moment after the second started, so either may win
+        stalled = index % 2 == 1
+        lead = 0.0
+        if stalled:
+            os.kill(first.pid, signal.SIGSTOP)
+            pair.failover()
+            t_kill = time.time()
+            second = _start(db, scope, target, work / "second.log", work / "second.out",
+                            *pace)
+            rows_at_second = target_rows(target).total()
+            time.sleep(rng.uniform(0, 1.5))
+            os.kill(first.pid, signal.SIGCONT)
+        else:
+            second = _start(db, scope, target, work / "second.log", work / "second.out",
+                            *pace)
+            lead = rng.uniform(0, 0.6)
+            time.sleep(lead)
+            rows_at_second = target_rows(target).total()
+            t_kill = time.time()
+            pair.failover()
         procs.append(second)
-        rows_at_second = target_rows(target).total()
         wait(lambda: first.poll() is not None or second.poll() is not None, 120,
              "one of the two to step aside")
+        loser_exited = round(time.time() - t_kill, 3)
         loser, winner, names = ((first, second, ("first", "second"))
                                 if first.poll() is not None else
                                 (second, first, ("second", "first")))
@@ -490,6 +511,9 @@ def race_round(index: int, n: int, seed: int) -> dict[str, Any]:
                 for name in ("first", "second")}
         loser_line = [x for x in logs[names[0]] if x.get("level") == "error"]
         result = {"round": index, "leads": n, "winner": names[1],
+                  "first_stalled_across_the_failover": stalled,
+                  "second_started_before_the_kill": round(lead, 3),
+                  "loser_exited_after_the_kill": loser_exited,
                   "loser_exit": loser.returncode, "winner_exit": code,
                   "loser_said": loser_line[-1].get("message") if loser_line else None,
                   "loser_confirmed_after_the_failover": (
