@@ -101,7 +101,7 @@ SIZES: dict[str, dict[str, int]] = {
              "race_rounds": 5, "race_leads": 300, "sync_failovers": 20, "sync_leads": 2000,
              "callers": 4},
     "quick": {"lag_leads": 300, "lag_rounds": 1, "sqlite_leads": 60, "sqlite_rounds": 1,
-              "race_rounds": 1, "race_leads": 60, "sync_failovers": 2, "sync_leads": 300,
+              "race_rounds": 1, "race_leads": 60, "sync_failovers": 2, "sync_leads": 2000,
               "callers": 3},
 }
 
@@ -146,29 +146,48 @@ def ts(line: dict[str, Any]) -> float:
 
 
 class Caller:
-    """One ``runner accept --records -`` process fed its events on stdin at ``rate`` a
-    second (0: all at once); every answered line is an acknowledged event."""
+    """One ``runner accept --records -`` process fed its events on stdin, as a source
+    does: the next event once the previous one is answered (at most ``rate`` a second; 0:
+    as fast as the answers come); every answered line is an acknowledged event."""
 
     def __init__(self, db: str, scope: Path, ids: list[int], out: Path, rate: float) -> None:
         self.out = out
-        self._out = open(out, "w", encoding="utf-8")  # noqa: SIM115 - closed in finish()
-        self._err = open(f"{out}.err", "w", encoding="utf-8")  # noqa: SIM115
+        self._err = open(f"{out}.err", "w", encoding="utf-8")  # noqa: SIM115 - closed in finish()
         self.proc = subprocess.Popen(
             [sys.executable, RUN, "accept", "--db", db, "--scope", str(scope), "--records",
-             "-", "--log-format", "json"], stdin=subprocess.PIPE, stdout=self._out,
+             "-", "--log-format", "json"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._err, text=True, cwd=ROOT)
         self.sent: list[int] = []
+        self.answers: list[dict[str, Any]] = []
+        self._answered = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         self._feeder = threading.Thread(target=self._feed, args=(ids, rate), daemon=True)
         self._feeder.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            found = json_lines(line)
+            with self._answered:
+                self.answers += found
+                self._answered.notify_all()
+        with self._answered:
+            self._answered.notify_all()
 
     def _feed(self, ids: list[int], rate: float) -> None:
         stdin = self.proc.stdin
         assert stdin is not None
         try:
-            for i in ids:
+            for n, i in enumerate(ids):
                 stdin.write(json.dumps(event(i)) + "\n")
                 stdin.flush()
                 self.sent.append(i)
+                with self._answered:  # the answer, or the caller's end
+                    while len(self.answers) <= n and self.proc.poll() is None:
+                        self._answered.wait(0.05)
+                if self.proc.poll() is not None:
+                    return
                 if rate:
                     time.sleep(1 / rate)  # the source's pace, not a wait for state
             stdin.close()
@@ -176,13 +195,15 @@ class Caller:
             pass  # the caller died (its server was killed): the rest is never sent
 
     def acked(self) -> set[str]:
-        return {str(doc["source_lead_id"]) for doc in json_lines(self.out.read_text())
-                if doc.get("result") in ("accepted", "duplicate") and "source_lead_id" in doc}
+        with self._answered:
+            return {str(doc["source_lead_id"]) for doc in self.answers
+                    if doc.get("result") in ("accepted", "duplicate")
+                    and "source_lead_id" in doc}
 
     def finish(self, timeout: float = 300) -> int:
         self._feeder.join(timeout)
         code = self.proc.wait(timeout=timeout)
-        self._out.close()
+        self._reader.join(timeout)
         self._err.close()
         return code
 
@@ -457,6 +478,16 @@ def _confirmed(out: Path) -> int:
                for doc in json_lines(out.read_text()) if "confirmed" in doc)
 
 
+def _running(proc: subprocess.Popen[str], log: Path) -> None:
+    """Until ``start`` holds the lock and has said so (its ``runner.started`` line): a
+    start that meets no writable host at its own start-up exits 74 at once, as one-shot
+    commands do; riding through is for a running worker."""
+    wait(lambda: proc.poll() is not None or '"runner.started"' in log.read_text(), 60,
+         "start to hold the lock")
+    if proc.poll() is not None:
+        raise RuntimeError(f"start exited {proc.returncode}: {log.read_text()[-500:]}")
+
+
 def race_round(index: int, n: int, seed: int) -> dict[str, Any]:
     from harness.pgpair import make_pair
 
@@ -557,7 +588,8 @@ def sync_round(index: int, n: int, callers: int, seed: int) -> dict[str, Any]:
             wait(lambda: len(feeding.acked()) >= 1, 60, "the first acknowledgement")
             worker = _start(db, scope, target, work / "start.log", work / "start.out",
                             *pace)
-            time.sleep(rng.uniform(0.2, 2.5))  # a random moment during the intake
+            _running(worker, work / "start.log")
+            time.sleep(rng.uniform(0, 2.0))  # a random moment during the intake
         else:
             acked0 = accept_all(db, scope, ids, callers, work)
             worker = _start(db, scope, target, work / "start.log", work / "start.out",
@@ -589,6 +621,7 @@ def sync_round(index: int, n: int, callers: int, seed: int) -> dict[str, Any]:
         result: dict[str, Any] = {
             "round": index, "moment": moment, "leads": n, "pair_seconds": round(pair_seconds, 3),
             "rows_at_kill": at_kill, "start_exit": code,
+            "start_errors": [x.get("message") for x in lines if x.get("level") == "error"],
             "promotion_seconds": round(promotion, 3),
             "failover_seconds": round(first - t_kill, 3) if first is not None else None,
             "reconnect_attempts": int(lines[back].get("count", 0)) if back is not None else None,

@@ -20,6 +20,12 @@ from runner.io.postgres.lock import FENCE_LOST, Fence
 class FencedMark(PostgresBase):
     """Overrides ``DeliveryOps._marking`` and ``DeliveryOps._marking_batch``."""
 
+    #: a batch's mark and its seq are one transaction (``DeliveryOps.mark_batch``): an
+    #: accept beside it takes ``lead_counts`` then the outbox counter, the mark's update
+    #: the counter then ``lead_counts``, so the server may abort the mark as a deadlock
+    #: victim; it is run again, as a single statement is (``PostgresBase._fetch``)
+    mark_attempts = 5
+
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
         if (fence := self._fence) is None:
             return await self.fetch("finish_and_mark", **params)
