@@ -99,10 +99,10 @@ PENDING = ("prepared", "in_flight", "failed_safe")
 SIZES: dict[str, dict[str, int]] = {
     "full": {"lag_leads": 3000, "lag_rounds": 5, "sqlite_leads": 300, "sqlite_rounds": 4,
              "race_rounds": 5, "race_leads": 300, "sync_failovers": 20, "sync_leads": 2000,
-             "callers": 4},
+             "callers": 4, "lag_intake_seconds": 8, "sqlite_callers": 2},
     "quick": {"lag_leads": 300, "lag_rounds": 1, "sqlite_leads": 60, "sqlite_rounds": 1,
               "race_rounds": 1, "race_leads": 60, "sync_failovers": 2, "sync_leads": 2000,
-              "callers": 3},
+              "callers": 3, "lag_intake_seconds": 3, "sqlite_callers": 1},
 }
 
 
@@ -237,17 +237,22 @@ def accept_all(db: str, scope: Path, ids: list[int], n: int, work: Path,
 
 
 def records(db: str) -> dict[str, dict[str, Any]]:
-    proc = cli("status", "--db", db, "--records")
-    if proc.returncode != 0:
-        raise RuntimeError(f"status exited {proc.returncode}: {proc.stderr[-300:]}")
-    return {str(r["source_lead_id"]): r for r in json_lines(proc.stdout)}
+    """Every record's state, read from the store with its own driver (a read, as
+    ``bench/kill9.py`` reads it: no process per look)."""
+    from harness.invariants import query
+
+    return {str(k): {"state": str(s)} for k, s in query(
+        db, "SELECT source_lead_id, state FROM {t}leads")}
 
 
 def counts(db: str) -> dict[str, int]:
-    proc = cli("status", "--db", db)
-    if proc.returncode != 0:
+    from harness.invariants import query
+
+    try:
+        return {str(s): int(n) for s, n in query(
+            db, "SELECT state, count(*) FROM {t}leads GROUP BY state")}
+    except Exception:  # no writable host yet: not settled
         return {}
-    return dict(json.loads(proc.stdout)["counts"])
 
 
 def settled(db: str) -> bool:
@@ -321,7 +326,8 @@ def scope_file(work: Path) -> Path:
 
 # -- async-lag ----------------------------------------------------------------------------
 
-def lag_round(index: int, n: int, callers: int, variant: str, seed: int) -> dict[str, Any]:
+def lag_round(index: int, n: int, callers: int, variant: str, seed: int,
+              intake_seconds: float = 8) -> dict[str, Any]:
     from harness.pgpair import make_pair
 
     rng = random.Random(f"{seed}:lag:{variant}:{index}")
@@ -338,7 +344,8 @@ def lag_round(index: int, n: int, callers: int, variant: str, seed: int) -> dict
             replayed: set[str] = set(acked)
             feeding = None
         else:  # the callers go on through the cut and the delivery, until the kill
-            feeding = Callers(db, scope, ids, callers, work, rate=n / callers / 8)
+            feeding = Callers(db, scope, ids, callers, work,
+                              rate=n / callers / intake_seconds)
             wait(lambda: len(feeding.acked()) >= n // 3, 120, "a third acknowledged")
             replayed = feeding.acked()  # each answered after its commit: all replayed by
             pair.wait_replayed()        # the time the standby has the primary's WAL now
@@ -388,7 +395,7 @@ def lag_round(index: int, n: int, callers: int, variant: str, seed: int) -> dict
 
 # -- sqlite -------------------------------------------------------------------------------
 
-def _sqlite_round(index: int, n: int, how: str, seed: int) -> dict[str, Any]:
+def _sqlite_round(index: int, n: int, how: str, seed: int, callers: int = 2) -> dict[str, Any]:
     rng = random.Random(f"{seed}:sqlite:{how}:{index}")
     work = Path(tempfile.mkdtemp(prefix="runner-forget-sqlite-"))
     try:
@@ -402,13 +409,13 @@ def _sqlite_round(index: int, n: int, how: str, seed: int) -> dict[str, Any]:
 
         if how == "restored":
             accepted_at_copy = rng.randint(1, n)
-            accept_all(str(db), scope, ids[:accepted_at_copy], 2, work, tag="a")
+            accept_all(str(db), scope, ids[:accepted_at_copy], callers, work, tag="a")
             delivered_at_copy = rng.randint(0, accepted_at_copy)
             if delivered_at_copy:
                 once("--dispatch-limit", str(delivered_at_copy))
             copy = work / "backup.db"
             shutil.copyfile(db, copy)  # the store is closed between commands: one file
-            accept_all(str(db), scope, ids[accepted_at_copy:], 2, work, tag="b")
+            accept_all(str(db), scope, ids[accepted_at_copy:], callers, work, tag="b")
             once()
             result.update(copy_after_accepted=accepted_at_copy,
                           copy_after_delivered=delivered_at_copy)
@@ -416,7 +423,7 @@ def _sqlite_round(index: int, n: int, how: str, seed: int) -> dict[str, Any]:
                 Path(f"{db}{side}").unlink(missing_ok=True)
             shutil.copyfile(copy, db)
         else:
-            accept_all(str(db), scope, ids, 2, work, tag="a")
+            accept_all(str(db), scope, ids, callers, work, tag="a")
             delivered = rng.randint(1, n)
             once("--dispatch-limit", str(delivered))
             result["delivered_before_loss"] = delivered
@@ -427,7 +434,7 @@ def _sqlite_round(index: int, n: int, how: str, seed: int) -> dict[str, Any]:
             for side in ("-wal", "-shm"):
                 Path(f"{db}{side}").unlink(missing_ok=True)
         result["rows_before_reaccept"] = target_rows(target).total()
-        acked = accept_all(str(db), scope, ids, 2, work, tag="again")  # the same events
+        acked = accept_all(str(db), scope, ids, callers, work, tag="again")  # the same events
         first = once()
         result["once_exit"] = first.returncode
         lines = json_lines(first.stderr)
@@ -698,13 +705,14 @@ def run_mode(mode: str, sizes: dict[str, int], args: argparse.Namespace) -> dict
         n = args.leads or sizes["lag_leads"]
         for i in range(args.rounds or sizes["lag_rounds"]):
             for variant in _chosen(args, ("after-intake", "during-lag")):
-                rounds.append(lag_round(i, n, sizes["callers"], variant, seed))
+                rounds.append(lag_round(i, n, sizes["callers"], variant, seed,
+                                        sizes["lag_intake_seconds"]))
                 _progress(mode, rounds[-1])
     elif mode == "sqlite":
         n = args.leads or sizes["sqlite_leads"]
         for i in range(args.rounds or sizes["sqlite_rounds"]):
             for how in _chosen(args, ("emptied", "deleted", "restored")):
-                rounds.append(_sqlite_round(i, n, how, seed))
+                rounds.append(_sqlite_round(i, n, how, seed, sizes["sqlite_callers"]))
                 _progress(mode, rounds[-1])
     elif mode == "race":
         n = args.leads or sizes["race_leads"]
