@@ -29,8 +29,8 @@ Figures per run: ``failover`` = first confirmation - ``t_kill`` (what a user see
 ``t_ready`` - ``t_kill``; ``lag`` = first confirmation - ``t_ready`` (runner's share: the
 backoff's wait for the next attempt, the reconnect, the lock, recovery and the first
 batch).  Times are wall-clock (runner's log lines are), on one machine.  A failover on a
-primary/standby pair (promotion instead of a restart) is measured after that fixture
-lands; the same script then takes its time from the promotion.
+primary/standby pair (a promotion instead of a restart) is measured the same way by
+``python -m bench forget --mode sync`` (bench/forget.py), beside the promotion time.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@
     python -m bench accept-scale  # accept rate at 1M leads vs at the start (bench/accept_scale.py)
     python -m bench resolve    # resolve --all vs one resolve per record (bench/resolve.py)
     python -m bench failover   # start through a kill -9 of its PostgreSQL (bench/failover.py)
+    python -m bench forget     # failovers and lost stores, nothing twice (bench/forget.py)
 
 Seeded; every ratio is against a baseline measured in the same run on the same disk.
 The last line is the table as JSON; a full run (with every benchmark, not ``--only``)
@@ -80,6 +81,7 @@ SUBCOMMANDS = {
     "accept-scale": "bench.accept_scale",  # accept at 100k vs 1M leads (issue 21)
     "resolve": "bench.resolve",  # resolve --all vs one resolve per record (issue 29)
     "failover": "bench.failover",  # start through a kill -9 of its server (issue 30)
+    "forget": "bench.forget",  # failovers, emptied and restored stores (issue 30 proof)
 }
 
 

@@ -775,6 +775,48 @@ def _render_failover(doc: dict[str, Any]) -> str:
         f"uncertain: {sum(r['uncertain'] for r in runs)} of {doc['leads'] * len(runs):,}."])
 
 
+def _render_forget(doc: dict[str, Any]) -> str:
+    """``python -m bench forget``: failovers on a real pair, SQLite stores emptied,
+    deleted or restored; rows per lead at the target, what runner said."""
+    what = {"async-lag": "asynchronous pair, standby cut off, half delivered, failover",
+            "sqlite": "SQLite store emptied, deleted or restored from an earlier copy",
+            "race": "two workers racing for the promoted standby",
+            "sync": "synchronous pair, failover during intake or delivery"}
+    rows = ["| campaign | rounds | leads at the end | duplicated | acknowledged lost | "
+            "uncertain | unsettled | passed |", "|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for mode, m in doc["modes"].items():
+        t = m["totals"]
+        leads = sum(int(r.get("leads_in_store", 0)) for r in m["rounds"])
+        rows.append(f"| {what.get(mode, mode)} | {len(m['rounds'])} | {leads:,} | "
+                    f"{t['duplicated']} | {t['lost_acknowledged']} | {t['uncertain']} | "
+                    f"{t['unsettled']} | {'yes' if m['ok'] else '**no**'} |")
+        if m.get("failover_seconds"):
+            f, p = m["failover_seconds"], m["promotion_seconds"]
+            notes.append(f"* **{mode}**: the primary's death to the first confirmed delivery "
+                         f"through the new primary: median {f['median']:.2f} s, max "
+                         f"{f['max']:.2f} s ({f['n']} failovers); the promotion itself: "
+                         f"median {p['median']:.2f} s, max {p['max']:.2f} s.")
+        if mode == "async-lag":
+            notes.append(f"* **{mode}**: acknowledged events lost while the standby was cut "
+                         f"off: {m['lost_acknowledged_during_lag']} of "
+                         f"{m['acknowledged_after_last_replay']} acknowledged after it last "
+                         "had everything; outside that window: "
+                         f"{sum(r.get('lost_outside_the_warned_window', 0) for r in m['rounds'])}"
+                         "; before the cut runner "
+                         f"said: \"{_cell(m['warning_before_the_cut']['detail'])}\".")
+        said = next((x["message"] for r in m["rounds"] for x in r.get("runner_said", [])
+                     if x.get("action") == "store.rewound"), None)
+        if said:
+            notes.append(f"* **{mode}**, runner's log: \"{_cell(said)}\".")
+        refused = next((r["refused"] for r in m["rounds"] if r.get("refused")), None)
+        if refused:
+            notes.append(f"* **{mode}**, an emptied or deleted store: `once` exits 78: "
+                         f"\"{_cell(refused)}\".")
+    return "\n".join([_provenance(doc) + f" Wall time {doc['seconds']} s.", "", *rows, "",
+                      *notes])
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "accept-scale": _render_accept_scale,
     "accept-scale-random": _render_accept_scale,
@@ -804,6 +846,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "spin": _render_spin,
     "spin-deep": _render_spin_deep,
     "failover": _render_failover,
+    "forget": _render_forget,
 }
 
 

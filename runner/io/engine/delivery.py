@@ -198,6 +198,11 @@ def lead_works(rows: Sequence[Row]) -> list[LeadWork]:
 
 
 class DeliveryOps(Db):
+    #: how many times the transaction of :meth:`mark_batch` runs when the store aborts it
+    #: as a deadlock victim (``StoreBusy``): once here; the PostgreSQL store runs it again
+    #: (``runner.io.postgres.delivery``), as it runs a single statement again
+    mark_attempts = 1
+
     async def pinned_target(self) -> str | None:
         rows = await self.fetch("pinned_target")
         return str(rows[0][0]) if rows else None
@@ -281,15 +286,27 @@ class DeliveryOps(Db):
         failure: str | None = None,
     ) -> tuple[dict[WriteId, int], int]:
         """``finish_and_mark_batch`` (fenced on PostgreSQL) and the seq the batch carries,
-        in one transaction; no seq (0) when no record was marked."""
+        in one transaction; no seq (0) when no record was marked.  A transaction aborted
+        as a deadlock victim was rolled back whole (nothing marked, so nothing is sent):
+        it is run again, up to ``mark_attempts`` times in all."""
+        from runner.errors import StoreBusy
+
         params = batch_params(done, next_ids, now, retry_at, reason, failure)
-        async with self.transaction():
-            rows = await self._marking_batch(params)
-            marked: dict[WriteId, int] = batch_result(rows, done, next_ids)
-            if not marked:
-                return marked, 0
-            seq = (await self.fetch("next_batch_seq"))[0]
-        return marked, seq_of(int(seq[0]), int(seq[1]))
+        for attempt in range(1, self.mark_attempts + 1):
+            try:
+                async with self.transaction():
+                    rows = await self._marking_batch(params)
+                    marked: dict[WriteId, int] = batch_result(rows, done, next_ids)
+                    if not marked:
+                        return marked, 0
+                    seq = (await self.fetch("next_batch_seq"))[0]
+            except StoreBusy:
+                if attempt == self.mark_attempts:
+                    raise
+                await anyio.sleep(0.01 * attempt)
+                continue
+            return marked, seq_of(int(seq[0]), int(seq[1]))
+        raise AssertionError("unreachable")
 
     async def _marking_batch(self, params: dict[str, Any]) -> Sequence[Row]:
         """Hook: run ``finish_and_mark_batch`` for a step that marks records in flight."""

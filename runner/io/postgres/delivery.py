@@ -20,6 +20,12 @@ from runner.io.postgres.lock import FENCE_LOST, Fence
 class FencedMark(PostgresBase):
     """Overrides ``DeliveryOps._marking`` and ``DeliveryOps._marking_batch``."""
 
+    #: a batch's mark and its seq are one transaction (``DeliveryOps.mark_batch``), which
+    #: takes ``lead_counts`` before the outbox counter, as an accept does
+    #: (``_lock_lead_counts``); aborted as a deadlock victim all the same (by another
+    #: writer), it is run again, as a single statement is (``PostgresBase._fetch``)
+    mark_attempts = 5
+
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
         if (fence := self._fence) is None:
             return await self.fetch("finish_and_mark", **params)
@@ -27,6 +33,8 @@ class FencedMark(PostgresBase):
                                            **self._live(fence).params()))
 
     async def _marking_batch(self, params: dict[str, Any]) -> Sequence[Row]:
+        if self._inside():  # mark_batch's transaction: the accept's lock order first
+            await self.fetch("_lock_lead_counts")
         if (fence := self._fence) is None:
             return await self.fetch("finish_and_mark_batch", **params)
         return self._held(await self.fetch("_finish_and_mark_batch_fenced", **params,

@@ -413,6 +413,14 @@ SELECT pg_catalog.pg_postmaster_start_time() = :started::timestamptz AND EXISTS 
       AND l.database = (SELECT oid FROM pg_catalog.pg_database
                         WHERE datname = current_database())) AS held
 
+-- name: _lock_lead_counts
+-- the kept counts per state, locked first by a transaction that marks a batch in flight
+-- (DeliveryOps.mark_batch): an accept locks them before the outbox counter (its statement
+-- triggers fire in name order, lead_counts_insert then leads_accepted), a mark's
+-- leads_updated trigger the counter before them; taking them first keeps one order, so
+-- an accept beside a mark waits instead of deadlocking
+SELECT state FROM {s}.lead_counts ORDER BY state FOR UPDATE
+
 -- name: _finish_and_mark_batch_fenced
 -- finish_and_mark_batch while this store holds the worker lock: nothing at all changes
 -- once the lock's session (:pid) no longer holds the advisory lock (as
