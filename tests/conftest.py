@@ -118,8 +118,8 @@ CAMPAIGNS = (
     "tests/test_pipeline_processes.py::test_four_worker_processes_share_a_backlog_none_lost_",
     "tests/test_model.py::test_delivery_model",
     "tests/test_disk_full.py::test_a_real_full_filesystem",
-    "tests/test_lock_trials.py::test_100_second_workers_refused_then_the_next_one_recovers",
-    "tests/test_io_countdown.py::test_countdown_until_a_whole_run_completes[postgres-",
+    # (the PostgreSQL countdown and the 100 refused workers are slow but not CPU-bound
+    # campaigns: they run with the parallel slow tests)
     # the store-memory campaigns of issue 30 at their smallest sizes (bench/forget.py)
     "tests/test_forget.py::",
 )
