@@ -128,19 +128,15 @@ class MarkStore(Protocol):
         history could have sent becomes uncertain, tagged ``rewound``."""
         ...
 
-    async def tag_rewind(self, reason: str, now: datetime, until: datetime) -> None:
-        """Every record a forgotten history could have sent becomes uncertain, tagged
-        ``rewound``; the rewind is pending with ``reason``; records accepted until
-        ``until`` are looked up by key before they are sent."""
+    async def begin_fenced_epoch(self, epoch: int, reason: str | None, now: datetime, *,
+                                 until: datetime) -> StoreMark:
+        """The epoch whose fence the target holds now (with ``reason``: a rewind's tags),
+        and that it stands, in one transaction."""
         ...
 
     async def key_check(self, reason: str, now: datetime) -> int:
         """Prepared and failed_safe records become uncertain, tagged ``rewound`` (read
         back by key before they are sent); how many."""
-        ...
-
-    async def fence_raised(self, epoch: int, now: datetime) -> bool:
-        """Record that the target's fence stands at ``epoch``."""
         ...
 
     async def rewound_page(self, after_seq: int, limit: int) -> Sequence[Any]:

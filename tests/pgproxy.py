@@ -15,6 +15,10 @@ message (the v3 protocol: a type byte, a length, a body).  Its ``mode``:
   the client's timeout, or a test that acts at that moment (stops the server) and then
   lets go.
 
+``on=b"COMMIT"`` (with ``skip``: the first ones pass) interferes with an explicit
+transaction's COMMIT instead of an INSERT's answer: a marked batch of the table target is
+one such transaction (its rows and its mark), and so is the fence every start raises.
+
 Give the client ``sslmode=disable`` (the proxy reads the plain protocol; it still passes
 a refused SSL request's one-byte answer).  Only the first INSERT of the proxy's life is
 interfered with unless ``every`` is set.
@@ -39,10 +43,15 @@ Mode = Literal["pass", "drop", "hold"]
 
 class PgProxy:
     def __init__(self, upstream_port: int, mode: Mode = "pass", *, every: bool = False,
-                 upstream_host: str = "127.0.0.1") -> None:
+                 upstream_host: str = "127.0.0.1", on: bytes = b"INSERT",
+                 skip: int = 0) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.mode = mode
         self.every = every
+        #: the command whose completion is interfered with (``INSERT``: a statement in
+        #: its own implicit transaction; ``COMMIT``: an explicit transaction's end, as a
+        #: marked batch's), after ``skip`` of them passed
+        self.on, self.skip = on, skip
         self.committed = threading.Event()
         self.release = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -119,6 +128,9 @@ class PgProxy:
         with self._lock:
             if self.mode == "pass" or (self._fired and not self.every):
                 return False
+            if self.skip:
+                self.skip -= 1
+                return False
             self._fired = True
             return True
 
@@ -132,7 +144,7 @@ class PgProxy:
                 client.sendall(reader.take(1))
             while True:
                 kind, message = reader.message()
-                if kind == b"C" and message[5:].startswith(b"INSERT") and self._arm():
+                if kind == b"C" and message[5:].startswith(self.on) and self._arm():
                     withholding = True
                 if not withholding:
                     client.sendall(message)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,11 @@ def _settled(store: CliStore, cluster: Cluster, schema: str, table: tuple[str, .
     them; then every record is confirmed with exactly one row."""
     again = store.cli("once", *table, "--retry-base", "0", "--retry-cap", "0")
     assert (again["recovered"], again["requeued"], again["confirmed"]) == (0, N, N), again
+    _held_once(store, cluster, schema)
+
+
+def _held_once(store: CliStore, cluster: Cluster, schema: str) -> None:
+    """Every record confirmed, with exactly one row."""
     assert {r["state"] for r in store.all_records()} == {"confirmed"}
     held = cluster.fetch(f"SELECT write_id, count(*) FROM {schema}.leads GROUP BY 1")
     assert sorted(w for w, _ in held) == sorted(r["write_id"] for r in store.all_records())
@@ -147,19 +153,24 @@ def test_a_server_that_goes_down_in_the_middle_of_a_batch_loses_and_duplicates_n
     finally:
         child.kill()
     summary = json.loads(child.out[-1])
-    assert (summary["dispatched"], summary["uncertain"], summary["confirmed"]) == (N, N, 0)
-    assert {r["state"] for r in store.all_records()} == {"uncertain"}
-    # what happened, for the operator: the connection was lost during the statement
-    # (after a fast shutdown, with the server's own words in last_error)
-    left = _uncertain(store)
-    assert {r["last_failure"] for r in left} == {"dropped"}
+    # a marked batch is one transaction with its mark (SPEC E8): a session lost before
+    # its COMMIT applied nothing, so the batch is "not sent" (failed_safe), not uncertain
+    assert (summary["dispatched"], summary["failed_safe"], summary["uncertain"],
+            summary["confirmed"]) == (N, N, 0, 0)
+    records = store.all_records()
+    assert {r["state"] for r in records} == {"failed_safe"}
+    assert {r["last_failure"] for r in records} == {"not_sent"}  # for the operator
+    assert all("before its commit" in str(r["last_error"]) for r in records)
     if stop == "fast":
-        assert all("administrator command" in str(r["last_error"]) for r in left)
+        assert all("administrator command" in str(r["last_error"]) for r in records)
     up.start()
     up.execute(f"DROP TRIGGER slow_insert ON {schema}.leads")
-    # the statement was rolled back with the session: no row of the batch exists
+    # the transaction was rolled back with the session: no row of the batch exists
     assert up.fetch(f"SELECT count(*) FROM {schema}.leads") == [(0,)]
-    _settled(store, up, schema, table)
+    due = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    again = store.cli("once", *table, "--now", due)  # past the retry's backoff
+    assert (again["recovered"], again["requeued"], again["confirmed"]) == (0, 0, N), again
+    _held_once(store, up, schema)
 
 
 @pytest.mark.slow
@@ -167,7 +178,12 @@ def test_a_server_that_goes_down_after_committing_a_batch_is_confirmed_by_readba
         up: Cluster, schema: str, workdir: Path, scope_file: Path) -> None:
     table = ("--target-table", f"{schema}.leads")
     store = _store(workdir, scope_file, N, up.dsn())
-    with PgProxy(up.port, "hold") as proxy:
+    prepared = PgTableTarget(up.dsn(), f"{schema}.leads")  # the table and its mark table
+    prepared.prepare_writes(True)
+    prepared.close()
+    # through the proxy the run's check of the mark table commits first, then the start's
+    # fence, then the batch (its rows and its mark): the third COMMIT is held
+    with PgProxy(up.port, "hold", on=b"COMMIT", skip=2) as proxy:
         child = Child("once", "--db", store.db, "--scope", scope_file, "--target",
                       proxy.dsn(up.superuser, "postgres"), *table, "--target-timeout",
                       "300", "--log-format", "json")

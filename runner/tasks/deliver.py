@@ -30,7 +30,7 @@ import anyio
 
 from runner import crashpoints
 from runner.clock import Clock
-from runner.errors import StoreError
+from runner.errors import StoreError, TargetUnavailable
 from runner.leads.failures import FAILURES
 from runner.leads.marks import BatchMark
 from runner.leads.pacing import Backoff
@@ -478,7 +478,12 @@ async def run_cycle(
     batch_size = port.batch_size(batch_size)  # no more than the adapter takes
     try:
         if port.marks and port.fence_pending:  # not raised at the start: try again first
-            await rewind.check_marks(store, port, clock)
+            try:
+                await rewind.check_marks(store, port, clock)
+            except TargetUnavailable as exc:  # the target is down: next cycle, again
+                port.fence_pending = True
+                log.warning("%s", exc.message, extra={"action": "store.fence_failed",
+                                                      "reason": exc.reason})
         await rewind.check_keys(store, port, clock)
         rewound = await rewind.read_rewound(store, port, clock, batch_size, backoff)
         summary.reconciled += rewound.confirmed + rewound.adopted

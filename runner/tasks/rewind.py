@@ -28,11 +28,12 @@ mark it reads is ahead misses forgotten requests still on their way, which land 
 
 What a rewind does, in this order, each step committed before the next:
 
-1. a new epoch above both the store's and the target's, and every record that could
-   have been sent (prepared, failed_safe, in_flight, uncertain) becomes uncertain, tagged
-   ``rewound`` (``begin_epoch``; ``tag_rewind`` when the fence's answer is what shows it);
-2. the target's fence is raised to the new epoch with a row-less mark (as at every
-   start): from then on a request of the forgotten history still on its way is refused;
+1. the target's fence is raised to a new epoch above both the store's and the target's,
+   with a row-less mark (as at every start): from then on a request of the forgotten
+   history still on its way is refused;
+2. in one transaction, the store takes that epoch and every record that could have been
+   sent (prepared, failed_safe, in_flight, uncertain) becomes uncertain, tagged
+   ``rewound`` (``begin_fenced_epoch``);
 3. every rewound record is read back (:func:`read_rewound`, before the reconcile pass
    and any dispatch of the cycle): by write_id, and, when that finds nothing, by its
    business key (tenant, source_lead_id), since a record accepted again after the loss
@@ -174,33 +175,37 @@ def _behind(held: TargetMark, remembered: int) -> str:
 
 async def fence(store: DeliveryStore, port: CRMRecordPort, clock: Clock, held: TargetMark,
                 reason: str | None) -> None:
-    """Raise the target's fence to a new epoch above ``held`` (at every start, so that no
-    request sent before it, by this history or a forgotten one, can apply after it), and
-    rewind (steps 1 and 2 of the module) when ``reason`` says why, or when the mark the
-    fence replaced shows batches the store does not remember (they landed after the
-    target was read).  Step 3 is :func:`read_rewound`, at the start of each cycle until
-    it is done."""
+    """Raise the target's fence to a new epoch above ``held`` and the store's own (at
+    every start, so that no request sent before it, by this history or a forgotten one,
+    can apply after it), and rewind (steps 1 and 2 of the module) when ``reason`` says
+    why, or when the mark the fence replaced shows batches the store does not remember
+    (they landed after the target was read).  Step 3 is :func:`read_rewound`, at the
+    start of each cycle until it is done.
+
+    The store changes only once the fence stands, in one transaction: the new epoch, the
+    rewind's tags when there is one, and the record that the fence stands.  So a start
+    that stops half-way (the raise fails, the process dies before or after it) leaves the
+    store as it was, remembering no more than before; the next start reads a target
+    ahead of it (the fence, if it was raised) and rewinds.  (The delivery model found the
+    duplicate that committing the epoch before the raise allowed: the store's own mark
+    then moved above a forgotten batch that landed while the fence was not up.)"""
     own = await store.store_mark()
     replaces, remembered = own.adopting, own.seq
     port.fence_pending = False
-    if reason is not None:
-        _say(reason)
-    mark = await store.begin_epoch(epoch_of(held.seq), reason, clock.now(),
-                                   tag=reason is not None, until=clock.now() + KEY_CHECK)
+    epoch = max(own.epoch, epoch_of(held.seq)) + 1
     for attempt in range(RAISES):
         try:
-            replaced = await port.raise_mark(
-                BatchMark(mark.store_id, seq_of(mark.epoch, 0)), replaces)
+            replaced = await port.raise_mark(BatchMark(own.store_id, seq_of(epoch, 0)),
+                                             replaces)
         except StaleMark as exc:  # raised higher meanwhile: above it, once more
             if attempt + 1 == RAISES:
                 raise TargetUnavailable(f"the target's fence could not be raised: "
                                         f"{exc}") from None
-            reason = await _forgot(store, clock, exc.held, own.store_id, remembered, reason)
-            mark = await store.begin_epoch(epoch_of(exc.held.seq), None, clock.now(),
-                                           tag=False)
+            reason = reason or _forgot(exc.held, own.store_id, remembered)
+            epoch = max(epoch, epoch_of(exc.held.seq)) + 1
             continue
         except ForeignMark as exc:
-            raise _owned(exc.held, mark.store_id) from None
+            raise _owned(exc.held, own.store_id) from None
         except Exception as exc:  # noqa: BLE001 - each cycle tries again; nothing sent
             kind, words = describe_failure(exc)
             port.fence_pending = True
@@ -208,29 +213,24 @@ async def fence(store: DeliveryStore, port: CRMRecordPort, clock: Clock, held: T
                         "until it is (each cycle tries again)", kind, words,
                         extra={"action": "store.fence_failed", "reason": kind})
             return
-        await _forgot(store, clock, replaced, own.store_id, remembered, reason)
+        reason = reason or _forgot(replaced, own.store_id, remembered)
         break
-    await store.fence_raised(mark.epoch, clock.now())
-    log.debug("fence raised at epoch %d", mark.epoch,
-              extra={"action": "store.fenced", "count": mark.epoch})
+    if reason is not None:
+        log.warning("the store is behind its target: %s; reading back before sending",
+                    reason, extra={"action": "store.rewind", "reason": "behind_target"})
+    now = clock.now()
+    await store.begin_fenced_epoch(epoch, reason, now, until=now + KEY_CHECK)
+    log.debug("fence raised at epoch %d", epoch,
+              extra={"action": "store.fenced", "count": epoch})
 
 
-def _say(reason: str) -> None:
-    log.warning("the store is behind its target: %s; reading back before sending", reason,
-                extra={"action": "store.rewind", "reason": "behind_target"})
-
-
-async def _forgot(store: DeliveryStore, clock: Clock, found: TargetMark, store_id: str,
-                  remembered: int, reason: str | None) -> str | None:
-    """A mark found while raising the fence that is newer than what the store remembers
-    (a forgotten batch that landed after the target was read): tag the rewind now, if it
-    is not tagged yet.  Returns the rewind's reason (None: none)."""
-    if reason is not None or found.owner != store_id or found.seq <= remembered:
-        return reason
-    reason = _behind(found, remembered)
-    _say(reason)
-    await store.tag_rewind(reason, clock.now(), clock.now() + KEY_CHECK)
-    return reason
+def _forgot(found: TargetMark, store_id: str, remembered: int) -> str | None:
+    """Why a mark found while raising the fence shows that the store forgot (a batch of
+    this store newer than the one it remembers, which landed after the target was read);
+    None: it does not."""
+    if found.owner != store_id or found.seq <= remembered:
+        return None
+    return _behind(found, remembered)
 
 
 @dataclass

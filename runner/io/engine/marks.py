@@ -18,6 +18,7 @@ from runner.clock import to_text
 from runner.ids import WriteId, seq_of
 from runner.io.engine.base import Row
 from runner.io.engine.delivery import DeliveryOps, last_error
+from runner.leads.states import IllegalTransition
 
 
 class StoreMark(NamedTuple):
@@ -75,15 +76,25 @@ class MarkOps(DeliveryOps):
                                     now=at, until=to_text(until or now)))[0]
         return store_mark(row)
 
-    async def tag_rewind(self, reason: str, now: datetime, until: datetime) -> None:
-        """Every record a forgotten history could have sent becomes uncertain, tagged
-        ``rewound``, and the store's rewind is pending with ``reason`` (one
-        transaction)."""
+    async def begin_fenced_epoch(self, epoch: int, reason: str | None, now: datetime, *,
+                                 until: datetime) -> StoreMark:
+        """The epoch whose fence the target holds now, in one transaction: the store's
+        epoch (counter 0), with ``reason`` every record a forgotten history could have
+        sent tagged ``rewound`` (and records sent until ``until`` looked up by key), and
+        the record that the fence stands."""
         at = to_text(now)
         async with self.transaction():
-            await self.execute("rewind_mark_sendable", now=at)
-            await self.execute("rewind_tag", now=at, reason=last_error(reason))
-            await self.execute("set_rewind", reason=reason, now=at, until=to_text(until))
+            if reason is not None:
+                await self.execute("rewind_mark_sendable", now=at)
+                await self.execute("rewind_tag", now=at, reason=last_error(reason))
+            row = (await self.fetch("begin_epoch", min_epoch=epoch - 1, reason=reason,
+                                    now=at, until=to_text(until)))[0]
+            mark = store_mark(row)
+            if mark.epoch != epoch or not await self.fetch("fence_raised", epoch=epoch,
+                                                           now=at):
+                raise IllegalTransition(f"the store's epoch is {mark.epoch}, not the "
+                                        f"fence's {epoch}: another worker holds the lock?")
+        return mark._replace(fenced=True)
 
     async def key_check(self, reason: str, now: datetime) -> int:
         """Every prepared and failed_safe record becomes uncertain, tagged ``rewound``, so
@@ -96,11 +107,6 @@ class MarkOps(DeliveryOps):
                 await self.execute("key_check_tag", now=at, reason=last_error(reason))
                 await self.execute("key_check_pending", reason=reason, now=at)
         return moved
-
-    async def fence_raised(self, epoch: int, now: datetime) -> bool:
-        """Record that the target's fence stands at ``epoch`` (False: the store began
-        another epoch meanwhile)."""
-        return bool(await self.fetch("fence_raised", epoch=epoch, now=to_text(now)))
 
     async def rewound_page(self, after_seq: int, limit: int) -> list[Row]:
         return list(await self.fetch("rewound_page", after_seq=after_seq, limit=limit))

@@ -537,9 +537,6 @@ UPDATE {s}.leads SET state = 'uncertain', updated_at = :now, last_error = :reaso
     last_failure = 'rewound'
 WHERE state IN ('in_flight', 'uncertain')
 
--- name: set_rewind
-UPDATE {s}.store_marks SET rewind = :reason, updated_at = :now, key_check_until = :until
-
 -- records accepted after a rewind, before they are sent (SPEC E8): looked up by key
 -- name: key_check_tag
 UPDATE {s}.leads SET state = 'uncertain', updated_at = :now, last_error = :reason,
