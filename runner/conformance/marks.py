@@ -29,9 +29,9 @@ refuses applying nothing.  The kit proves each part on the real target, in this 
     as both rows, exactly; a key without rows finds none.
 ``marks: concurrent marked batches``
     after a fence, two adapters in two threads, released together, send batches of one
-    store with two seqs of its epoch, several times: the newer always applies, the older applies only if it came
-    first (else ``StaleMark``); every batch is whole or absent, and the target holds the
-    newer seq.
+    store with two seqs of its epoch, several times: the newer always applies, the older
+    applies only if it came first (else ``StaleMark``); every batch is whole or absent,
+    and the target holds the newer seq.
 
 Every read is through a second ``healthy()`` adapter (opened once for the proof, so a
 cache of what the writing adapter sent cannot pass) and exact (types included).  The
