@@ -600,7 +600,8 @@ def _render_spin(doc: dict[str, Any]) -> str:
             "states until found |", "|---|---|---|---|---|---|"]
     for c in mutated:
         m = changes[c["mutation"]]
-        label = " (a limit, not a bug: assumption A1)" if m["kind"] == "limit" else ""
+        label = {"limit": " (a limit, not a bug: assumption A1)",
+                 "finding": " (a finding: the code on main)"}.get(m["kind"], "")
         found = "yes" if c["result"] == "counterexample" else f"**no ({c['result']})**"
         muts.append(f"| `{c['mutation']}`{label} | {_cell(m['change'])} | `{c['config']}` | "
                     f"`{c['property']}` | {found} | {_states(c)} |")

@@ -25,15 +25,17 @@
  *
  * REWIND=1: the target marks batches (SPEC E8, issue 30; runner/leads/marks.py): every
  * in-flight mark takes the store's next counter (seq = epoch.counter, SEQ below) in its
- * commit, and the target applies a batch only if its seq is newer than the one it holds,
- * atomically with the rows (else StaleMark: nothing applied, the batch is failed-safe).
- * And the store may forget (MAXFORGET times): a Standby copies the whole store at some
- * moment, and later the store is that copy again (a promoted asynchronous standby, a
- * restored backup); the target and the requests in transit keep what they have.  Every
- * start, and every StaleMark answer, is a rewind: a new epoch above the store's and the
- * target's, the target's fence raised to it, then a readback of every record that could
- * have been sent, and only then dispatch (Worker: rewind).  REWIND=0: the model as it was.
- *
+ * commit; the target's rule (marks.judge) applies a fence (counter 0) only above the seq
+ * it holds, and a batch only in the epoch it holds, above its counter, atomically with the
+ * rows (else StaleMark: nothing applied, the batch is failed-safe).  And the store may
+ * forget (MAXFORGET times): a Standby copies the whole store at some moment, and later the
+ * store is that copy again (a promoted asynchronous standby, a restored backup); the
+ * target and the requests in transit keep what they have.  Every start raises the
+ * target's fence to a new epoch (Worker: check_marks, fence: runner.tasks.rewind), and
+ * rewinds (tags every record that could have been sent, reads each back after the fence)
+ * only when the mark read at the start, or the mark the fence replaced, is ahead of the
+ * store's, when a rewind was cut short before its fence stood, and after a StaleMark
+ * answer mid-run (refused).  REWIND=0: the model as it was.
  * Mutations (spin -DM_NAME): each is a one-line change that breaks one guarantee; SPIN
  * must find a counterexample for each (model/check.py, tests/test_spin_model.py).
  */
@@ -82,6 +84,8 @@
 #define CONFIRMED   3
 #define FAILED_SAFE 4
 #define UNCERTAIN   5
+#define REWOUND     6  /* REWIND: uncertain, tagged rewound (last_failure 'rewound'): read
+                          back by the rewind after the fence, never by reconcile */
 
 /* what a send came back with */
 #define NOT_SENT 1   /* BeforeWriteError: refused before sending, or rate limited (E2) */
@@ -168,18 +172,33 @@ byte resolves;     /* operator decisions so far */
 #define SEQ(e, c)    ((e) * 16 + (c))
 #define EPOCH_OF(s)  ((s) / 16)
 byte ep, ctr;      /* the store: its epoch, and the last counter it gave a batch */
-byte tseq;         /* the target: the highest seq it applied (TargetMark.seq) */
+bool rw;           /* the store: a rewind is pending (store_marks.rewind) */
+bool fenced;       /* the store: the target's fence stands at its epoch (fenced_epoch) */
+byte tseq;         /* the target: the seq it holds (TargetMark.seq; 0: no mark yet) */
 byte forgets;      /* times the store forgot so far */
 byte gen;          /* which copy of the store the workers talk to (bumped by a forget) */
 bool snapped;      /* the Standby holds a copy: */
 byte sst[N];       /*   each record's state */
 bool sunc[N];      /*   the ghost unc[], which follows the store's history */
 byte sep, sctr;    /*   the epoch and the counter */
+bool srw, sfenced; /*   the pending rewind, the fence flag */
+/* marks.judge: TargetMark(None, 0) (no mark yet) takes any mark; a fence (counter 0)
+   applies only above the seq held; a batch only in the epoch held, above its counter */
 #ifdef M_NO_MARK_CHECK
-#define FRESH(s)  true
+#define FENCE_OK(s)  true
+#define BATCH_OK(s)  true
 #else
-#define FRESH(s)  ((s) > tseq)   /* marks.judge: refuse a seq that is not newer */
+#define FENCE_OK(s)  (tseq == 0 || (s) > tseq)
+#ifdef M_BATCH_BY_SEQ
+/* seq order alone, any epoch: not a mutation, SPIN finds no duplicate (docs/model.md):
+   with one store, every batch is sent after its epoch's fence stood, so no batch of an
+   epoch above the one held exists, and the two rules accept the same batches */
+#define BATCH_OK(s)  (tseq == 0 || (s) > tseq)
+#else
+#define BATCH_OK(s)  (tseq == 0 || (EPOCH_OF(s) == EPOCH_OF(tseq) && (s) > tseq))
 #endif
+#endif
+#define KEEP_MARK(s) tseq = ((s) > tseq -> (s) : tseq)
 #endif
 
 /* A crash where the process stands: it dies (os._exit), keeping only what committed.
@@ -225,7 +244,7 @@ inline in_transit(mask, delta) {
 #define APPLY_MARKED(mask, s, differs, answer) \
   true -> /* a step of its own: the check's else is not the caller's */ \
   if \
-  :: FRESH(s) -> apply(mask, differs); tseq = ((s) > tseq -> (s) : tseq); res = answer \
+  :: BATCH_OK(s) -> apply(mask, differs); KEEP_MARK(s); res = answer \
   :: else -> res = (answer == ANSWERED -> STALE : LOST) \
   fi
 #define SEND_AND_APPLY(differs, answer)  APPLY_MARKED(batch, bseq, differs, answer)
@@ -364,9 +383,9 @@ inline dispatch_pass() {
        /* one commit: the last batch's outcomes and this batch's in-flight mark */
        commit_outcomes();
 #if REWIND
-       /* StaleMark: the target holds a seq this store does not remember giving: rewind
-          before the next batch */
-       if :: rwd -> nxt = 0; break :: else fi;
+       /* StaleMark: the target holds a seq this store does not remember giving: the
+          dispatch ends (refused() then rewinds, under the same lock) */
+       if :: stale -> nxt = 0; break :: else fi;
 #endif
        select_batch();
 #ifndef M_MARK_AFTER_SEND
@@ -398,7 +417,7 @@ inline dispatch_pass() {
        if
        :: res == NOT_SENT -> pfs = batch
 #if REWIND
-       :: res == STALE -> pfs = batch; rwd = true; stale = true  /* failed-safe; rewind */
+       :: res == STALE -> pfs = batch; stale = true  /* failed-safe; refused() */
 #endif
        :: res == ANSWERED ->
 #ifdef M_CONFIRM_WITHOUT_READBACK
@@ -428,88 +447,160 @@ inline dispatch_pass() {
 }
 
 #if REWIND
-/* what a rewind reads back: every record that a history the store forgot may have sent */
-#define MAY_HAVE_BEEN_SENT(s) ((s) == PREPARED || (s) == FAILED_SAFE || (s) == UNCERTAIN)
-#ifdef M_REWIND_ONLY_WHEN_BEHIND
-/* the rewind only when the target holds a seq newer than the store's own */
-#define REWIND_NEEDED (held > SEQ(ep, ctr))
-#elif defined(M_START_REWIND_ONLY_WHEN_BEHIND)
-/* after a StaleMark always; at a start only when the target holds a newer seq */
-#define REWIND_NEEDED (stale || held > SEQ(ep, ctr))
-#else
-#define REWIND_NEEDED true
-#endif
+/* -- the store behind its target (runner.tasks.rewind) ----------------------------------- */
 
-/* the rewind (runner.tasks.rewind): at every start, and after a StaleMark answer */
-inline rewind() {
-  /* read_mark: what the target holds (reads only) */
-  atomic { CRASH_UNNAMED; LOST_STORE; held = tseq; go = REWIND_NEEDED }
-  if
-  :: go ->
-     /* (1) one commit: a new epoch above the store's and the target's, counter 0 */
-     atomic {
-       CRASH_UNNAMED;
-       LOST_STORE;
-#ifdef M_SAME_EPOCH
-       /* the counter jumps past the target's seq, in the same epoch */
-       held = (held > SEQ(ep, ctr) -> held : SEQ(ep, ctr)) + 1;
-       ep = EPOCH_OF(held); ctr = held - SEQ(ep, 0); held = 0;
-#else
-       ep = (EPOCH_OF(held) > ep -> EPOCH_OF(held) : ep) + 1; ctr = 0; held = 0;
-#endif
-       assert(ep < 15)
-     }
-#ifdef M_READ_BEFORE_FENCE
-     rewind_readback();
-#endif
-     /* (2) raise_mark: the fence alone, no rows; from now on the target refuses every
-        request of an older seq (refused: the target holds a newer one; start again) */
-     atomic {
-       CRASH_UNNAMED;
-       if
-       :: FRESH(SEQ(ep, ctr)) -> tseq = (SEQ(ep, ctr) > tseq -> SEQ(ep, ctr) : tseq)
-       :: else -> goto crashed
-       fi
-     }
-#if !defined(M_READ_BEFORE_FENCE) && !defined(M_REWIND_WITHOUT_READBACK)
-     /* (3) read back everything that may have been sent */
-     rewind_readback();
-#endif
-  :: else
-  fi;
-  /* (4) only now may the dispatch send */
-  rwd = false; go = false; stale = false
+/* rewind_mark_sendable, rewind_tag (MarkOps.begin_epoch, tag_rewind): every record that
+   could have been sent becomes uncertain, tagged rewound */
+#define MAY_HAVE_BEEN_SENT(s) \
+  ((s) == PREPARED || (s) == FAILED_SAFE || (s) == IN_FLIGHT || (s) == UNCERTAIN)
+inline tag_all() {
+  for (k : 0 .. N - 1) {
+    if :: MAY_HAVE_BEEN_SENT(st[k]) -> st[k] = REWOUND; unc[k] = true :: else fi
+  };
+  k = 0;
+  rw = true
 }
 
-/* one record a step: its readback and the commit of what it shows (on a target that
-   marks, the raised fence makes "no row" conclusive); after the fence, nothing can change
-   the record's rows between the two, so they are one step here */
+/* read_rewound, at the start of each cycle while a rewind is pending and its fence
+   stands: every rewound record is read back, one a step (its readback and the commit of
+   what it shows: after the fence nothing can change its rows between the two); one exact
+   row confirms, no row makes it sendable (a kept authorisation), anything else leaves it
+   uncertain for the operator; a failed read ends the pass (the record stays rewound,
+   read again next cycle); none left: rewind_done */
+#define REWIND_READABLE (rw && fenced)
 inline rewind_readback() {
   do
   :: atomic {
        CRASH_UNNAMED;
        LOST_STORE;
        do
-       :: i < N && !MAY_HAVE_BEEN_SENT(st[i]) -> i++
+       :: i < N && st[i] != REWOUND -> i++
        :: else -> break
        od;
        if
-       :: i >= N -> i = 0; break
+       :: i >= N -> i = 0; rw = false; break  /* rewind_done */
        :: else
        fi;
        if
-       :: rows[i] == 1 && !bad[i] -> st[i] = CONFIRMED                     /* sent: done */
-       :: rows[i] == 0 -> st[i] = (st[i] == UNCERTAIN -> FAILED_SAFE : st[i]);  /* not sent */
-          unc[i] = false
-       :: rows[i] > 1 || bad[i] -> st[i] = UNCERTAIN; unc[i] = true  /* for the operator */
-       :: COUNTED_FAULT
-          st[i] = (st[i] == PREPARED || st[i] == FAILED_SAFE -> UNCERTAIN : st[i]);
-          unc[i] = true                  /* the read failed: unproven, never sent blind */
+#ifdef M_REWIND_WITHOUT_READBACK
+       :: st[i] = FAILED_SAFE; unc[i] = false  /* sendable, nothing read */
+#else
+       :: rows[i] == 1 && !bad[i] -> st[i] = CONFIRMED                      /* sent: done */
+       :: rows[i] == 0 -> st[i] = FAILED_SAFE; unc[i] = false      /* not sent: sendable */
+       :: rows[i] > 1 || bad[i] -> st[i] = UNCERTAIN                /* for the operator */
+#endif
+       :: faults < MAXFAULT -> faults++; i = 0; break  /* the read failed: next cycle */
        fi;
        i++
      }
   od
 }
+
+/* _forgot: a mark of this store newer than the seq the store remembers */
+#ifdef M_FENCE_NO_REPLACED
+#define FORGOT_REPLACED false  /* the fence's answer is not looked at */
+#else
+#define FORGOT_REPLACED (!why && replaced > remembered)
+#endif
+
+/* the seq of the fence: a new epoch, counter 0 (M_SAME_EPOCH: the counter the rewind
+   jumped to) */
+#define FENCE_SEQ SEQ(ep, ctr)
+
+/* fence (runner.tasks.rewind.fence): a new epoch above the store's and the held mark's,
+   the target's fence raised to it; the rewind's records tagged when `why` says so, or
+   when the mark the fence replaced is ahead of the store's */
+inline fence() {
+  /* begin_epoch: one commit (with a reason, the tags in it too) */
+  atomic {
+    CRASH_UNNAMED;
+    LOST_STORE;
+    remembered = SEQ(ep, ctr);
+#ifdef M_SAME_EPOCH
+    /* the counter jumps past the target's seq, in the same epoch */
+    held = (held > SEQ(ep, ctr) -> held : SEQ(ep, ctr)) + 1;
+    ep = EPOCH_OF(held); ctr = held - SEQ(ep, 0); held = 0;
+#else
+    ep = (EPOCH_OF(held) > ep -> EPOCH_OF(held) : ep) + 1; ctr = 0; held = 0;
+#endif
+    fenced = false;
+    if :: why -> tag_all() :: else fi;
+    assert(ep < 15)
+  }
+#ifdef M_READ_BEFORE_FENCE
+  if :: rw -> rewind_readback() :: else fi;
+#endif
+  do
+  :: /* raise_mark: the fence alone, no rows, judged (marks.judge) and answered with the
+        mark it replaced in one target operation; refused as stale (it applied nothing,
+        the answer carries the mark held); or it fails (TargetUnavailable: the run stops
+        and the next start tries again) */
+     atomic {
+       CRASH_UNNAMED;
+       replaced = tseq;
+       if
+       :: FENCE_OK(FENCE_SEQ) -> KEEP_MARK(FENCE_SEQ); raised = true
+       :: else  /* StaleMark */
+       :: faults < MAXFAULT -> faults++; goto crashed  /* failed: one of the faults */
+       fi
+     }
+     /* _forgot (tag_rewind, one commit): a forgotten batch landed after the read */
+     if
+     :: FORGOT_REPLACED -> atomic { CRASH_UNNAMED; LOST_STORE; why = true; tag_all() }
+     :: else
+     fi;
+     if :: raised -> break :: else fi;
+     /* refused (unreachable with one store): begin_epoch above the mark held, again */
+     atomic {
+       CRASH_UNNAMED;
+       LOST_STORE;
+       ep = (EPOCH_OF(replaced) > ep -> EPOCH_OF(replaced) : ep) + 1; ctr = 0;
+       assert(ep < 15)
+     }
+  od;
+  /* fence_raised: one commit; only now may the rewind read back */
+  atomic {
+    CRASH_UNNAMED;
+    LOST_STORE;
+    fenced = true;
+    raised = false; why = false; replaced = 0; remembered = 0
+  }
+}
+
+/* check_marks (at every start under the lock): what the store remembers and what the
+   target holds (read_mark); a rewind's reason: the target ahead of the store, or an epoch
+   whose fence the store never recorded raised.  The code on main (M_UNFENCED_ONLY_IF_
+   PENDING) takes the second only with a rewind pending: after a start that began an epoch
+   and stopped before fence_raised (the raise failed, or a crash, before or after it), the
+   store's seq is that epoch's, above a forgotten batch that landed meanwhile, and the
+   next start sees nothing (SPIN: a duplicate) */
+#ifdef M_UNFENCED_ONLY_IF_PENDING
+#define UNFENCED (rw && !fenced)
+#else
+#define UNFENCED (ep > 0 && !fenced)  /* ep 0: a store that never began an epoch */
+#endif
+inline check_marks() {
+  atomic {
+    CRASH_UNNAMED;
+    LOST_STORE;
+    held = tseq;
+    why = (held > SEQ(ep, ctr) || UNFENCED)
+  }
+#ifdef M_NO_FENCE_AT_START
+  /* the first design: a new epoch and its fence only when the start rewinds */
+  if :: why -> fence() :: else -> held = 0 fi
+#else
+  fence()
+#endif
+}
+
+/* refused (a batch refused as stale mid-run): read the mark, then the fence, always with
+   a reason */
+inline refused() {
+  atomic { CRASH_UNNAMED; LOST_STORE; held = tseq; why = true; stale = false };
+  fence()
+}
+
 #endif
 
 #ifdef M_NO_LOCK
@@ -522,10 +613,10 @@ proctype Worker(byte me) {
   byte i, k, n, last, nxt, take, batch, pend, pok, pfs, res, saw;
   bool ok;
 #if REWIND
-  byte mygen, bseq, held;
-  bool rwd, go, stale;  /* rwd: a rewind is due (a start, or stale: a StaleMark answer) */
+  byte mygen, bseq, held, replaced, remembered;
+  bool start, stale, why, raised;  /* start: check the marks; stale: a StaleMark answer */
 restart:
-  atomic { ACQUIRE_LOCK; mygen = gen; rwd = true }  /* a start begins with a rewind */
+  atomic { ACQUIRE_LOCK; mygen = gen; start = true }
 #else
 restart:
   atomic { ACQUIRE_LOCK }
@@ -554,7 +645,8 @@ cycle:
     k = 0
   }
 #if REWIND
-  if :: rwd -> rewind() :: else fi;
+  if :: start -> check_marks(); start = false :: else fi;
+  if :: REWIND_READABLE -> rewind_readback() :: else fi;
 #endif
 #ifdef M_DISPATCH_BEFORE_RECONCILE
   dispatch_pass();
@@ -563,6 +655,9 @@ cycle:
   reconcile_pass();
   dispatch_pass();
 #endif
+#if REWIND
+  if :: stale -> refused() :: else fi;
+#endif
   goto cycle;
 crashed:
   atomic {
@@ -570,7 +665,8 @@ crashed:
     i = 0; k = 0; n = 0; last = 0; nxt = 0; take = 0; batch = 0; pend = 0; pok = 0;
     pfs = 0; res = 0; saw = 0; ok = false;
 #if REWIND
-    bseq = 0; held = 0; rwd = false; go = false; stale = false;
+    bseq = 0; held = 0; replaced = 0; remembered = 0; start = false; stale = false;
+    why = false; raised = false;
 #endif
     goto restart
   }
@@ -580,7 +676,7 @@ crashed:
 #if REWIND
 #define RECEIVE    net ? m, s
 #define LANDED     s = 0
-#define LAND(m)    if :: FRESH(s) -> apply(m, false); tseq = (s > tseq -> s : tseq) :: else fi
+#define LAND(m)    if :: BATCH_OK(s) -> apply(m, false); KEEP_MARK(s) :: else fi
 #else
 #define RECEIVE    net ? m
 #define LANDED     skip
@@ -698,14 +794,15 @@ end:
   :: atomic {
        !snapped && forgets < MAXFORGET && FORALL(ANSWERED_TO) ->
        for (k : 0 .. N - 1) { sst[k] = st[k]; sunc[k] = unc[k] };
-       sep = ep; sctr = ctr; snapped = true; k = 0
+       sep = ep; sctr = ctr; srw = rw; sfenced = fenced; snapped = true; k = 0
      }
   :: atomic {
        /* the promotion, or the restore: the store is the copy; every worker's session
           ended with the old store (its lock with it) */
        snapped ->
        for (k : 0 .. N - 1) { st[k] = sst[k]; unc[k] = sunc[k]; sst[k] = 0; sunc[k] = false };
-       ep = sep; ctr = sctr; sep = 0; sctr = 0; snapped = false; k = 0;
+       ep = sep; ctr = sctr; rw = srw; fenced = sfenced; sep = 0; sctr = 0; srw = false;
+       sfenced = false; snapped = false; k = 0;
        forgets++; gen++; owed = 0;
        if :: lock != OPERATOR -> lock = 0 :: else fi
      }

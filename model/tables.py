@@ -96,7 +96,8 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     # main property alone with it
     Config("rewind", "a target that marks batches and a store that forgets once (E8, "
            "issue 30; REWIND=1, MAXFORGET=1): 2 records, one record per request, one "
-           "worker, no crash but the forget's restart, no operator",
+           "worker, no crash but the forget's restart and a failed fence raise, no "
+           "operator",
            _bounds(N=2, WORKERS=1, MAXCRASH=0, MAXRESOLVE=0, REWIND=1, MAXFORGET=1)),
     Config("rewind-crash", "the same, and one crash anywhere (a crash in a rewind "
            "included): never two rows only",
@@ -114,7 +115,9 @@ class Mutation:
     macro: str
     breaks: str
     change: str
-    kind: str = "mutation"  # "limit": not a bug in the model, a documented assumption
+    #: "limit": not a bug in the model, a documented assumption; "finding": the code on
+    #: main as it is, which the model shows wrong (the model checks the fix)
+    kind: str = "mutation"
     dedupe: bool = False  # checked with a target that deduplicates by write_id (DEDUPE=1)
     rewind: bool = False  # checked with a target that marks and a store that forgets (REWIND=1)
 
@@ -162,28 +165,35 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("M_NO_DEDUPE_RESEND", "every_record_confirmed",
              "runner ignores the target's deduplication: a reconcile readback with no row "
              "leaves the record uncertain, as for any target", dedupe=True),
+    Mutation("M_NO_FENCE_AT_START", "no_duplicate_write",
+             "a start begins no epoch and raises no fence unless the mark it reads is ahead "
+             "of the store's (the first design; a StaleMark still rewinds): a forgotten "
+             "request still in transit at the start lands after the store gave its seq "
+             "again, with a higher counter of the same epoch", rewind=True),
+    Mutation("M_FENCE_NO_REPLACED", "no_duplicate_write",
+             "the start decides on the mark it read only, not on the mark the fence "
+             "replaced: a forgotten batch that lands between the read and the fence is "
+             "missed, and its record is sent again", rewind=True),
     Mutation("M_REWIND_WITHOUT_READBACK", "no_duplicate_write",
-             "the rewind raises the fence but reads nothing back: the records the store "
-             "forgot it sent are sent again", rewind=True),
+             "the rewind tags and fences but reads nothing back: each rewound record is "
+             "sendable, and the records the forgotten history sent are sent again",
+             rewind=True),
     Mutation("M_READ_BEFORE_FENCE", "no_duplicate_write",
              "the rewind reads back before it raises the fence: a request of the forgotten "
-             "history lands between the readback and the fence", rewind=True),
-    Mutation("M_SAME_EPOCH", "no_duplicate_write",
-             "the rewind keeps the epoch and jumps the counter past the target's seq: a "
-             "forgotten request with a higher counter, still in transit, applies later",
-             rewind=True),
+             "history lands between the readback (no row yet) and the fence", rewind=True),
     Mutation("M_NO_MARK_CHECK", "no_duplicate_write",
-             "the target applies a batch whatever its mark (no StaleMark)", rewind=True),
-    Mutation("M_REWIND_ONLY_WHEN_BEHIND", "no_duplicate_write",
-             "a start or a StaleMark answer rewinds only when the target holds a seq newer "
-             "than the store's own (after a StaleMark the store's own seq is the refused "
-             "batch's, equal to what a forgotten request left at the target)",
+             "the target applies a fence or a batch whatever its mark (no StaleMark)",
              rewind=True),
-    Mutation("M_START_REWIND_ONLY_WHEN_BEHIND", "no_duplicate_write",
-             "a StaleMark answer always rewinds, but a start only when the target holds a "
-             "seq newer than the store's own: a forgotten request still in transit at the "
-             "start lands after the store gave its seq again, with a higher counter",
-             rewind=True),
+    Mutation("M_SAME_EPOCH", "no_duplicate_write",
+             "begin_epoch keeps the epoch and the fence jumps the counter past the target's "
+             "seq: a forgotten request of that epoch with a higher counter, still in "
+             "transit, applies later", rewind=True),
+    Mutation("M_UNFENCED_ONLY_IF_PENDING", "no_duplicate_write",
+             "the code on main (runner.tasks.rewind.check_marks): an epoch whose fence was "
+             "never recorded raised rewinds at the next start only if a rewind was pending; "
+             "a start that began an epoch and stopped before fence_raised (the raise failed, "
+             "or a crash) hides a forgotten batch that landed meanwhile",
+             kind="finding", rewind=True),
 )
 
 

@@ -162,6 +162,17 @@ def test_the_rewind_variant_checks_the_safety_properties_and_settling() -> None:
         (c.config, c.prop) for c in check.checks_for() if c.mutation is None}
 
 
+def test_each_mutation_is_a_mutation_a_limit_or_a_finding() -> None:
+    """A "finding" is the code on main as it is, which the model shows wrong (the model
+    checks its fix): it must give its counterexample like any mutation, and steps.toml
+    must have a step of the fix that is not on main yet."""
+    assert {m.kind for m in tables.MUTATIONS} <= {"mutation", "limit", "finding"}
+    findings = [m for m in tables.MUTATIONS if m.kind == "finding"]
+    if findings:
+        assert any(s["status"] != "main" and "finding" in s["step"]
+                   for s in check.load_steps())
+
+
 def test_the_recorded_figures_are_from_this_model() -> None:
     """docs/model.md renders the latest bench/results/spin-*.json: it must come from the
     model as it is (``python model/check.py --record`` after changing the model)."""
