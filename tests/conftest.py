@@ -79,6 +79,19 @@ LONG_VARIANTS = (
     "sends_nothing_twice[synthetic-deleted]",
     "tests/test_rewind.py::test_a_newer_timeline_rewinds_a_store_whose_target_keeps_no_marks"
     "[synchronous]",
+    # the README test command's budget (about 60 s of test time in all): each of these
+    # runs in the slow tier, which .ci/run runs
+    "tests/test_kill9.py::test_a_sample_of_kill9_runs_loses_and_duplicates_nothing[postgres]",
+    "tests/test_chaos.py::test_a_crash_at_each_point_and_a_random_sample_keep_every_invariant"
+    "[postgres-",
+    "tests/test_conformance.py::test_the_http_adapter_conforms_against_a_deduplicating_server",
+    "tests/test_bulk_accept.py::test_bulk_answers_equal_single_answers[postgres]",
+    "tests/test_pipeline_leases.py::test_a_blocking_processor_slower_than_its_lease_drains_",
+    "tests/test_start_drain.py::test_a_stage_whose_upstream_is_not_in_the_run_drains_its_own_",
+    "tests/test_spin_model.py::test_safety_properties_verify_with_a_store_that_forgets_at_",
+    "tests/test_concurrency.py::test_four_processes_accept_1000_distinct_events[postgres]",
+    "tests/test_http_processes.py::test_serve_runs_intake_without_the_lock_beside_a_worker"
+    "[postgres]",
     # a PostgreSQL store made again adopts its target (10 s: two schemas made)
     "tests/test_rewind.py::test_a_postgresql_store_made_again_adopts_its_target_and_takes_",
     # marks over HTTP, the kit runs and the call shapes (15 s): a refused append and a

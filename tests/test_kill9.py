@@ -84,8 +84,8 @@ def test_kill9_at_the_default_batch_leaves_nothing_uncertain(
         pg.require()
     report = tmp_path / "kill9.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "kill9.py"), "--runs", "1", "--kills", "3",
-         "--leads", "2500", "--max-delay", "0.2", "--seed", "29", "--json", str(report),
+        [sys.executable, str(ROOT / "bench" / "kill9.py"), "--runs", "1", "--kills", "2",
+         "--leads", "1200", "--max-delay", "0.2", "--seed", "29", "--json", str(report),
          *mode], capture_output=True, text=True, timeout=580, check=False)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -93,6 +93,6 @@ def test_kill9_at_the_default_batch_leaves_nothing_uncertain(
     (run,) = doc["results"]
     assert (run["lost"], run["duplicated"], run["unexpected"], run["uncertain"]) == (
         0, 0, 0, 0), run
-    assert run["confirmed"] == run["leads"] == 2500 and run["kills"] == 3
+    assert run["confirmed"] == run["leads"] == 1200 and run["kills"] == 2
     assert run["operator_commands"] == (1 if "--settle" in mode else 0)
     assert run["violations"] == []
