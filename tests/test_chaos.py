@@ -31,7 +31,7 @@ SEED = 8
 #: and the README's test command stays under its four minutes)
 SAMPLE = {"sqlite": 1, "postgres": 1}
 #: the seeded random runs under ``-m slow``
-RUNS = {"sqlite": 40, "postgres": 18}  # (the CI budget; bench/chaos.py records more)
+RUNS = {"sqlite": 28, "postgres": 12}  # (the CI budget; bench/chaos.py records more)
 #: the default run's episodes, one test each: on SQLite every crash point once (crashing
 #: at its first hit) then the random sample; on PostgreSQL the random sample
 EPISODES = [
