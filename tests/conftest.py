@@ -92,6 +92,11 @@ LONG_VARIANTS = (
     "tests/test_concurrency.py::test_four_processes_accept_1000_distinct_events[postgres]",
     "tests/test_http_processes.py::test_serve_runs_intake_without_the_lock_beside_a_worker"
     "[postgres]",
+    "tests/test_ride_through.py::test_a_worker_whose_lock_was_taken_while_it_reconnected_",
+    "tests/test_concurrency.py::test_two_processes_creating_a_new_store_end_with_one_store",
+    "tests/test_http_target_v2.py::test_an_answer_lost_after_applying_on_a_dedupe_server_",
+    "tests/test_alerts.py::test_poll_passes_that_keep_failing_alert_after_the_threshold",
+    "tests/test_http_health.py::test_a_stuck_loop_is_stale_and_a_stopping_one_is_not_ready",
     # a PostgreSQL store made again adopts its target (10 s: two schemas made)
     "tests/test_rewind.py::test_a_postgresql_store_made_again_adopts_its_target_and_takes_",
     # marks over HTTP, the kit runs and the call shapes (15 s): a refused append and a

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import Child, event, run_main, status_records
-from tests.pgcluster import Cluster, private_cluster
+from tests.pgcluster import Cluster, private_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -82,9 +82,10 @@ def test_a_server_killed_at_a_random_moment_of_a_command_is_one_classified_line(
         if not cluster.is_running():
             cluster.start()
         db = cluster.dsn("postgres", schema=f"lost{run}")
-        if command != "accept":
-            assert run_main("accept", "--db", db, "--scope", scope_file, "--records",
-                            records).returncode == 0
+        if command != "accept":  # arranged; a server just started may still be recovering
+            wait_until(lambda db=db: run_main("accept", "--db", db, "--scope", scope_file,
+                                        "--records", records).returncode == 0, 60,
+                       "the arranged accept to succeed on the restarted server")
         # a target of each run's own: a target keeps the marks of one store (SPEC E8)
         target = workdir / f"target-{run}.db"
         argv, lines = {
