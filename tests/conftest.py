@@ -107,6 +107,10 @@ LONG_VARIANTS = (
     "tests/test_http_target_marks.py::test_a_marks_server_declares_it_and_the_adapter_learns_it",
 )
 
+#: the default run's chaos episodes at single crash points (3-4 s each): they run with
+#: the slow tier, the random sample stays (the README test command's budget)
+CHAOS_POINTS = "tests/test_chaos.py::test_a_crash_at_each_point_and_a_random_sample_keep_"
+
 #: test files whose subject is the target's side of delivery (a protocol, an adapter's
 #: answers and how they are classified and logged): the store's backend does not change
 #: what they prove, so their PostgreSQL variants run with the slow campaigns and their
@@ -148,7 +152,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark ``LONG_VARIANTS`` slow before ``-m`` selects."""
     for item in items:
         if item.nodeid.startswith(LONG_VARIANTS) or (
-                item.nodeid.startswith(TARGET_SIDE_FILES) and "[postgres" in item.nodeid):
+                item.nodeid.startswith(TARGET_SIDE_FILES) and "[postgres" in item.nodeid) or (
+                item.nodeid.startswith(CHAOS_POINTS) and "[sqlite-random" not in item.nodeid):
             item.add_marker(pytest.mark.slow)
         if item.nodeid.startswith(CAMPAIGNS) and item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.campaign)
