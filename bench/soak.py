@@ -3,7 +3,7 @@ with SIGKILL now and then, sampled for growth, and audited for loss and duplicat
 
     python -m bench soak --minutes 30 --backend sqlite      # the documented run
     python -m bench soak --minutes 30 --backend postgres
-    python -m bench soak --quick                            # ~25 s, what CI runs
+    python -m bench soak --quick                            # ~16 s, what CI runs
 
 What runs, all at once, for ``--minutes``:
 
@@ -642,8 +642,8 @@ def main(argv: list[str] | None = None) -> int:
     add_backend_arguments(parser)
     args = parser.parse_args(argv)
     if args.quick:
-        args.minutes = min(args.minutes, 0.4)
-        args.kill_every = min(args.kill_every, 8.0)
+        args.minutes = min(args.minutes, 0.25)  # 15 s: two kills, two prunes (the CI budget)
+        args.kill_every = min(args.kill_every, 6.0)
         args.sample_every = min(args.sample_every, 2.0)
         args.retention_every = min(args.retention_every, 5.0)
         if args.pipeline_keep == "60s":

@@ -31,10 +31,10 @@
  * forget (MAXFORGET times): a Standby copies the whole store at some moment, and later the
  * store is that copy again (a promoted asynchronous standby, a restored backup); the
  * target and the requests in transit keep what they have.  Every start raises the
- * target's fence to a new epoch (Worker: check_marks, fence: runner.tasks.rewind), and
- * rewinds (tags every record that could have been sent, reads each back after the fence)
- * only when the mark read at the start, or the mark the fence replaced, is ahead of the
- * store's, when a rewind was cut short before its fence stood, and after a StaleMark
+ * target's fence to a new epoch and only then, in one commit, takes that epoch (Worker:
+ * check_marks, fence: runner.tasks.rewind), and rewinds (tags every record that could
+ * have been sent in that commit, reads each back after it) only when the mark read at the
+ * start, or the mark the fence replaced, is ahead of the store's, and after a StaleMark
  * answer mid-run (refused).  REWIND=0: the model as it was.
  * Mutations (spin -DM_NAME): each is a one-line change that breaks one guarantee; SPIN
  * must find a counterexample for each (model/check.py, tests/test_spin_model.py).
@@ -503,88 +503,94 @@ inline rewind_readback() {
 #define FORGOT_REPLACED (!why && replaced > remembered)
 #endif
 
-/* the seq of the fence: a new epoch, counter 0 (M_SAME_EPOCH: the counter the rewind
-   jumped to) */
-#define FENCE_SEQ SEQ(ep, ctr)
-
-/* fence (runner.tasks.rewind.fence): a new epoch above the store's and the held mark's,
-   the target's fence raised to it; the rewind's records tagged when `why` says so, or
-   when the mark the fence replaced is ahead of the store's */
-inline fence() {
-  /* begin_epoch: one commit (with a reason, the tags in it too) */
-  atomic {
-    CRASH_UNNAMED;
-    LOST_STORE;
-    remembered = SEQ(ep, ctr);
+/* the seq of a fence above `s` and the store's: a new epoch, counter 0 (M_SAME_EPOCH: the
+   counter jumps past it, in the same epoch) */
 #ifdef M_SAME_EPOCH
-    /* the counter jumps past the target's seq, in the same epoch */
-    held = (held > SEQ(ep, ctr) -> held : SEQ(ep, ctr)) + 1;
-    ep = EPOCH_OF(held); ctr = held - SEQ(ep, 0); held = 0;
+#define FENCE_ABOVE(s) (((s) > SEQ(ep, ctr) -> (s) : SEQ(ep, ctr)) + 1)
 #else
-    ep = (EPOCH_OF(held) > ep -> EPOCH_OF(held) : ep) + 1; ctr = 0; held = 0;
+#define FENCE_ABOVE(s) SEQ((EPOCH_OF(s) > ep -> EPOCH_OF(s) : ep) + 1, 0)
 #endif
-    fenced = false;
-    if :: why -> tag_all() :: else fi;
-    assert(ep < 15)
-  }
+
+/* the store takes the fence's epoch (begin_fenced_epoch, one commit): the epoch, with a
+   reason every record that could have been sent tagged rewound, and the record that the
+   fence stands */
+inline take_epoch(tags) {
+  ep = EPOCH_OF(fseq); ctr = fseq - SEQ(ep, 0);
+  if :: tags -> tag_all() :: else fi;
+  assert(ep < 15)
+}
+
+/* fence (runner.tasks.rewind.fence): the target's fence raised to a new epoch above the
+   store's and the held mark's, and only then, in one commit, the store's epoch, a
+   rewind's tags (when `why` says so, or the mark the fence replaced is ahead of the
+   store's) and the fence recorded: a start that stops half-way leaves the store as it
+   was.  M_EPOCH_BEFORE_RAISE: the first order (the epoch and the tags committed first,
+   the fence recorded in a last commit) */
 #ifdef M_READ_BEFORE_FENCE
-  if :: rw -> rewind_readback() :: else fi;
+#define TAGS (why && !early)
+#else
+#define TAGS why
+#endif
+inline fence() {
+  remembered = SEQ(ep, ctr);
+  fseq = FENCE_ABOVE(held);
+#ifdef M_EPOCH_BEFORE_RAISE
+  atomic { CRASH_UNNAMED; LOST_STORE; take_epoch(why); fenced = false }
+#endif
+#ifdef M_READ_BEFORE_FENCE
+  /* the rewind tags and reads back first, then raises the fence, and takes what it read
+     as done (no tags at the fence) */
+  if
+  :: why -> atomic { CRASH_UNNAMED; LOST_STORE; tag_all() }; rewind_readback(); early = true
+  :: else
+  fi;
 #endif
   do
   :: /* raise_mark: the fence alone, no rows, judged (marks.judge) and answered with the
         mark it replaced in one target operation; refused as stale (it applied nothing,
-        the answer carries the mark held); or it fails (TargetUnavailable: the run stops
-        and the next start tries again) */
+        the answer carries the mark held); or it fails (TargetUnavailable: no send, the
+        next cycle or start reads the mark and tries again) */
      atomic {
        CRASH_UNNAMED;
        replaced = tseq;
        if
-       :: FENCE_OK(FENCE_SEQ) -> KEEP_MARK(FENCE_SEQ); raised = true
+       :: FENCE_OK(fseq) -> KEEP_MARK(fseq); raised = true
        :: else  /* StaleMark */
        :: faults < MAXFAULT -> faults++; goto crashed  /* failed: one of the faults */
        fi
-     }
-     /* _forgot (tag_rewind, one commit): a forgotten batch landed after the read */
-     if
-     :: FORGOT_REPLACED -> atomic { CRASH_UNNAMED; LOST_STORE; why = true; tag_all() }
-     :: else
-     fi;
+     };
+     /* _forgot: a forgotten batch landed after the read (the store decides in memory) */
+     if :: FORGOT_REPLACED -> why = true :: else fi;
      if :: raised -> break :: else fi;
-     /* refused (unreachable with one store): begin_epoch above the mark held, again */
-     atomic {
-       CRASH_UNNAMED;
-       LOST_STORE;
-       ep = (EPOCH_OF(replaced) > ep -> EPOCH_OF(replaced) : ep) + 1; ctr = 0;
-       assert(ep < 15)
-     }
+     /* refused (unreachable with one store): above the mark held, once more */
+     fseq = FENCE_ABOVE(replaced);
+     assert(EPOCH_OF(fseq) < 15)
   od;
-  /* fence_raised: one commit; only now may the rewind read back */
   atomic {
     CRASH_UNNAMED;
     LOST_STORE;
+#ifdef M_EPOCH_BEFORE_RAISE
+    if :: why && !rw -> tag_all() :: else fi;  /* fence_raised, and a late reason's tags */
+#else
+    take_epoch(TAGS);  /* begin_fenced_epoch */
+#endif
     fenced = true;
-    raised = false; why = false; replaced = 0; remembered = 0
+    raised = false; why = false; replaced = 0; remembered = 0; fseq = 0
+#ifdef M_READ_BEFORE_FENCE
+    ; early = false
+#endif
   }
 }
 
 /* check_marks (at every start under the lock): what the store remembers and what the
-   target holds (read_mark); a rewind's reason: the target ahead of the store, or an epoch
-   whose fence the store never recorded raised.  The code on main (M_UNFENCED_ONLY_IF_
-   PENDING) takes the second only with a rewind pending: after a start that began an epoch
-   and stopped before fence_raised (the raise failed, or a crash, before or after it), the
-   store's seq is that epoch's, above a forgotten batch that landed meanwhile, and the
-   next start sees nothing (SPIN: a duplicate) */
-#ifdef M_UNFENCED_ONLY_IF_PENDING
-#define UNFENCED (rw && !fenced)
-#else
-#define UNFENCED (ep > 0 && !fenced)  /* ep 0: a store that never began an epoch */
-#endif
+   target holds (read_mark); a rewind's reason: the target ahead of the store, or a rewind
+   pending whose fence the store never recorded (a store of the first order) */
 inline check_marks() {
   atomic {
     CRASH_UNNAMED;
     LOST_STORE;
     held = tseq;
-    why = (held > SEQ(ep, ctr) || UNFENCED)
+    why = (held > SEQ(ep, ctr) || (rw && !fenced))
   }
 #ifdef M_NO_FENCE_AT_START
   /* the first design: a new epoch and its fence only when the start rewinds */
@@ -613,8 +619,11 @@ proctype Worker(byte me) {
   byte i, k, n, last, nxt, take, batch, pend, pok, pfs, res, saw;
   bool ok;
 #if REWIND
-  byte mygen, bseq, held, replaced, remembered;
+  byte mygen, bseq, held, replaced, remembered, fseq;
   bool start, stale, why, raised;  /* start: check the marks; stale: a StaleMark answer */
+#ifdef M_READ_BEFORE_FENCE
+  bool early;  /* the rewind read back before the fence */
+#endif
 restart:
   atomic { ACQUIRE_LOCK; mygen = gen; start = true }
 #else
@@ -665,8 +674,11 @@ crashed:
     i = 0; k = 0; n = 0; last = 0; nxt = 0; take = 0; batch = 0; pend = 0; pok = 0;
     pfs = 0; res = 0; saw = 0; ok = false;
 #if REWIND
-    bseq = 0; held = 0; replaced = 0; remembered = 0; start = false; stale = false;
+    bseq = 0; held = 0; replaced = 0; remembered = 0; fseq = 0; start = false; stale = false;
     why = false; raised = false;
+#endif
+#ifdef M_READ_BEFORE_FENCE
+    early = false;
 #endif
     goto restart
   }

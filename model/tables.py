@@ -188,12 +188,12 @@ MUTATIONS: tuple[Mutation, ...] = (
              "begin_epoch keeps the epoch and the fence jumps the counter past the target's "
              "seq: a forgotten request of that epoch with a higher counter, still in "
              "transit, applies later", rewind=True),
-    Mutation("M_UNFENCED_ONLY_IF_PENDING", "no_duplicate_write",
-             "the code on main (runner.tasks.rewind.check_marks): an epoch whose fence was "
-             "never recorded raised rewinds at the next start only if a rewind was pending; "
-             "a start that began an epoch and stopped before fence_raised (the raise failed, "
-             "or a crash) hides a forgotten batch that landed meanwhile",
-             kind="finding", rewind=True),
+    Mutation("M_EPOCH_BEFORE_RAISE", "no_duplicate_write",
+             "the fence's first order: the store commits its new epoch (and a rewind's "
+             "tags) before the raise and records the fence in a last commit; a start that "
+             "stops between them leaves the store's seq above a forgotten batch that lands "
+             "meanwhile, and the next start, with no rewind pending, sees nothing (the "
+             "delivery model's finding, fixed by begin_fenced_epoch)", rewind=True),
 )
 
 

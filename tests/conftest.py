@@ -31,7 +31,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 #: the slow campaigns (``pytest -m slow``, which .ci/run runs after the default run), so
 #: that the README's test command stays within its time (each is named with its reason)
 LONG_VARIANTS = (
-    # the countdown on PostgreSQL: a fresh store per failure point (66 s in all)
+    # the countdown on PostgreSQL: a fresh store per failure point (every third: 22 s)
     "tests/test_io_countdown.py::test_countdown_until_a_whole_run_completes[postgres-",
     # 100 refused second workers, each a new server session (20 s)
     "tests/test_lock_trials.py::test_100_second_workers_refused_then_the_next_one_recovers"
@@ -138,10 +138,10 @@ CAMPAIGNS = (
     "tests/test_kill9.py::test_kill9_at_the_default_batch_leaves_nothing_uncertain",
     "tests/test_kill9_http.py::test_every_request_answered_200_is_stored_once",
     "tests/test_pipeline_processes.py::test_four_worker_processes_share_a_backlog_none_lost_",
-    "tests/test_model.py::test_delivery_model",
     "tests/test_disk_full.py::test_a_real_full_filesystem",
     # (the PostgreSQL countdown and the 100 refused workers are slow but not CPU-bound
-    # campaigns: they run with the parallel slow tests)
+    # campaigns, and the hypothesis run of the delivery model is one process on one
+    # core: they run with the parallel slow tests)
     # the store-memory campaigns of issue 30 at their smallest sizes (bench/forget.py)
     "tests/test_forget.py::",
 )

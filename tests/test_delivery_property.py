@@ -19,7 +19,7 @@ from tests.helpers import SCOPE, event, worker_records
 
 #: examples per backend: a PostgreSQL example pays for a schema of its own (create,
 #: migrate, drop), and the delivery logic under test is the same on both
-EXAMPLES = {"sqlite": 60, "postgres": 20}
+EXAMPLES = {"sqlite": 40, "postgres": 20}  # (the README command's four minutes)
 
 
 def test_never_two_rows_and_only_legal_states(backend: str) -> None:
