@@ -1017,7 +1017,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     return SAVE.sub(lambda m: f"*Save the next block as `{m.group(1)}`:*\n", shown)
 
 
-#: a python block the docs test saves as a file (``tests/docrun.py``): shown on the page
+#: a python or toml block the docs test saves as a file (``tests/docrun.py``): shown on the page
 SAVE = re.compile(r"^<!-- save: ([\w.-]+) -->$", re.MULTILINE)
 #: a block the docs test does not run (``tests/docrun.py``), and why: shown on the page
 SKIP = re.compile(r'^<!-- skip: next "([^"]+)" -->$', re.MULTILINE)

@@ -18,9 +18,10 @@ linking to the running interpreter's environment, so ``.venv/bin/runner`` and
   session expands: ``"$DB"`` is the page's variable): the same exit code, stdout and
   stderr as a process, without the interpreter start-up.  Everything else runs in the
   bash session.
-* ``<!-- save: NAME -->`` before a ```` ```python ```` block: the block is written to the
-  file ``NAME`` in the session's directory (a module the page's commands import; the
-  site shows "Save the next block as NAME"); other python blocks are not run;
+* ``<!-- save: NAME -->`` before a ```` ```python ```` or ```` ```toml ```` block: the
+  block is written to the file ``NAME`` in the session's directory (a module the page's
+  commands import, a configuration file they read; the site shows "Save the next block
+  as NAME"); other python and toml blocks are not run;
 * ``<!-- skip: next "why" -->`` before a block: not run (the reason shows in the test
   report); keep those few.
 
@@ -34,7 +35,9 @@ How output is compared (these are the whole set of rules):
 3. Ids: each distinct ``write_id`` in the form runner makes (a UUID of the version 7
    layout: a page showing an older form fails) reads ``<ID1>``, ``<ID2>``… in order of
    first appearance on the page, and each distinct 12-hex-digit id (a pinned target's) ``<HEX1>``…
-   the same way: a page that shows one id twice must show the same id twice.
+   the same way, a 32-hex-digit one (a store's identity) by its first 12 digits, as
+   runner cuts it in its messages: a page that shows one id twice must show the same id
+   twice.
 4. Processes: ``pid=123`` and ``(pid 123`` read ``pid=<PID>``/``(pid <PID>``, and a
    host name after ``host=`` or ``on`` in a lock holder's ``(pid 1 on vm)`` ``<HOST>``,
    and a port after ``port`` or ``port=`` (``--listen 127.0.0.1:0`` takes any free one)
@@ -83,7 +86,7 @@ COMMAND_TIMEOUT = 60.0
 
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z")
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\b")
-_HEX = re.compile(r"(?<![0-9a-f-])[0-9a-f]{12}(?![0-9a-f-])")
+_HEX = re.compile(r"(?<![0-9a-f-])(?:[0-9a-f]{32}|[0-9a-f]{12})(?![0-9a-f-])")
 _PID = re.compile(r"(pid[= ])\d+")
 _PORT = re.compile(r"\b(port[= ])\d+")
 _HOST = re.compile(r"(host=|\(pid <PID> on )[^\s)]+")
@@ -111,7 +114,7 @@ class Ids:
 def normalise(line: str, ids: Ids) -> str:
     line = _TIME.sub("<TIME>", line.rstrip())
     line = _UUID.sub(lambda m: ids.name("ID", m.group()), line)
-    line = _HEX.sub(lambda m: ids.name("HEX", m.group()), line)
+    line = _HEX.sub(lambda m: ids.name("HEX", m.group()[:12]), line)
     line = _PID.sub(r"\1<PID>", line)
     line = _HOST.sub(r"\1<HOST>", line)
     line = _PORT.sub(r"\1<PORT>", line)
@@ -259,7 +262,7 @@ class Page:
         self.update = update
         #: False while a page the reader follows first runs (checked by its own test)
         self.checking = True
-        #: the file the next python block is (``<!-- save: NAME -->``)
+        #: the file the next python or toml block is (``<!-- save: NAME -->``)
         self.saving: str | None = None
         self.replaced: list[tuple[int, int, list[str]]] = []
 
@@ -327,7 +330,7 @@ def _save(example: Example) -> None:
     _page(example).saving = str(example.parsed)
 
 
-def _python(example: Example) -> None:
+def _file(example: Example) -> None:
     page = _page(example)
     if page.saving is not None:
         (page.session.pwd() / page.saving).write_text(example.parsed, encoding="utf-8")
@@ -335,7 +338,7 @@ def _python(example: Example) -> None:
 
 
 class SaveParser:
-    """``<!-- save: NAME -->``: the next python block is the file ``NAME``."""
+    """``<!-- save: NAME -->``: the next python or toml block is the file ``NAME``."""
 
     def __init__(self) -> None:
         self.lexer = DirectiveInHTMLCommentLexer(directive="save", arguments=r"[\w.-]+")
@@ -348,7 +351,8 @@ class SaveParser:
 
 
 SYBIL = Sybil(parsers=[SkipParser(), SaveParser(), CodeBlockParser("sh", _sh),
-                       CodeBlockParser("console", _console), CodeBlockParser("python", _python)],
+                       CodeBlockParser("console", _console), CodeBlockParser("python", _file),
+                       CodeBlockParser("toml", _file)],
               path=str(ROOT))
 
 

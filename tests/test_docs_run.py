@@ -22,14 +22,22 @@ PAGES = {
     "docs/how-to/pipeline.md": 1,
     "docs/how-to/serve.md": 1,
     "docs/how-to/target-adapter.md": 1,
+    "docs/how-to/postgresql-target.md": 2,
+    "docs/how-to/high-availability.md": 1,
+    "docs/how-to/operate.md": 1,
+    "docs/how-to/postgresql.md": 3,
+    "docs/reference/configuration.md": 0,
 }
 #: the page a reader follows first, where a page goes on from another: its set-up blocks
 #: only (True), or all of it (False: the state it leaves is where the page starts)
 AFTER = {"docs/tutorial/postgresql.md": ("docs/tutorial/sqlite.md", True),
+         "docs/how-to/postgresql-target.md": ("docs/tutorial/sqlite.md", True),
+         "docs/how-to/high-availability.md": ("docs/tutorial/sqlite.md", True),
          "docs/how-to/uncertain.md": ("docs/tutorial/sqlite.md", False),
          "docs/how-to/pipeline.md": ("docs/tutorial/sqlite.md", False)}
 #: the pages that need the PostgreSQL server (``tests.pg``), and the schema each uses
-PG_PAGES = {"docs/tutorial/postgresql.md": "tutorial"}
+PG_PAGES = {"docs/tutorial/postgresql.md": "tutorial",
+            "docs/how-to/postgresql-target.md": "howto_target"}
 
 
 #: the pages that run only in the slow tier (``pytest -m slow``; ``.ci/run`` runs it):
