@@ -69,6 +69,15 @@ def test_the_multi_host_dsn_follows_a_failover_and_says_why_between(
         assert (f"no host of PostgreSQL at {a},{b}/postgres gave a session for "
                 f"target_session_attrs=read-write ({a}: connection refused; {b}: "
                 "read-only); nothing was written") in proc.stderr
+        # start, as a real process, fails fast at its own start-up (a wrong DSN must not
+        # wait out --reconnect-max): 74 at once, the same one line, nothing delivered
+        started = subprocess.run(
+            [sys.executable, str(ROOT / "run.py"), "start", "--db", db, "--scope",
+             str(scope_file), "--target", str(workdir / "t.db"), "--cycles", "1"],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert started.returncode == 74, started.stderr
+        assert "gave a session for target_session_attrs=read-write" in started.stderr
+        assert not (workdir / "t.db").exists()
         pair.promote()
         accept(db, workdir, scope_file, 2)
         assert [r["source_lead_id"] for r in status_records(db)] == ["lead-1", "lead-2"]
