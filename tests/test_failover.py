@@ -139,7 +139,11 @@ def test_start_delivering_through_a_kill9_and_restart_delivers_everything_once(
             wait(lambda: len(rows()) >= 1000, "the first batch at the target", child)
             up.kill9()
             up.start()
-            wait(lambda: settled(store), "every record confirmed or uncertain", child)
+            # settled is true already once the reconnect's recovery committed (the batch
+            # in flight at the kill uncertain), before it logs store.reconnected: wait
+            # for both, or a stop in between finds no reconnected line (a flake)
+            wait(lambda: settled(store) and bool(lines(child, "store.reconnected")),
+                 "every record confirmed or uncertain, after the reconnect", child)
             child.signal(signal.SIGTERM)
             assert child.finish() == 0, child.err
         finally:
