@@ -38,11 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import leads, sweep, webhook
 from bench.common import Row, machine, print_table
 from bench.results import record
-
-FULL = {"single": 3000, "bulk": 100_000, "concurrent": 10_000, "dispatch": 2000,
-        "sweep": 100_000, "scale": 1_000_000, "webhook": 20_000, "metrics": 1_000_000}
-QUICK = {"single": 300, "bulk": 5000, "concurrent": 1000, "dispatch": 300,
-         "sweep": 5000, "scale": 100_000, "webhook": 1000, "metrics": 5000}
+from bench.sizes import FULL, QUICK
 
 
 def sweep_row(n: int) -> list[Row]:

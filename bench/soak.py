@@ -43,7 +43,8 @@ work and the audit of ``bench/invariants.py`` runs: every acknowledged lead is i
 store and final (confirmed, uncertain or confirmed_then_missing), no lead has two target
 rows, every confirmed lead has exactly one.  Exit 1 on any loss, duplicate or violation,
 or when a sample passes a ceiling (``CEILINGS``).  Without ``--quick`` the figures go to
-``bench/results/soak-<UTC timestamp>-<backend>.json``.
+``bench/results/soak-<UTC timestamp>-<backend>.json``.  The report, its ceilings and its
+summary are ``bench/soak_report.py``; what a sample reads, ``bench/soak_probes.py``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -74,6 +75,14 @@ from bench.chaos_lane import (  # noqa: E402
     drop_postgres_schema,
     postgres_location,
 )
+from bench.soak_probes import (  # noqa: E402
+    open_files,
+    proc_rss_mib,
+    relation_sizes,
+    size_mib,
+    vacuum_without_autovacuum,
+)
+from bench.soak_report import CEILINGS, Report, Sample, growth_per_lead, summary  # noqa: E402
 from harness.invariants import audit, is_postgres, query  # noqa: E402
 
 RUN = str(ROOT / "run.py")
@@ -83,74 +92,6 @@ SCOPE = {"tenant_id": "soak-tenant", "account_id": "soak-account", "page_id": "s
 WORKERS = "raw-retriever,core-processor,generic-materializer,domain-projector"
 STATUSES = ("contacted", "qualified", "won", "lost", "new")
 FINAL_STATES = {"confirmed", "uncertain", "confirmed_then_missing"}
-
-#: the ceilings a sample may not pass (any sample, any worker life)
-CEILINGS = {
-    "rss_mib": 160.0,        # the worker's resident set
-    "open_files": 64,        # its open file descriptors
-    "wal_mib": 64.0,         # SQLite's -wal file
-    "store_growth_kib_per_lead": 4.0,  # with retention on (see above)
-}
-#: the growth ceiling applies once this many leads came in after its first sample
-PER_LEAD_FROM = 1000
-
-
-@dataclass
-class Sample:
-    t: float
-    life: int
-    rss_mib: float
-    open_files: int
-    wal_mib: float
-    store_mib: float
-    outbox_rows: int
-    leads: int
-    stderr_mib: float
-    pipeline_rows: int = 0
-
-
-@dataclass
-class Report:
-    backend: str
-    minutes: float
-    quick: bool
-    rate: float
-    churn: float
-    kill_every: float
-    retention: bool
-    started_at: str = ""
-    machine: str = ""
-    ceilings: dict[str, float] = field(default_factory=lambda: dict(CEILINGS))
-    samples: list[Sample] = field(default_factory=list)
-    kills: int = 0
-    accepted: int = 0
-    confirmed: int = 0
-    uncertain: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    unexpected: int = 0
-    exports: int = 0
-    exported_events: int = 0
-    pruned_events: int = 0
-    export_gaps: int = 0
-    pipeline_keep: str = ""
-    pipeline_prunes: int = 0
-    pipeline_removed: dict[str, int] = field(default_factory=dict)
-    pipeline_rows_at_end: int = 0
-    pipeline_prune_seconds_max: float = 0.0
-    store_kib_per_lead: float = 0.0
-    store_growth_kib_per_lead: float | None = None
-    pg_vacuum: bool = False
-    #: PostgreSQL: each table's size at the end (MiB: heap with TOAST, its indexes; live
-    #: and dead rows), to tell kept rows from bloat when the store grows
-    relation_sizes: dict[str, dict[str, float]] = field(default_factory=dict)
-    outbox_rows_at_end: int = 0
-    outbox_last_seq: int = 0
-    store_mib_at_end: float = 0.0
-    stderr_mib_per_min: float = 0.0
-    violations: list[str] = field(default_factory=list)
-    ok: bool = False
-
 
 # -- the feeder (a child process) --------------------------------------------------------
 
@@ -189,28 +130,7 @@ def feed(db: str, scope_path: str, rate: float, prefix: str) -> None:
     anyio.run(go)
 
 
-# -- sampling ----------------------------------------------------------------------------
-
-def _proc_rss_mib(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-def _open_files(pid: int) -> int:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return 0
-
-
-def _size_mib(*paths: Path) -> float:
-    return sum(p.stat().st_size for p in paths if p.exists()) / (1 << 20)
-
+# -- the run: the worker, its load, its kills, the samples ------------------------------
 
 class Soak:
     def __init__(self, args: argparse.Namespace, report: Report) -> None:
@@ -261,14 +181,14 @@ class Soak:
             wal = 0.0
         else:
             path = Path(self.db)
-            wal = _size_mib(Path(f"{path}-wal"))
-            store = _size_mib(path, Path(f"{path}-wal"), Path(f"{path}-shm"))
+            wal = size_mib(Path(f"{path}-wal"))
+            store = size_mib(path, Path(f"{path}-wal"), Path(f"{path}-shm"))
         counts = query(self.db, "SELECT (SELECT count(*) FROM {t}outbox), "
                                 "(SELECT count(*) FROM {t}leads)")
         outbox, leads = (int(counts[0][0]), int(counts[0][1])) if counts else (0, 0)
-        return Sample(round(t, 1), self.life, round(_proc_rss_mib(pid), 1) if pid else 0.0,
-                      _open_files(pid) if pid else 0, round(wal, 2), round(store, 2),
-                      outbox, leads, round(_size_mib(self.stderr_path), 3),
+        return Sample(round(t, 1), self.life, round(proc_rss_mib(pid), 1) if pid else 0.0,
+                      open_files(pid) if pid else 0, round(wal, 2), round(store, 2),
+                      outbox, leads, round(size_mib(self.stderr_path), 3),
                       self.pipeline_rows())
 
     def pipeline_rows(self) -> int:
@@ -466,7 +386,7 @@ class Soak:
         if report.accepted:
             report.store_kib_per_lead = round(report.store_mib_at_end * 1024
                                               / report.accepted, 2)
-        stderr_mib = _size_mib(self.stderr_path)
+        stderr_mib = size_mib(self.stderr_path)
         report.stderr_mib_per_min = round(stderr_mib / max(seconds / 60, 1e-9), 3)
         for s in report.samples:
             for name, ceiling in CEILINGS.items():
@@ -497,124 +417,6 @@ class Soak:
             if self.pg:
                 drop_postgres_schema(self.db)
             shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def growth_per_lead(samples: list[Sample], after: float) -> float | None:
-    """KiB of store per lead accepted between the first sample at or past ``after``
-    seconds and the last one; None with fewer than ``PER_LEAD_FROM`` leads between."""
-    first = next((s for s in samples if s.t >= after), None)
-    last = samples[-1] if samples else None
-    if first is None or last is None or last.leads - first.leads < PER_LEAD_FROM:
-        return None
-    return round((last.store_mib - first.store_mib) * 1024 / (last.leads - first.leads), 2)
-
-
-def vacuum_without_autovacuum(location: str) -> bool:
-    """``VACUUM`` the store's tables when the server's autovacuum is off (what it would
-    do); True if it ran."""
-    import asyncio
-
-    import asyncpg
-
-    from runner.io.postgres.dsn import parse
-
-    where = parse(location)
-
-    async def go() -> bool:
-        conn = await asyncpg.connect(where.dsn, timeout=30)
-        try:
-            if await conn.fetchval("SHOW autovacuum") == "on":
-                return False
-            tables = await conn.fetch(
-                "SELECT c.relname FROM pg_class c JOIN pg_namespace n "
-                "ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relkind = 'r'",
-                where.schema)
-            for (name,) in tables:
-                await conn.execute(f"VACUUM {where.schema_ident}.\"{name}\"")
-            return True
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
-
-
-def relation_sizes(location: str) -> dict[str, dict[str, float]]:
-    """Each table of the store's schema: MiB of heap (with TOAST) and of indexes, live and
-    dead rows (the server's statistics), largest first."""
-    import asyncio
-
-    import asyncpg
-
-    from runner.io.postgres.dsn import parse
-
-    where = parse(location)
-
-    async def go() -> dict[str, dict[str, float]]:
-        conn = await asyncpg.connect(where.dsn, timeout=30)
-        try:
-            rows = await conn.fetch(
-                "SELECT c.relname, pg_total_relation_size(c.oid) - pg_indexes_size(c.oid), "
-                "pg_indexes_size(c.oid), coalesce(s.n_live_tup, 0), "
-                "coalesce(s.n_dead_tup, 0) FROM pg_class c "
-                "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
-                "WHERE n.nspname = $1 AND c.relkind = 'r' "
-                "ORDER BY pg_total_relation_size(c.oid) DESC", where.schema)
-        finally:
-            await conn.close()
-        mib = 1024 * 1024
-        return {str(name): {"heap_mib": round(heap / mib, 2), "index_mib": round(index / mib, 2),
-                            "live_rows": int(live), "dead_rows": int(dead)}
-                for name, heap, index, live, dead in rows}
-
-    return asyncio.run(go())
-
-
-def summary(report: Report) -> str:
-    lives: dict[int, float] = {}
-    for s in report.samples:
-        lives[s.life] = max(lives.get(s.life, 0.0), s.rss_mib)
-    first = report.samples[0] if report.samples else None
-    last = report.samples[-1] if report.samples else None
-    lines = [
-        f"soak ({report.backend}, {report.minutes:g} min, {report.rate:g} leads/s, "
-        f"{report.churn:g} status changes/s, kill -9 every {report.kill_every:g} s, "
-        f"retention {'on' if report.retention else 'off'})",
-        f"  accepted {report.accepted}  confirmed {report.confirmed}  uncertain "
-        f"{report.uncertain}  lost {report.lost}  duplicated {report.duplicated}  "
-        f"unexpected {report.unexpected}  kills {report.kills}",
-        "  peak RSS per worker life (MiB): "
-        + " ".join(f"{v:.0f}" for v in lives.values()),
-        f"  max RSS {max((s.rss_mib for s in report.samples), default=0):.1f} MiB, "
-        f"max open files {max((s.open_files for s in report.samples), default=0)}, "
-        f"max WAL {max((s.wal_mib for s in report.samples), default=0):.1f} MiB",
-    ]
-    if first and last:
-        lines.append(f"  store {first.store_mib:.1f} -> {last.store_mib:.1f} MiB; outbox rows "
-                     f"{first.outbox_rows} -> {last.outbox_rows} (last seq "
-                     f"{report.outbox_last_seq}); stderr {report.stderr_mib_per_min:.3f} "
-                     f"MiB/min")
-        if report.accepted:
-            lines.append(f"  store per accepted lead: "
-                         f"{last.store_mib * (1 << 20) / report.accepted / 1024:.2f} KiB; "
-                         f"growth per lead after the first third: "
-                         f"{report.store_growth_kib_per_lead} KiB"
-                         f"{' (VACUUM after each retention pass)' if report.pg_vacuum else ''}")
-    if report.retention:
-        lines.append(f"  exports {report.exports} ({report.exported_events} events, "
-                     f"{report.export_gaps} gaps), pruned {report.pruned_events}")
-        lines.append(f"  pipeline prunes {report.pipeline_prunes} (--before "
-                     f"{report.pipeline_keep}, the longest "
-                     f"{report.pipeline_prune_seconds_max:.1f} s): removed "
-                     f"{report.pipeline_removed}; "
-                     f"pipeline rows at the end {report.pipeline_rows_at_end}")
-    for name, size in list(report.relation_sizes.items())[:8]:
-        lines.append(f"  {name}: heap {size['heap_mib']:.1f} MiB, indexes "
-                     f"{size['index_mib']:.1f} MiB, rows {size['live_rows']:.0f} live / "
-                     f"{size['dead_rows']:.0f} dead")
-    lines += [f"  VIOLATION {v}" for v in report.violations]
-    lines.append(f"result: {'PASS' if report.ok else 'FAIL'}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

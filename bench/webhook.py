@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.common import machine, print_table
     from bench.results import record
-    from bench.run import FULL, QUICK
+    from bench.sizes import FULL, QUICK
 
     parser = argparse.ArgumentParser(description="HTTP edge benchmarks (issue 18)")
     parser.add_argument("--quick", action="store_true")

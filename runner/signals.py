@@ -27,7 +27,7 @@ def receiver() -> AbstractContextManager[AsyncIterator[int]]:
 
 
 class Shutdown:
-    """Signal state of a run, and the :class:`runner.tasks.deliver.SendGuard` of its sends."""
+    """Signal state of a run, and the :class:`runner.tasks.pagerun.SendGuard` of its sends."""
 
     def __init__(self, grace: float) -> None:
         self.grace = grace

@@ -34,6 +34,7 @@ from runner.status import iter_record_json, record_state, status_document
 from runner.store import Store
 from runner.tasks import deliver, poll, target
 from runner.tasks.outcomes import CycleSummary
+from runner.tasks.pagerun import SendGuard
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -161,7 +162,7 @@ class DurableWorker:
         self,
         *,
         dispatch_limit: int | None = None,
-        guard: deliver.SendGuard | None = None,
+        guard: SendGuard | None = None,
         summary: CycleSummary | None = None,
         batch_size: int | None = None,
     ) -> CycleSummary:

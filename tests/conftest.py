@@ -124,7 +124,8 @@ TARGET_SIDE_FILES = (
     "tests/test_pgtable_cli.py",  # the table target is the subject; 6 s
     "tests/test_dedupe_resend.py",  # the resend rule's store operation: test_store_contract
     "tests/test_resolve_all.py",  # 12 s; its store operations: test_query_plans, both
-    "tests/test_pacing.py",  # 4 s
+    "tests/test_pacing.py",  # 4 s, with test_pacing_dispatch.py
+    "tests/test_pacing_dispatch.py",
 )
 
 #: the campaigns of the slow tier: many episodes, each with parallel jobs or processes of

@@ -214,19 +214,19 @@ async def test_a_page_run_abandoned_by_a_cancel_sends_nothing_more(
     """Dispatch runs a page of records in one worker thread; a cancel abandons the thread
     mid-send.  When that send returns, the thread must stop: no further in-flight mark,
     no further send, even though the rest of its page is still in its hands."""
-    from runner.tasks import deliver
+    from runner.tasks import pagerun
 
     entered, release, finished = anyio.Event(), threading.Event(), threading.Event()
     token = anyio.lowlevel.current_token()
-    run = deliver._PageRun.run
+    run = pagerun.PageRun.run
 
-    def run_and_tell(self: deliver._PageRun) -> None:
+    def run_and_tell(self: pagerun.PageRun) -> None:
         try:
             run(self)
         finally:
             finished.set()
 
-    monkeypatch.setattr(deliver._PageRun, "run", run_and_tell)
+    monkeypatch.setattr(pagerun.PageRun, "run", run_and_tell)
 
     def script(write_id: str) -> str:
         if not entered.is_set():

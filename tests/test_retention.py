@@ -15,6 +15,7 @@ import pytest
 from runner.cli import main
 from runner.clock import SystemClock
 from runner.errors import OutboxPruned
+from runner.io.postgres import outbox_schema as pg_outbox_schema
 from runner.io.postgres import schema as pg_schema
 from runner.io.sqlite import schema as sqlite_schema
 from runner.io.stores import open_store
@@ -56,7 +57,7 @@ def _json(out: str) -> dict[str, object]:
 
 def test_the_schemas_name_the_retrievers_cursor() -> None:
     assert sqlite_schema.RETRIEVER_CURSOR == raw_ingestion.CURSOR
-    assert pg_schema.RETRIEVER_CURSOR == raw_ingestion.CURSOR
+    assert pg_outbox_schema.RETRIEVER_CURSOR == raw_ingestion.CURSOR
     assert max(sqlite_schema.MIGRATIONS) == max(pg_schema.MIGRATIONS) >= 7  # retention is v7
 
 

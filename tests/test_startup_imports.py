@@ -32,6 +32,7 @@ NOT_ON_STATUS_PATH = (
     "runner.jsonio",
     "runner.crashpoints",
     "runner.commands.delivery",
+    "runner.commands.delivery_options",
     "runner.commands.candidates",
     "runner.commands.pipeline",
     "runner.candidates.model",

@@ -45,9 +45,10 @@ cancellation and shielding act on a call that is really blocked.  A cancelled ca
 abandoned, not stopped: the thread may still finish its write, which is exactly why a
 cancelled send is *uncertain*.
 
-Errors: :class:`BeforeWriteError` is the one typed error that allows another send.
-Adapters translate their own failures at their edge into :class:`TargetError` subclasses;
-any other exception is treated the same as an ambiguous failure.
+Errors (:mod:`runner.leads.target_errors`, re-exported here): :class:`BeforeWriteError` is
+the one typed error that allows another send.  Adapters translate their own failures at
+their edge into :class:`TargetError` subclasses; any other exception is treated the same
+as an ambiguous failure.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ from typing import Literal, Protocol
 import anyio
 
 from runner import crashpoints
-from runner.errors import RunnerError
 from runner.ids import BatchMark, TargetMark
 
 # re-exported: adapters and wrappers read the declarations from the port, as before
@@ -84,79 +84,16 @@ from runner.leads.rows import exactly as exactly
 from runner.leads.rows import observe_rows as observe_rows
 from runner.leads.rows import readback_in_words as readback_in_words
 from runner.leads.rows import written_rows as written_rows
+
+# re-exported: the errors of a target call live in runner.leads.target_errors
+from runner.leads.target_errors import AmbiguousWriteError as AmbiguousWriteError
+from runner.leads.target_errors import BeforeWriteError as BeforeWriteError
+from runner.leads.target_errors import RateLimited as RateLimited
+from runner.leads.target_errors import RejectedWrite as RejectedWrite
+from runner.leads.target_errors import TargetError as TargetError
+from runner.leads.target_errors import TargetReadError as TargetReadError
+from runner.leads.target_errors import describe_failure as describe_failure
 from runner.logs import Repeats
-
-
-class TargetError(RunnerError):
-    """A target call failed.  Never an exit code of its own: it becomes a record state.
-
-    ``failure``: what happened, as one of :data:`FAILURES` (a subclass has its own; an
-    adapter that knows better sets it on the instance, as the HTTP target does for a
-    timeout, a 5xx or a connection dropped after sending): kept with the record
-    (``last_failure``) and logged, so that an operator can tell a refused connection
-    from a 500 or a timeout."""
-
-    exit_code = 69
-    reason = "target_error"
-    failure = "failed"
-
-
-class BeforeWriteError(TargetError):
-    """The request was guaranteed not dispatched: the record may be sent again (L5)."""
-
-    reason = "before_write"
-    failure = "not_sent"
-
-
-class RateLimited(BeforeWriteError):
-    """The target refused the request for its quota and applied nothing (HTTP 429, or 503
-    with ``Retry-After``): the records may be sent again, not before ``retry_after``
-    seconds when the target said how long (None: it did not say)."""
-
-    reason = "rate_limited"
-    failure = "rate_limited"
-
-    def __init__(self, message: str = "rate limited", *,
-                 retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class RejectedWrite(BeforeWriteError):
-    """The target refused the request as invalid and applied nothing (HTTP 400/422): the
-    records become failed-safe and are retried on the backoff schedule (the target or
-    its configuration may be fixed meanwhile); the message carries the target's reason."""
-
-    reason = "rejected"
-    failure = "rejected"
-
-
-class AmbiguousWriteError(TargetError):
-    """The request may or may not have been applied (timeout, dropped connection, …)."""
-
-    reason = "ambiguous_write"
-    failure = "ambiguous"
-
-
-class TargetReadError(TargetError):
-    """A read (readback or status) failed; it says nothing about the target's rows."""
-
-    reason = "read_failed"
-    failure = "read_failed"
-
-
-def describe_failure(exc: BaseException) -> tuple[str, str]:
-    """A failed request's kind (one of :data:`FAILURES`) and an operator's line about it:
-    the kind in words, then what the adapter said (never the record's data: adapters
-    name records by write_id at most)."""
-    if isinstance(exc, TargetError):
-        kind = exc.failure if exc.failure in FAILURES else type(exc).failure
-        detail = exc.message
-    else:
-        kind = ("timed_out" if isinstance(exc, TimeoutError)
-                else "not_sent" if isinstance(exc, BeforeWriteError) else "failed")
-        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return kind, f"{FAILURES[kind]}: {detail}"
 
 
 class CRMAdapter(Protocol):

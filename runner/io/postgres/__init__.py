@@ -7,6 +7,7 @@ commands never load it, and a missing driver is one clear line instead of a trac
 
     connection.py   the session (name, keepalives), error translation, migrations, scope pin
     schema.py       DDL, triggers and versioned migrations, in a schema of its own
+                    (with *_schema.py: the versions of the outbox, candidates, pipeline …)
     lock.py         the worker lock: a session advisory lock, and the in-flight fence
     base.py         one session per store, statement helper, consistent reads
     queries.sql     every statement by name (runner.io.engine runs them)

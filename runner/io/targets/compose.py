@@ -229,7 +229,8 @@ def _pg_table(target: str, table: str, timeout: float | None) -> CRMAdapter:
 
         raise TargetUnavailable(f"the PostgreSQL table target: {POSTGRES_INSTALL_HINT}") \
             from None
-    from runner.io.targets.pgtable.target import DEFAULT_TIMEOUT, PgTableTarget
+    from runner.io.targets.pgtable.session import DEFAULT_TIMEOUT
+    from runner.io.targets.pgtable.target import PgTableTarget
 
     return PgTableTarget(target, table,
                          timeout=DEFAULT_TIMEOUT if timeout is None else timeout)

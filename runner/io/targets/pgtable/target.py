@@ -6,7 +6,7 @@ call hands a coroutine to that loop and waits for its result (bounded: every sta
 the ``timeout`` of ``--target-timeout``, every connection attempt its own).  A call that
 runner abandons (a cancelled send) goes on in the loop until the server answers; the
 calls of one adapter are serialized by a lock, as one session runs one statement at a
-time.
+time (:mod:`.session`: the loop, the session kept, the reads' and the checks' retry).
 
 A write sends one statement, ``INSERT … SELECT * FROM unnest(…) ON CONFLICT (write_id)
 DO NOTHING``, for the whole batch (one array per column: one round trip, no parameter
@@ -39,39 +39,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
 
 from runner import crashpoints
 from runner.errors import AccessDenied, RunnerError, TargetAbsent, TargetUnavailable, UsageError
-from runner.io.engine.queries import load
-from runner.io.postgres.connection import (
-    TRANSLATED,
-    application_name,
-    session_settings,
-    stable_key,
-    translate,
-)
+from runner.io.postgres.connection import TRANSLATED, stable_key, translate
 from runner.io.targets.pgtable import shape
-from runner.io.targets.pgtable.classify import (
-    Phase,
-    classify_read,
-    classify_write,
-    session_lost,
+from runner.io.targets.pgtable.classify import Phase, classify_write
+from runner.io.targets.pgtable.session import (
+    CONNECT_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    TableSession,
+    server_error,
 )
-from runner.io.targets.pgtable.names import TableLocation, parse_location
 from runner.leads.marks import NO_MARK, BatchMark, Key, TargetMark, judge
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
     Observation,
     TargetError,
-    TargetReadError,
     TargetRow,
     observe_rows,
 )
@@ -79,57 +69,6 @@ from runner.leads.port import (
 log = logging.getLogger("runner.target")
 
 T = TypeVar("T")
-
-#: seconds a statement may take (``--target-timeout``), and a connection attempt
-DEFAULT_TIMEOUT = 10.0
-CONNECT_TIMEOUT = 10.0
-#: a session idle longer than this is pinged before a batch is sent on it
-PING_AFTER = 1.0
-PING_TIMEOUT = 5.0
-#: beyond asyncpg's own timeouts, how long a caller waits for the loop at most
-MARGIN = 5.0
-
-
-class _Loop:
-    """A private asyncio event loop, run forever in a daemon thread of its own."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], wait: float) -> T:
-        """Run ``coro`` on the loop and wait for it, at most ``wait`` seconds (then the
-        coroutine is cancelled and TimeoutError raised)."""
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(wait)
-        except TimeoutError:
-            future.cancel()
-            raise
-
-    def stop(self, wait: float) -> None:
-        """Cancel what still runs, stop the loop and end its thread (bounded)."""
-        async def cancel_the_rest() -> None:
-            me = asyncio.current_task()
-            for task in asyncio.all_tasks():
-                if task is not me:
-                    task.cancel()
-
-        if self.loop.is_running():
-            with contextlib.suppress(Exception):  # stopping whatever happens
-                asyncio.run_coroutine_threadsafe(cancel_the_rest(), self.loop).result(wait)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(wait)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-
-def _server_error(exc: BaseException) -> bool:
-    """An error the server answered with a live session (severity ERROR): the session
-    is kept; after anything else it is dropped."""
-    return isinstance(exc, asyncpg.PostgresError) and str(
-        getattr(exc, "severity_en", None) or getattr(exc, "severity", "")).upper() == "ERROR"
 
 
 def _target_row(row: Sequence[Any]) -> TargetRow:
@@ -149,7 +88,7 @@ def _late(where: str) -> Callable[[], Exception]:
     return late
 
 
-class PgTableTarget:
+class PgTableTarget(TableSession):
     """A CRM adapter that delivers into a PostgreSQL table (blocking; runner calls it in a
     thread).  ``target`` is a ``postgresql://`` DSN, ``table`` a ``--target-table`` name
     (``names``); ``timeout`` bounds every statement (seconds)."""
@@ -160,120 +99,20 @@ class PgTableTarget:
 
     def __init__(self, target: str, table: str, *, timeout: float = DEFAULT_TIMEOUT,
                  connect_timeout: float = CONNECT_TIMEOUT) -> None:
-        self.location: TableLocation = parse_location(target, table)
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        loc = self.location
-        self._sql = {name: query.numbered().replace("{t}", loc.ident)
-                     .replace("{m}", loc.mark_ident).replace("{k}", f'"{loc.key_index}"')
-                     for name, query in load("runner.io.targets.pgtable").items()}
+        super().__init__(target, table, timeout=timeout, connect_timeout=connect_timeout)
         #: whether the mark table is known to be there (checked, or made, this session)
         self._mark_ready = False
         #: False once the checks before work found that marks cannot be kept here
         self._marks = True
-        self._mutex = threading.Lock()
-        self._loop: _Loop | None = None
-        self._conn: asyncpg.Connection | None = None
-        self._last_used = 0.0
 
     def __repr__(self) -> str:
         return f"PgTableTarget({self.location.describe()!r})"
-
-    @property
-    def where(self) -> str:
-        return self.location.describe()
 
     @property
     def marks_batches(self) -> bool:
         """Whether this table keeps batch marks (issue 30): true, unless the checks before
         work found that runner's role cannot make or write its mark table."""
         return self._marks
-
-    # -- the loop and the session -------------------------------------------------------
-
-    def _call(self, fn: Callable[[], Awaitable[T]], on_timeout: Callable[[], Exception],
-              statements: int = 1) -> T:
-        """``await fn()`` on the private loop, from a blocking caller (waiting for at most
-        a connection and ``statements`` statements)."""
-        async def go() -> T:
-            return await fn()
-
-        with self._mutex:
-            if self._loop is None:
-                self._loop = _Loop(f"runner-pgtable {self.location.name}")
-            try:
-                return self._loop.run(go(), self.connect_timeout
-                                      + statements * self.timeout + MARGIN)
-            except TimeoutError:
-                raise on_timeout() from None
-
-    async def _session(self) -> asyncpg.Connection:
-        """A live session: the one kept, unless it is closed or fails its ping after
-        being idle, else a new one.  Raises what connecting raises."""
-        conn = self._conn
-        if conn is not None and not conn.is_closed():
-            if time.monotonic() - self._last_used < PING_AFTER:
-                return conn
-            try:
-                await conn.fetchval(self._sql["ping"], timeout=PING_TIMEOUT)
-                self._last_used = time.monotonic()
-                return conn
-            except Exception:  # noqa: BLE001 - a dead session: replaced below
-                self._drop()
-        self._conn = None
-        # the store's session settings (keepalives, the idle-in-transaction bound: a
-        # stopped runner holds no lock on the user's table for long), named as a target
-        settings = {**session_settings(self.location.pg),
-                    "application_name": f"{application_name()} target"[:63]}
-        self._conn = await asyncpg.connect(
-            self.location.dsn, timeout=self.location.pg.connect_timeout or self.connect_timeout,
-            command_timeout=self.timeout, server_settings=settings)
-        self._last_used = time.monotonic()
-        return self._conn
-
-    async def _repeatable(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """``fn(session)`` for a call that is safe to repeat (a read, the checks before
-        work): when a session kept from before turns out to be gone (the server ended it
-        a moment ago, and the client had not noticed yet), once more on a new one.  A
-        write is never repeated here: its failure is classified as it is."""
-        kept = self._conn
-        conn = await self._session()
-        try:
-            return await fn(conn)
-        except Exception as exc:
-            if conn is not kept or not session_lost(exc):
-                raise
-            self._drop()
-            return await fn(await self._session())
-
-    def _drop(self) -> None:
-        """Forget the session (ended at once: a session that failed is not reused)."""
-        conn, self._conn = self._conn, None
-        if conn is not None and not conn.is_closed():
-            conn.terminate()
-
-    def close(self) -> None:
-        """End the session and the loop's thread (bounded, also under an abandoned call)."""
-        got = self._mutex.acquire(timeout=self.timeout + MARGIN)
-        try:
-            loop, self._loop = self._loop, None
-            if loop is None:
-                return
-            if self._conn is not None:
-                conn, self._conn = self._conn, None
-
-                async def end() -> None:
-                    try:
-                        await asyncio.wait_for(conn.close(), MARGIN)
-                    except Exception:  # noqa: BLE001 - closing: ended at once instead
-                        conn.terminate()
-
-                with contextlib.suppress(Exception):  # stopping whatever happens
-                    loop.run(end(), 2 * MARGIN)
-            loop.stop(MARGIN)
-        finally:
-            if got:
-                self._mutex.release()
 
     # -- the table: its facts, identity, creation -----------------------------------------
 
@@ -339,7 +178,7 @@ class PgTableTarget:
             try:
                 return await fn()
             except Exception as exc:  # noqa: BLE001 - any failure stops the run, one line
-                if not _server_error(exc):
+                if not server_error(exc):
                     self._drop()
                 raise self._unavailable(exc, doing) from None
 
@@ -487,7 +326,7 @@ class PgTableTarget:
                 await conn.execute(self._sql["insert_rows"], *columns, timeout=self.timeout)
                 self._last_used = time.monotonic()
             except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent"
-                if not _server_error(exc):
+                if not server_error(exc):
                     self._drop()
                 raise classify_write(exc, phase, self.where) from None
 
@@ -530,14 +369,14 @@ class PgTableTarget:
         except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent"
             if isinstance(exc, asyncpg.UndefinedTableError):
                 self._mark_ready = False  # dropped meanwhile: made again next time
-            if not _server_error(exc):
+            if not server_error(exc):
                 self._drop()
             raise classify_write(exc, phase, self.where) from None
 
     async def _roll_back(self, transaction: Any, exc: BaseException) -> None:
         """End an uncommitted transaction: a ROLLBACK on a live session, else the session
         is dropped (the server rolls back a transaction whose session ends)."""
-        if isinstance(exc, TargetError) or _server_error(exc):
+        if isinstance(exc, TargetError) or server_error(exc):
             # not rolled back (the session failed meanwhile): the session goes instead
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(transaction.rollback(), self.timeout)
@@ -597,32 +436,6 @@ class PgTableTarget:
 
         return [_target_row(row) for row in self._reading(
             lambda: self._repeatable(fetch), "a read by keys")]
-
-    def _reading(self, fn: Callable[[], Awaitable[T]], doing: str) -> T:
-        """A read: any failure is ``TargetReadError``."""
-        async def read() -> T:
-            try:
-                return await fn()
-            except Exception as exc:  # noqa: BLE001 - any failure is a failed read
-                if not _server_error(exc):
-                    self._drop()
-                raise classify_read(exc, self.where, doing) from None
-
-        try:
-            return self._call(read, lambda: TargetReadError(
-                f"{doing} from {self.where} did not answer in time"))
-        except TargetError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - whatever failed, the read proves nothing
-            raise classify_read(exc, self.where, doing) from None
-
-    def _fetch(self, name: str, write_ids: Sequence[str], doing: str) -> list[Any]:
-        async def fetch(conn: asyncpg.Connection) -> list[Any]:
-            rows = await conn.fetch(self._sql[name], list(write_ids), timeout=self.timeout)
-            self._last_used = time.monotonic()
-            return list(rows)
-
-        return self._reading(lambda: self._repeatable(fetch), doing)
 
     def read_back(self, write_id: str) -> Sequence[TargetRow]:
         return self.read_back_many([write_id])

@@ -1,0 +1,278 @@
+"""A page of dispatch in one worker thread: the send side of
+``runner.tasks.deliver.dispatch_all``.
+
+:class:`PageRun` sends a record per request, :class:`BatchRun` a batch per request; both
+commit each in-flight mark before the send it guards (together with the outcomes of the
+send before), check the :class:`SendGuard` before each record, wait for the target's
+quota before a mark, and hand whatever is not yet committed back to the event loop when
+the loop takes over (the page is done, it failed, or a hard stop abandoned the thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
+
+import anyio
+
+from runner import crashpoints
+from runner.clock import Clock
+from runner.leads.failures import FAILURES
+from runner.leads.marks import BatchMark
+from runner.leads.pacing import Backoff
+from runner.leads.port import CRMRecordPort, SendResult, readback_in_words
+from runner.leads.states import LeadState
+from runner.store import DispatchSteps, LeadWork
+from runner.tasks.outcomes import (
+    STOPPED,
+    CycleSummary,
+    Failure,
+    Pending,
+    counted,
+    done_of,
+    retry_of,
+)
+
+log = logging.getLogger("runner.deliver")  # the dispatch's lines, wherever they are made
+
+#: the failures of a batch whose mark the target refused (it applied nothing)
+MARK_REFUSALS = ("stale_mark", "foreign_mark")
+
+
+class SendGuard(Protocol):
+    """How the runner loop shields sends and stops taking new work (K4)."""
+
+    @property
+    def stopping(self) -> bool:
+        """True once no new send may start."""
+        ...
+
+    def shield(self) -> AbstractContextManager[anyio.CancelScope]:
+        """A scope a send runs in: shielded from a graceful stop, cancelled by a hard one."""
+        ...
+
+
+class NoGuard:
+    """For one-shot runs: never stopping; sends are not shielded."""
+
+    stopping = False
+
+    @contextmanager
+    def shield(self) -> Iterator[anyio.CancelScope]:
+        with anyio.CancelScope() as scope:
+            yield scope
+
+
+class PageRun:
+    """One page of dispatch in one worker thread.
+
+    For each record: wait for the request's token (:meth:`_paced`), commit the previous
+    record's outcome together with this record's in-flight mark
+    (``DispatchSteps.finish_and_mark``), then send.  Before each record the thread checks
+    the guard (a graceful stop, the dispatch limit).  The event loop only waits; when the
+    wait ends — the page is done, it failed, or a hard stop abandoned the thread —
+    :meth:`take_over` stops the thread before its next step and hands the loop the
+    outcome not yet committed.  An abandoned thread never starts another commit or send;
+    one already under way finishes, and every transition is guarded by the state it
+    expects, so a late one changes nothing the loop has recorded.
+    """
+
+    def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
+                 summary: CycleSummary, guard: SendGuard, limit: int | None,
+                 page: list[LeadWork], pending: list[Pending], backoff: Backoff) -> None:
+        self.steps, self.port, self.clock, self.summary = steps, port, clock, summary
+        self.guard, self.limit, self.page, self.backoff = guard, limit, page, backoff
+        self.ended = False  # stopped or at the limit: no next page
+        self._pending: list[Pending] = pending
+        self._abandoned = False
+        self._lock = threading.Lock()  # held only to read or set the two fields above
+
+    def take_over(self) -> list[Pending]:
+        with self._lock:
+            self._abandoned = True
+            return self._pending
+
+    def _go_on(self, pending: list[Pending]) -> bool:
+        """Set what the loop must record if the run ends here; False once abandoned (the
+        loop has then taken over what was pending before)."""
+        with self._lock:
+            self._pending = pending
+            return not self._abandoned
+
+    def _room(self) -> int:
+        """How many more records may be sent (0: stop here)."""
+        if self.guard.stopping:
+            return 0
+        if self.limit is None:
+            return len(self.page)
+        return max(self.limit - self.summary.dispatched, 0)
+
+    def _committed(self, pending: list[Pending]) -> None:
+        """The outcomes of ``pending`` are committed: count and log them."""
+        if pending:
+            crashpoints.hit("dispatch.after-confirm")
+        counted(self.summary, pending, self.port.repeats)
+
+    def _stop(self) -> bool:
+        with self._lock:
+            return self._abandoned or self.guard.stopping
+
+    def _paced(self) -> list[Pending] | None:
+        """Wait for the next request's token (the target's quota, a RateLimited hold).
+        With a wait, the outcomes still pending are committed first (they do not wait on
+        the quota).  Returns what is still pending; None if the run must end here (a stop
+        during the wait, or abandoned): then nothing more is sent."""
+        with self._lock:
+            if self._abandoned:
+                return None
+            pending = self._pending
+        pacer = self.port.pacer
+        wait = pacer.reserve()
+        if wait <= 0:
+            return pending
+        if pending:
+            crashpoints.hit("dispatch.before-confirm")
+            self.steps.finish_and_mark_batch(done_of(pending), [], self.clock.now(),
+                                             *retry_of(pending))
+            alive = self._go_on([])
+            self._committed(pending)
+            if not alive:
+                return None
+            pending = []
+        if not pacer.pause(wait, self._stop):
+            self.ended = True
+            return None
+        return pending
+
+    def _outcome(self, result: SendResult, attempts: int) -> tuple[LeadState, Failure | None]:
+        """A send's outcome (L5): only a typed "not sent" is failed-safe (due again after
+        its backoff), only an exact readback is confirmed; everything else — another
+        error, a failed or inexact readback — is uncertain.  Each failure says why."""
+        if result.verdict == "match":
+            return LeadState.CONFIRMED, None
+        if result.verdict == "not_sent":
+            return LeadState.FAILED_SAFE, Failure(
+                result.failure or "not_sent", result.error or FAILURES["not_sent"],
+                self.backoff.next_attempt(attempts, self.clock.now(), result.retry_after))
+        if result.error is not None:
+            return LeadState.UNCERTAIN, Failure(result.failure or "failed", result.error)
+        return LeadState.UNCERTAIN, Failure(  # the write returned; the readback says no
+            "readback", f"{FAILURES['readback']}: {readback_in_words(result.verdict)}")
+
+    def run(self) -> None:
+        summary = self.summary
+        for work in self.page:
+            if not self._room():
+                self.ended = True
+                return
+            pending = self._paced()
+            if pending is None:
+                return
+            done = (pending[0][0].write_id, pending[0][1]) if pending else None
+            if done is not None:
+                crashpoints.hit("dispatch.before-confirm")
+            attempts = self.steps.finish_and_mark(done, work.write_id, self.clock.now(),
+                                                  *retry_of(pending))
+            # the previous outcome is in; this record is in flight (uncertain until its
+            # send says more)
+            self._go_on([(work, LeadState.UNCERTAIN, STOPPED)] if attempts is not None
+                        else [])
+            self._committed(pending)
+            if attempts is None:
+                continue  # no longer dispatchable: someone else's state
+            crashpoints.hit("dispatch.after-in-flight")
+            summary.dispatched += 1
+            with self._lock:  # the last moment a hard stop keeps this send from starting
+                if self._abandoned:
+                    return
+            log.info("sending", extra={"action": "lead.in_flight", "key": work.source_lead_id,
+                                       "attempts": attempts})
+            # blocking, in this thread: a hard stop abandons it (the loop records uncertain)
+            outcome, failure = self._outcome(
+                self.port.send_blocking(work.event, work.write_id), attempts)
+            if not self._go_on([(work, outcome, failure)]):
+                return  # abandoned while out: the loop has recorded it uncertain
+
+
+class BatchRun(PageRun):
+    """One page of batched dispatch in one worker thread (issue 16): as :class:`PageRun`,
+    a batch of up to ``batch`` records at a time.
+
+    For each batch: wait for the request's token, commit the previous batch's outcomes
+    together with this batch's in-flight mark (``DispatchSteps.finish_and_mark_batch``:
+    on PostgreSQL fenced by the worker lock), then one request
+    (``CRMRecordPort.send_batch_blocking``: the batch write and the exact readback of
+    every row of it).  Each record's outcome is its own: a ``BeforeWriteError`` makes the
+    whole batch failed-safe, any other failure or an incomplete answer leaves every record
+    not proven by its readback uncertain.
+    """
+
+    def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
+                 summary: CycleSummary, guard: SendGuard, limit: int | None,
+                 page: list[LeadWork], pending: list[Pending], backoff: Backoff,
+                 batch: int) -> None:
+        super().__init__(steps, port, clock, summary, guard, limit, page, pending, backoff)
+        self.batch = batch
+
+    def run(self) -> None:
+        summary = self.summary
+        start = 0
+        while start < len(self.page):
+            room = self._room()
+            if not room:
+                self.ended = True
+                return
+            chunk = self.page[start : start + min(self.batch, room)]
+            start += len(chunk)
+            pending = self._paced()
+            if pending is None:
+                return
+            if pending:
+                crashpoints.hit("dispatch.before-confirm")
+            mark: BatchMark | None = None
+            if self.port.marks and self.port.store_id is not None:
+                marked, seq = self.steps.mark_batch(
+                    done_of(pending), [work.write_id for work in chunk], self.clock.now(),
+                    *retry_of(pending))
+                mark = BatchMark(self.port.store_id, seq) if seq else None
+            else:
+                marked = self.steps.finish_and_mark_batch(
+                    done_of(pending), [work.write_id for work in chunk], self.clock.now(),
+                    *retry_of(pending))
+            sent = [work for work in chunk if work.write_id in marked]
+            # the previous outcomes are in; this batch is in flight (uncertain until the
+            # request says more)
+            self._go_on([(work, LeadState.UNCERTAIN, STOPPED) for work in sent])
+            self._committed(pending)
+            if not sent:
+                continue  # none dispatchable any more: someone else's state
+            crashpoints.hit("dispatch.after-in-flight")
+            summary.dispatched += len(sent)
+            with self._lock:  # the last moment a hard stop keeps this send from starting
+                if self._abandoned:
+                    return
+            if len(sent) == 1:  # the line of a single send
+                log.info("sending", extra={"action": "lead.in_flight",
+                                           "key": sent[0].source_lead_id,
+                                           "attempts": marked[sent[0].write_id]})
+            else:  # one line for the batch: a line per record costs more than its commit
+                log.info("sending a batch of %d", len(sent), extra={
+                    "action": "batch.in_flight", "count": len(sent),
+                    "keys": [work.source_lead_id for work in sent]})
+            results = self.port.send_batch_blocking([(work.event, work.write_id)
+                                                     for work in sent], mark)
+            attempts = max(marked[work.write_id] for work in sent)
+            outcomes: list[Pending] = [
+                (work, *self._outcome(result, attempts))
+                for work, result in zip(sent, results, strict=True)]
+            if not self._go_on(outcomes):
+                return  # abandoned while out: the loop has recorded them uncertain
+            if results and results[0].failure in MARK_REFUSALS:
+                # the target refused the batch's mark, applying nothing: the store is behind
+                # it or not its owner; nothing more is sent until that is settled (E8)
+                summary.refused_mark = results[0].failure
+                self.ended = True
+                return
