@@ -13,9 +13,11 @@ is always a SQLite file through ``sqlite3``) does, per batch of
 ``runner.limits.DEFAULT_BATCH_SIZE`` records:
 
 1. one store transaction: take the next batch of ``prepared`` records (by the state index,
-   in seq order), mark them ``in_flight`` (``attempts + 1``, ``updated_at``) and insert one
-   outbox event per record (``state_changed``, with the payload runner's trigger writes:
-   tenant, write_id, from, to, attempts, reconcile_attempts);
+   in seq order after the last batch's, as runner pages its records: on PostgreSQL a scan
+   from the start of the state would step over every dead index entry the batches before
+   left), mark them ``in_flight`` (``attempts + 1``, ``updated_at``) and insert one outbox
+   event per record (``state_changed``, with the payload runner's trigger writes: tenant,
+   write_id, from, to, attempts, reconcile_attempts);
 2. map each record's stored canonical JSON to its sheet row (``json.loads``) and write the
    batch to the target in one transaction (``BEGIN IMMEDIATE``, one ``executemany``
    ``INSERT INTO sheet``, ``COMMIT``), as ``SyntheticTarget.write_batch`` does;
@@ -179,7 +181,8 @@ def _events(rows: Sequence[Any], was: str, to: str, at: str
 # -- the SQLite floor --------------------------------------------------------------------
 
 _MARK = ("UPDATE leads SET state = 'in_flight', attempts = attempts + 1, updated_at = ? "
-         "WHERE seq IN (SELECT seq FROM leads WHERE state = 'prepared' ORDER BY seq LIMIT ?) "
+         "WHERE seq IN (SELECT seq FROM leads WHERE state = 'prepared' AND seq > ? "
+         "ORDER BY seq LIMIT ?) "
          "RETURNING seq, write_id, source_lead_id, tenant_id, attempts, canonical")
 _CONFIRM = ("UPDATE leads SET state = 'confirmed', updated_at = ? "
             "WHERE seq IN (SELECT value FROM json_each(?)) "
@@ -202,15 +205,16 @@ def sqlite_floor(d: Path, n: int) -> tuple[float, float]:
                       "accepted_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)", _stored(n))
     store.execute("COMMIT")
     target = _target(d / "floor-target.db")
-    first_send = None
+    first_send, last = None, 0
     started = time.perf_counter()
     while True:
         at = _now()
         store.execute("BEGIN IMMEDIATE")                                   # step 1
-        batch = store.execute(_MARK, (at, BATCH)).fetchall()
+        batch = sorted(store.execute(_MARK, (at, last, BATCH)).fetchall())
         if not batch:
             store.execute("ROLLBACK")
             break
+        last = batch[-1][0]
         store.executemany(_EVENT, _events(batch, "prepared", "in_flight", at))
         store.execute("COMMIT")
         if first_send is None:
@@ -236,7 +240,8 @@ def sqlite_floor(d: Path, n: int) -> tuple[float, float]:
 # -- the PostgreSQL floor ----------------------------------------------------------------
 
 _PG_MARK = """
-WITH b AS (SELECT seq FROM {s}leads WHERE state = 'prepared' ORDER BY seq LIMIT $2),
+WITH b AS (SELECT seq FROM {s}leads WHERE state = 'prepared' AND seq > $3
+           ORDER BY seq LIMIT $2),
 u AS (UPDATE {s}leads l SET state = 'in_flight', attempts = l.attempts + 1, updated_at = $1
       FROM b WHERE l.seq = b.seq
       RETURNING l.seq, l.write_id, l.source_lead_id, l.tenant_id, l.attempts, l.canonical)
@@ -270,12 +275,14 @@ async def _pg_floor(d: Path, n: int, schema: str) -> tuple[float, float]:
         events = _PG_EVENTS.format(s=s)
         target = _target(d / "floor-target.db")
         first_send = last_confirmed = None
+        last = 0
         started = time.perf_counter()
         while True:
             at = _now()
             async with conn.transaction():                                 # step 1
-                batch = await conn.fetch(mark, at, BATCH)
+                batch = await conn.fetch(mark, at, BATCH, last)
                 if batch:
+                    last = batch[-1][0]
                     rows = _events(batch, "prepared", "in_flight", at)
                     await conn.execute(events, [r[0] for r in rows], [r[1] for r in rows], at)
             if not batch:
@@ -354,18 +361,19 @@ def measure_one(backend: str, n: int, rounds: int) -> dict[str, Any]:
         found["runner_in_process_per_s"].append(in_process)
         found["runner_whole_process_per_s"].append(whole_process)
 
-    def ratio(mine: str, floor_key: str) -> float:
-        return statistics.median(a / b for a, b in zip(found[mine], found[floor_key],
-                                                       strict=True))
-
-    ratios = {"in_process": ratio("runner_in_process_per_s", "floor_span_per_s"),
-              "whole_process": ratio("runner_whole_process_per_s", "floor_per_s")}
+    per_round = {
+        "in_process": [a / b for a, b in zip(found["runner_in_process_per_s"],
+                                             found["floor_span_per_s"], strict=True)],
+        "whole_process": [a / b for a, b in zip(found["runner_whole_process_per_s"],
+                                                found["floor_per_s"], strict=True)]}
+    ratios = {m: statistics.median(values) for m, values in per_round.items()}
     goals = {m: GOALS[(backend, m)] for m in ratios if (backend, m) in GOALS}
     return {"backend": backend, "n": n, "rounds": rounds,
             **{k: statistics.median(v) for k, v in found.items()},
             "ratios": ratios, "goals": goals,
             "met": ({m: ratios[m] >= g for m, g in goals.items()} if n == GOAL_SIZE else {}),
             "round_rates": {k: [round(x) for x in v] for k, v in found.items()},
+            "round_ratios": {m: [round(x, 3) for x in v] for m, v in per_round.items()},
             "seconds": round(time.perf_counter() - started, 1),
             "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
 
@@ -390,11 +398,11 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
                   f"{r[floor_key]:>10,.0f}/s {r[runner_key]:>10,.0f}/s "
                   f"{r['ratios'][key]:>6.2f}  {shown:<19} {verdict}")
         print(f"{'':<10} {'':>8} rounds {r['rounds']}, {r['seconds']:.0f} s, load "
-              f"{r['load_average'][0]:.2f} -> {r['load_average'][1]:.2f}; runner "
-              "in-process/whole: " + ", ".join(
-                  f"{a:,}/{b:,}" for a, b in zip(r["round_rates"]["runner_in_process_per_s"],
-                                                 r["round_rates"]["runner_whole_process_per_s"],
-                                                 strict=True)))
+              f"{r['load_average'][0]:.2f} -> {r['load_average'][1]:.2f}; each round's "
+              "ratios, in process / whole process: " + ", ".join(
+                  f"{a:.2f}/{b:.2f}" for a, b in zip(r["round_ratios"]["in_process"],
+                                                     r["round_ratios"]["whole_process"],
+                                                     strict=True)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     if profile is not None:
         print()
         print("\n".join(top_lines(profile)))
-    doc = {"batch_size": BATCH, "sizes": sizes, "rounds": rounds, "seconds": round(seconds, 1),
+    doc = {"batch_size": BATCH, "sizes": sizes, "rounds": rounds, "goal_size": GOAL_SIZE,
+           "seconds": round(seconds, 1),
            "summary": machine(), "rows": rows, "profile": profile}
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
