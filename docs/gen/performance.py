@@ -212,6 +212,50 @@ def render_pg_target(doc: dict[str, Any]) -> str:
         f"median round, {cycle * 1000:,.0f} ms): {parts}."])
 
 
+def render_delivery_floor(doc: dict[str, Any]) -> str:
+    """``python -m bench delivery-floor``: runner's ``once`` against the batched floor, in
+    process (dispatch spans) and as a whole process, per store and size; then the top of
+    the profile's dispatch thread."""
+    stores = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
+    rows = ["| store | leads | measured | floor | runner | runner / floor | goal | met | "
+            "load average (start, end) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        for key, label, floor, mine in (
+                ("in_process", "in process: first send to last confirmation",
+                 "floor_span_per_s", "runner_in_process_per_s"),
+                ("whole_process", "whole process (runner: spawn to exit)", "floor_per_s",
+                 "runner_whole_process_per_s")):
+            goal = r["goals"].get(key)
+            met = r["met"].get(key)
+            shown = "" if goal is None else f">= {goal} at {doc.get('goal_size', 100_000):,}"
+            verdict = "" if met is None else ("yes" if met else "**no**")
+            rows.append(f"| {stores[r['backend']]} | {r['n']:,} | {label} | "
+                        f"{num(r[floor])} /s | {num(r[mine])} /s | "
+                        f"**{r['ratios'][key]:.2f}** | {shown} | {verdict} | "
+                        f"{r['load_average'][0]:.2f}, {r['load_average'][1]:.2f} |")
+    out = [provenance(doc) + f" Batch size {doc['batch_size']}, median of {doc['rounds']} "
+           f"interleaved rounds per row (each ratio the median of the rounds' ratios); wall "
+           f"time {doc['seconds']:,.0f} s.", "", *rows]
+    profile = doc.get("profile")
+    if profile:
+        for thread in profile["threads"]:
+            if not thread["dispatch"]:
+                continue
+            run = max((e["cumulative_s"] for e in thread["top"]
+                       if e["function"].startswith("runner/tasks/deliver.py")), default=0.0)
+            out += ["", f"The profile's dispatch thread (cProfile of `once` in process, "
+                    f"{profile['n']:,} leads, SQLite store), its top functions by cumulative "
+                    "time (the share is of the dispatch run's, `runner/tasks/deliver.py` "
+                    "`run`):", "", "| function | calls | cumulative | share | own |",
+                    "|---|---|---|---|---|"]
+            for e in thread["top"]:
+                share = (f"{e['cumulative_s'] / run:.0%}"
+                         if run and e["cumulative_s"] <= run else "")
+                out.append(f"| `{cell(e['function'])}` | {num(e['calls'])} | "
+                           f"{e['cumulative_s']:.3f} s | {share} | {e['own_s']:.3f} s |")
+    return "\n".join(out)
+
+
 def render_accept_scale(doc: dict[str, Any]) -> str:
     chunk = doc["chunk"]
     rows = [f"| backend | first {chunk:,} leads | last {chunk:,} (store at {doc['n']:,}) | "
