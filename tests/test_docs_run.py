@@ -40,13 +40,8 @@ PG_PAGES = {"docs/tutorial/postgresql.md": "tutorial",
             "docs/how-to/postgresql-target.md": "howto_target"}
 
 
-#: the pages that run only in the slow tier (``pytest -m slow``; ``.ci/run`` runs it):
-#: each replays the whole SQLite tutorial first, and the default run must stay short
-SLOW = {"docs/how-to/uncertain.md", "docs/how-to/pipeline.md"}
-
-
-@pytest.mark.parametrize("page", [pytest.param(page, marks=pytest.mark.slow)
-                                  if page in SLOW else page for page in sorted(PAGES)])
+# every page in the default run (the README's test command): a drifting page fails there
+@pytest.mark.parametrize("page", sorted(PAGES))
 def test_every_block_of_the_page_prints_what_the_page_shows(page: str) -> None:
     if page in PG_PAGES:
         from tests import pg
