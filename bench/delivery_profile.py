@@ -62,8 +62,8 @@ sys.exit(code)
 """
 
 TOP = 15
-#: the dispatch run's worker thread is the one that ran this (``runner.tasks.deliver``)
-_DISPATCH = ("tasks/deliver.py", "run")
+#: the dispatch run's worker thread is the one that ran this (``runner.tasks.pagerun``)
+_DISPATCH = ("tasks/pagerun.py", "run")
 
 
 def _name(key: tuple[str, int, str]) -> str:

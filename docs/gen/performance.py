@@ -242,11 +242,15 @@ def render_delivery_floor(doc: dict[str, Any]) -> str:
             if not thread["dispatch"]:
                 continue
             run = max((e["cumulative_s"] for e in thread["top"]
-                       if e["function"].startswith("runner/tasks/deliver.py")), default=0.0)
+                       if e["function"].startswith(("runner/tasks/deliver.py",
+                                                    "runner/tasks/pagerun.py"))),
+                      default=0.0)
             out += ["", f"The profile's dispatch thread (cProfile of `once` in process, "
                     f"{profile['n']:,} leads, SQLite store), its top functions by cumulative "
-                    "time (the share is of the dispatch run's, `runner/tasks/deliver.py` "
-                    "`run`):", "", "| function | calls | cumulative | share | own |",
+                    "time (the share is of the dispatch run's `run`, in "
+                    "`runner/tasks/deliver.py`, since split off to "
+                    "`runner/tasks/pagerun.py`):", "",
+                    "| function | calls | cumulative | share | own |",
                     "|---|---|---|---|---|"]
             for e in thread["top"]:
                 share = (f"{e['cumulative_s'] / run:.0%}"
