@@ -52,7 +52,7 @@ it joins one batch's outcomes and the next batch's in-flight mark in one stateme
 not timed), then ``python run.py once --log-format json`` to a fresh target at the default
 batch size, one child process per round. Its **in-process** rate is over its dispatch span
 from its own log (first ``batch.in_flight`` line to the last ``batch.confirmed``,
-``bench.leads._log_span``); its **whole-process** rate is from spawn to exit (interpreter
+``bench.leads.once_rates``); its **whole-process** rate is from spawn to exit (interpreter
 start-up, imports, opening the store, target checks, recovery, the poll pass included).
 The floor is timed the same two ways: from its first target write (after its first
 in-flight commit, the moment runner logs its first send) to its last confirmation commit,
@@ -81,8 +81,8 @@ from typing import Any
 
 import anyio
 
-from bench.common import SCOPE, event, machine, run_child, workdir
-from bench.leads import _drop_schema, _log_span, _prepare
+from bench.common import SCOPE, event, machine, workdir
+from bench.leads import _drop_schema, _prepare, once_rates
 from runner.io.sqlite.connection import CACHE_KIB
 from runner.io.synthetic_target import SHEET, SHEET_INDEX
 from runner.limits import DEFAULT_BATCH_SIZE
@@ -326,18 +326,11 @@ def runner_once(d: Path, n: int, backend: str) -> tuple[float, float]:
         anyio.run(_prepare, db, None, n, False)
         scope = d / "scope.json"
         scope.write_text(json.dumps(SCOPE))
-        wall, _, stdout, stderr = run_child(
-            ["once", "--db", db, "--scope", str(scope), "--target", str(d / "runner-t.db"),
-             "--log-format", "json"], with_stderr=True)
+        return once_rates(["--db", db, "--scope", str(scope), "--target",
+                           str(d / "runner-t.db")], n)
     finally:
         if backend != "sqlite":
             _drop_schema(schema)
-    confirmed = json.loads(stdout)["confirmed"]
-    if confirmed != n:
-        raise RuntimeError(f"once confirmed {confirmed} of {n}")
-    span = _log_span(stderr, ("lead.in_flight", "batch.in_flight"),
-                     ("lead.confirmed", "batch.confirmed"))
-    return n / span, n / wall
 
 
 # -- the measurement ---------------------------------------------------------------------

@@ -142,16 +142,10 @@ def _dispatch_rate(n: int, batch_size: int | None,
         scope.write_text(json.dumps(SCOPE))
         batch = [] if batch_size is None else ["--batch-size", str(batch_size)]
         before = stdlib_single_commits(d / "before", max(300, n // 4))
-        wall, _, stdout, stderr = run_child(["once", "--db", str(db), "--scope", str(scope),
-                                             "--target", str(target), "--log-format", "json",
-                                             *batch], with_stderr=True)
-        sending = _log_span(stderr, ("lead.in_flight", "batch.in_flight"),
-                            ("lead.confirmed", "batch.confirmed"))
+        sending, whole = once_rates(["--db", str(db), "--scope", str(scope),
+                                     "--target", str(target), *batch], n)
         after = stdlib_single_commits(d / "after", max(300, n // 4))
-        confirmed = json.loads(stdout)["confirmed"]
-        if confirmed != n:
-            raise RuntimeError(f"once confirmed {confirmed} of {n}")
-    return n / sending, n / wall, (before + after) / 2
+    return sending, whole, (before + after) / 2
 
 
 def dispatch(n: int) -> list[Row]:
@@ -186,6 +180,20 @@ def _log_span(stderr: bytes, first: tuple[str, ...], last: tuple[str, ...]) -> f
         elif doc.get("action") in last:
             ends.append(datetime.fromisoformat(doc["ts"]))
     return (max(ends) - min(starts)).total_seconds()
+
+
+def once_rates(argv: list[str], n: int) -> tuple[float, float]:
+    """``python run.py once ARGV --log-format json`` over ``n`` prepared leads: (leads per
+    second over its dispatch span, from its first send to its last confirmation in its
+    log; leads per second from spawn to exit).  Raises unless it confirmed all ``n``."""
+    wall, _, stdout, stderr = run_child(["once", *argv, "--log-format", "json"],
+                                        with_stderr=True)
+    confirmed = json.loads(stdout)["confirmed"]
+    if confirmed != n:
+        raise RuntimeError(f"once confirmed {confirmed} of {n}")
+    span = _log_span(stderr, ("lead.in_flight", "batch.in_flight"),
+                     ("lead.confirmed", "batch.confirmed"))
+    return n / span, n / wall
 
 
 async def _poll_pass(db: Path, target: Path, n: int) -> float:

@@ -56,8 +56,8 @@ from typing import Any
 import anyio
 import asyncpg
 
-from bench.common import SCOPE, machine, run_child, workdir
-from bench.leads import _log_span, _prepare
+from bench.common import SCOPE, machine, workdir
+from bench.leads import _prepare, once_rates
 from bench.results import record
 from runner.leads.models import CRMRecord
 from runner.limits import DEFAULT_BATCH_SIZE
@@ -233,16 +233,10 @@ def runner_process(d: Path, schema: str, table: str, n: int, batch: int,
     anyio.run(_prepare, db, None, n, False)
     scope = d / "scope.json"
     scope.write_text(json.dumps(SCOPE))
-    wall, _, stdout, stderr = run_child(
-        ["once", "--db", str(db), "--scope", str(scope), "--target", PG_DSN,
-         "--target-table", f"{schema}.{table}", "--batch-size", str(batch),
-         "--log-format", "json"], with_stderr=True)
-    confirmed = json.loads(stdout)["confirmed"]
-    if confirmed != n:
-        raise RuntimeError(f"once confirmed {confirmed} of {n}")
-    span = _log_span(stderr, ("batch.in_flight", "lead.in_flight"),
-                     ("batch.confirmed", "lead.confirmed"))
-    return n / wall, n / span
+    span, whole = once_rates(["--db", str(db), "--scope", str(scope), "--target", PG_DSN,
+                              "--target-table", f"{schema}.{table}", "--batch-size",
+                              str(batch)], n)
+    return whole, span
 
 
 def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-"""What the PostgreSQL DDL modules (``schema.py``, ``outbox_schema.py``) share: a trigger
-function that refuses whatever fired it, which is how the database keeps a row or a
-table unchanged."""
+"""What the PostgreSQL DDL modules (``schema.py``, ``outbox_schema.py``,
+``pipeline_schema.py``) share: a trigger function that refuses whatever fired it, which is
+how the database keeps a row or a table unchanged."""
 
 from __future__ import annotations
 

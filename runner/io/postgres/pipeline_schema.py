@@ -20,6 +20,8 @@ tests use to show that a lost notification loses nothing.
 
 from __future__ import annotations
 
+from runner.io.postgres.ddl import refuse
+
 CHANNEL = "runner_pipeline"
 _KINDS = "'output', 'no_output', 'not_applicable', 'unsupported', 'failed'"
 
@@ -29,15 +31,6 @@ _READERS = """
         WHERE p.input_level = NEW.level
           AND NOT EXISTS (SELECT 1 FROM {s}.pipeline_processors q
                           WHERE q.name = p.name AND q.version > p.version)"""
-
-
-def _refuse(name: str, message: str) -> str:
-    return f"""
-CREATE FUNCTION {{s}}.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION '{message}' USING ERRCODE = 'integrity_constraint_violation';
-END $$;
-"""
 
 
 PIPELINE_V1 = (
@@ -133,8 +126,8 @@ CREATE TABLE {{s}}.pipeline_worker_config (
     updated_at text NOT NULL
 );
 """
-    + _refuse("pipeline_kept", "pipeline records, outcomes and history are never deleted")
-    + _refuse("pipeline_history_fixed", "pipeline history never changes")
+    + refuse("pipeline_kept", "pipeline records, outcomes and history are never deleted")
+    + refuse("pipeline_history_fixed", "pipeline history never changes")
     + """
 CREATE TRIGGER pipeline_records_no_delete BEFORE DELETE ON {s}.pipeline_records
 FOR EACH ROW EXECUTE FUNCTION {s}.pipeline_kept();
@@ -276,7 +269,7 @@ CREATE TABLE {s}.pipeline_prunes (
     at        text NOT NULL
 );
 """
-    + _refuse("pipeline_prunes_fixed", "the prune record never changes")
+    + refuse("pipeline_prunes_fixed", "the prune record never changes")
     + """
 CREATE TRIGGER pipeline_prunes_no_change BEFORE UPDATE OR DELETE ON {s}.pipeline_prunes
 FOR EACH ROW EXECUTE FUNCTION {s}.pipeline_prunes_fixed();
