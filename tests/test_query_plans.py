@@ -80,3 +80,20 @@ async def test_a_statement_on_named_leads_finds_them_by_write_id(
                        if "leads_write_id_key" in line or "Seq Scan on leads" in line]
     assert by_write_id, plan
     assert not [line for line in plan if any(index in line for index in STATE_INDEXES)], plan
+
+
+@pytest.mark.parametrize("name", ["poll_page", "clamp_poll_times"])
+async def test_the_poll_pass_walks_the_poll_order_index_of_confirmed_records(
+    store: Store, db_location: str, backend: str, name: str
+) -> None:
+    """v19: ``leads_poll_order`` holds the confirmed records only; the poll page walks it
+    in order (no sort of every confirmed record found by the state index)."""
+    if backend != "sqlite":
+        pytest.skip("PostgreSQL plans by its statistics; on a fresh table a scan is right")
+    plan = _sqlite_plan(db_location, name, {"limit": 100, "at": "2026-01-01T00:00:00Z"})
+    assert [line for line in plan if "USING INDEX leads_poll_order" in line], plan
+    assert not [line for line in plan if "TEMP B-TREE" in line], plan
+    with sqlite3.connect(db_location) as conn:
+        (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'leads_poll_order'"
+                              ).fetchone()
+    assert "WHERE state = 'confirmed'" in sql

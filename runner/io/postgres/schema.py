@@ -404,11 +404,20 @@ EXECUTE FUNCTION {s}.leads_guard();
 """
 ).replace("{transitions}", transition_list(V9_TRANSITIONS))
 
+#: v19 (issue 32): the poll order index holds the confirmed records only, as on SQLite
+#: (its v19): an update of a record in another state adds no entry to it.
+V19 = """
+DROP INDEX {s}.leads_poll_order;
+CREATE INDEX leads_poll_order ON {s}.leads (last_polled_at NULLS FIRST, seq)
+WHERE state = 'confirmed';
+"""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
                               7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
                               11: V11, 12: V12, 13: V13, 14: FIGURES_V14,
-                              15: PIPELINE_V15, 16: V16, 17: V17, 18: V18}
+                              15: PIPELINE_V15, 16: V16, 17: V17, 18: V18,
+                              19: V19}
 LATEST = max(MIGRATIONS)
 
 

@@ -110,12 +110,15 @@ SELECT
    FROM leads WHERE state = 'failed_safe' AND next_attempt_at IS NOT NULL)
 
 -- poll (runner.io.engine.observe): confirmed records, never polled first
+-- the poll order index holds the confirmed records only (v19); named, as SQLite (no
+-- statistics) would rather sort every confirmed record it finds by the state index
 -- name: poll_page
-SELECT seq, source_lead_id, write_id, snapshot FROM leads
+SELECT seq, source_lead_id, write_id, snapshot FROM leads INDEXED BY leads_poll_order
 WHERE state = 'confirmed' ORDER BY last_polled_at, seq LIMIT :limit
 
 -- name: clamp_poll_times
-UPDATE leads SET last_polled_at = :at WHERE state = 'confirmed' AND last_polled_at > :at
+UPDATE leads INDEXED BY leads_poll_order SET last_polled_at = :at
+WHERE state = 'confirmed' AND last_polled_at > :at
 
 -- :changes is a JSON array of [write_id, snapshot]; a row for each snapshot that differs.
 -- +state keeps SQLite (no statistics) from walking every confirmed record by the state
