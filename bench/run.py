@@ -11,7 +11,7 @@
     python -m bench http-target   # HTTP dispatch vs a bare httpx client (bench/http_target.py)
     python -m bench pg-target  # the PostgreSQL table target vs bare asyncpg (bench/pg_target.py)
     python -m bench delivery-floor  # delivery vs a batched stdlib floor (bench/delivery_floor.py)
-    python -m bench webhook-floor  # signed webhook intake vs a minimal ASGI floor (bench/webhook_floor.py)
+    python -m bench webhook-floor  # signed webhook intake vs an ASGI floor (bench/webhook_floor.py)
     python -m bench status     # status at 1M leads on both backends (bench/leads.py)
     python -m bench logcost    # dispatch with its log lines vs without (bench/logcost.py)
     python -m bench accept-scale  # accept rate at 1M leads vs at the start (bench/accept_scale.py)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import sqlite3
@@ -134,7 +135,10 @@ def _loaded(d: Path, name: str, scope: Path, secret: Path, n: int, *, floor: boo
     proc, port = _serve(db, scope, secret, d / f"{name}.log", floor=floor, profile=profile)
     try:
         asyncio.run(_load(port, _signed_requests(10_000_000, CLIENTS)))  # warm up
-        seconds, latencies, bad = asyncio.run(_load(port, _signed_requests(0, n)))
+        requests = _signed_requests(0, n)
+        cpu = _cpu_seconds(proc.pid)
+        seconds, latencies, bad = asyncio.run(_load(port, requests))
+        cpu = _cpu_seconds(proc.pid) - cpu
     finally:
         _stop(proc)
     if bad:
@@ -148,7 +152,14 @@ def _loaded(d: Path, name: str, scope: Path, secret: Path, n: int, *, floor: boo
     if stored != (n + CLIENTS, n + CLIENTS):
         raise RuntimeError(f"{name} stored {stored} rows and events for {n + CLIENTS}")
     cuts = statistics.quantiles(latencies, n=100)
-    return {"per_s": n / seconds, "p50_ms": cuts[49] * 1000, "p99_ms": cuts[98] * 1000}
+    return {"per_s": n / seconds, "p50_ms": cuts[49] * 1000, "p99_ms": cuts[98] * 1000,
+            "cpu_us": cpu / n * 1e6}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time (user and system, every thread) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 #: runner serve's signed intake against the floor's (issue 32 point 4)
@@ -181,9 +192,13 @@ def measure(n: int, rounds: int, *, base: bool = True,
                                                        strict=True)]
     doc: dict[str, Any] = {
         "n": n, "rounds": rounds, "clients": CLIENTS, "goal": FLOOR_GOAL,
-        **{side: {key: median(side, key) for key in ("per_s", "p50_ms", "p99_ms")}
+        **{side: {key: median(side, key) for key in ("per_s", "p50_ms", "p99_ms", "cpu_us")}
            for side in sides},
         "ratio": statistics.median(ratios), "round_ratios": ratios,
+        # the floor's server CPU per request over runner's: the same ratio, judged by
+        # what each server spent instead of by the rate the shared CPUs let it reach
+        "cpu_ratio": statistics.median(b["cpu_us"] / a["cpu_us"] for a, b in zip(
+            sides["runner"], sides["floor"], strict=True)),
         "round_figures": sides}
     doc["met"] = doc["ratio"] >= FLOOR_GOAL
     if base:
@@ -202,7 +217,9 @@ def floor_row(doc: dict[str, Any]) -> Row:
                f": runner's signature check, stdlib sqlite3 group commits), {doc['clients']} "
                f"keep-alive clients; p50/p99 runner {runner['p50_ms']:.1f}/"
                f"{runner['p99_ms']:.1f} ms, floor {floor['p50_ms']:.1f}/{floor['p99_ms']:.1f} "
-               f"ms; medians of {doc['rounds']} interleaved rounds")
+               f"ms; server CPU per request runner {runner['cpu_us']:.0f} us, floor "
+               f"{floor['cpu_us']:.0f} us (floor / runner {doc['cpu_ratio']:.2f}); medians "
+               f"of {doc['rounds']} interleaved rounds")
 
 
 def intake(n: int, rounds: int = 3) -> list[Row]:

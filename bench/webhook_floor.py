@@ -27,11 +27,12 @@ one write per answer). Per ``POST /webhook`` the floor's ASGI app
    write_id (``runner.leads.intake.new_write_id``: the same time-ordered ids, so the
    write_id index sees the same inserts);
 4. queues the row for the group commit and waits: one writer thread (``sqlite3``) commits
-   everything queued in one transaction (``BEGIN IMMEDIATE``; per row an
-   ``INSERT … ON CONFLICT (tenant_id, source_lead_id) DO NOTHING RETURNING write_id`` and,
-   for a new row, its outbox event, ``accepted`` with the payload runner's trigger
-   writes; for a known key a read of the stored row, answered ``duplicate`` when its
-   canonical JSON is the same, else 409 ``conflict``; ``COMMIT``). Requests arriving while
+   everything queued in one transaction (``BEGIN IMMEDIATE``; the rows in one
+   ``executemany`` of ``INSERT … ON CONFLICT (tenant_id, source_lead_id) DO NOTHING``;
+   when the connection's change count says a key was known, a read of each row's stored
+   write_id: another one is answered ``duplicate`` when its canonical JSON is the same,
+   else 409 ``conflict``; then one ``executemany`` of the new rows' outbox events,
+   ``accepted`` with the payload runner's trigger writes; ``COMMIT``). Requests arriving while
    a commit runs are committed together in the next one; each is answered only after the
    commit that holds its row (200 and runner's answer line:
    ``{"result":"accepted","source_lead_id":…,"write_id":…}``).
@@ -83,7 +84,7 @@ _SCHEMA = (
 )
 _INSERT = ("INSERT INTO leads (tenant_id, source_lead_id, canonical, write_id, accepted_at, "
            "updated_at) VALUES (?, ?, ?, ?, ?, ?) "
-           "ON CONFLICT (tenant_id, source_lead_id) DO NOTHING RETURNING write_id")
+           "ON CONFLICT (tenant_id, source_lead_id) DO NOTHING")
 _EVENT = ("INSERT INTO outbox (kind, subject, payload, at) VALUES ('accepted', ?, "
           "json_object('tenant_id', ?, 'write_id', ?, 'state', 'prepared'), ?)")
 _STORED = "SELECT write_id, canonical FROM leads WHERE tenant_id = ? AND source_lead_id = ?"
@@ -146,18 +147,25 @@ class GroupCommit:
             self._committing = False
 
     def _write(self, rows: list[Row]) -> list[Outcome]:
+        """One transaction for the group: the rows in one ``executemany`` (a known key
+        inserts nothing), then the outbox events of the new ones in another. When every
+        key was new (the bulk case, told by the connection's change count), that is all;
+        else each row's stored write_id says whether it was this one."""
         conn = self._conn
         at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        out: list[Outcome] = []
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for tenant, key, canonical, write_id in rows:
-                if conn.execute(_INSERT, (tenant, key, canonical, write_id, at, at)).fetchone():
-                    conn.execute(_EVENT, (key, tenant, write_id, at))
-                    out.append(("accepted", write_id))
-                    continue
-                stored_id, stored = conn.execute(_STORED, (tenant, key)).fetchone()
-                out.append(("duplicate" if stored == canonical else "conflict", stored_id))
+            before = conn.total_changes
+            conn.executemany(_INSERT, [(*row, at, at) for row in rows])
+            out: list[Outcome] = [("accepted", row[3]) for row in rows]
+            if conn.total_changes - before != len(rows):
+                for i, (tenant, key, canonical, write_id) in enumerate(rows):
+                    stored_id, stored = conn.execute(_STORED, (tenant, key)).fetchone()
+                    if stored_id != write_id:
+                        out[i] = ("duplicate" if stored == canonical else "conflict",
+                                  stored_id)
+            conn.executemany(_EVENT, [(row[1], row[0], row[3], at) for row, (result, _)
+                                      in zip(rows, out, strict=True) if result == "accepted"])
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
