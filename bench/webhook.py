@@ -5,6 +5,10 @@
   client spends as little of the shared CPUs as it can), one event per request; figures
   requests/s with p50/p99 latency, against the same events through 64 concurrent
   in-process ``accept`` callers (group commits), measured in the same run (target ≥ 0.5);
+* the same signed intake against its floor (issue 32 point 4): ``runner serve`` beside the
+  minimal ASGI app of ``bench/webhook_floor.py`` on the same server stack, in the same
+  interleaved rounds under the same load, with both sides' p50/p99 and server CPU per
+  request (target ≥ 0.8; ``python -m bench webhook-floor`` runs it alone and records it);
 * ``/metrics`` on a store of 1,000,000 leads: the store time of a scrape as the server
   measures it (``runner_metrics_store_seconds``), mean over 20 scrapes (target < 100 ms).
   The store is built with one SQL statement through the schema's own triggers (the outbox
