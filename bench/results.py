@@ -15,6 +15,7 @@ JSON file here, and the documentation renders the latest file of each kind
     bench/results/kill9-<UTC>.json     python bench/kill9.py ... --record
     bench/results/forget-<UTC>.json    python -m bench forget     (not with --quick)
     bench/results/delivery-floor-<UTC>.json  python -m bench delivery-floor (not --quick)
+    bench/results/webhook-floor-<UTC>.json   python -m bench webhook-floor  (not --quick)
 
 Every file carries ``kind``, ``date`` (UTC), the ``command`` that wrote it, and
 ``machine`` (CPUs, CPU model, Python, SQLite, platform, load average at the end).

@@ -132,3 +132,29 @@ def test_the_delivery_floor_benchmark_prints_both_ratios(tmp_path: Path) -> None
     assert all(r > 0 for r in ratios.values())
     assert "dispatch (worker thread), by cumulative time:" in proc.stdout
     assert profile.stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_webhook_floor_benchmark_loads_runner_serve_and_the_floor_alike() -> None:
+    """``python -m bench webhook-floor --quick`` keeps working (issue 32 point 4): runner
+    serve and the minimal ASGI floor take the same signed load (the bench checks that each
+    stored one row and one ``accepted`` event per event), and the table and the JSON line
+    give both rates, their latencies and the ratio."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "webhook-floor", "--quick"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^webhook vs floor, 1,000\s+[\d,.]+ req/s\s+[\d,.]+ req/s floor\s+"
+                     r"\d+\.\d\d", proc.stdout, re.MULTILINE), proc.stdout
+    doc = json.loads(proc.stdout.splitlines()[-1])
+    assert (doc["n"], doc["rounds"], doc["clients"], doc["goal"]) == (1000, 1, 64, 0.8)
+    for side in ("runner", "floor"):
+        figures = doc[side]
+        assert figures["per_s"] > 0 and 0 < figures["p50_ms"] <= figures["p99_ms"]
+        assert figures["cpu_us"] > 0  # the server's CPU per request
+        assert len(doc["round_figures"][side]) == 1
+    assert doc["ratio"] == pytest.approx(doc["runner"]["per_s"] / doc["floor"]["per_s"])
+    assert doc["met"] == (doc["ratio"] >= 0.8) and doc["accept_per_s"] > 0
+    assert doc["cpu_ratio"] == pytest.approx(
+        doc["floor"]["cpu_us"] / doc["runner"]["cpu_us"])
+    assert "figures written to" not in proc.stderr  # a quick run records nothing

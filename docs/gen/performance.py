@@ -260,6 +260,39 @@ def render_delivery_floor(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def render_webhook_floor(doc: dict[str, Any]) -> str:
+    """``python -m bench webhook-floor``: ``runner serve``'s signed intake beside the
+    minimal ASGI floor on the same server, with each side's latencies; then, when the run
+    profiled ``runner serve``, the top of its event loop by own time."""
+    runner, floor = doc["runner"], doc["floor"]
+    rows = ["| server | requests/s | p50 | p99 | server CPU per request |",
+            "|---|---|---|---|---|"]
+    rows += [f"| {label} | {num(side['per_s'])} | {side['p50_ms']:.1f} ms | "
+             f"{side['p99_ms']:.1f} ms | {side['cpu_us']:.0f} µs |"
+             for label, side in (("`runner serve`", runner),
+                                 ("the floor (`bench/webhook_floor.py`)", floor))]
+    rounds = ", ".join(f"{r:.2f}" for r in doc["round_ratios"])
+    out = [provenance(doc) + f" {doc['n']:,} signed events per side per round, "
+           f"{doc['clients']} keep-alive clients, medians of {doc['rounds']} interleaved "
+           f"rounds; wall time {doc['seconds']:,.0f} s.", "", *rows, "",
+           f"**runner serve / floor: {doc['ratio']:.2f}** (goal >= {doc['goal']}: "
+           f"{'met' if doc['met'] else '**not met**'}; the rounds: {rounds}). By server "
+           f"CPU per request, the floor / runner: {doc['cpu_ratio']:.2f}."]
+    if "accept_per_s" in doc:
+        out[-1] += (f" In the same rounds, {doc['clients']} in-process `accept` callers "
+                    f"took {num(doc['accept_per_s'])} events/s; `runner serve` is "
+                    f"{doc['accept_ratio']:.2f} of them.")
+    profile = doc.get("profile")
+    if profile:
+        out += ["", "`runner serve`'s main thread (its event loop) under the same load, "
+                "profiled with cProfile in one more round that is not counted, its top "
+                f"functions by own time ({profile['total_own_s']:,.1f} s in all):", "",
+                "| function | calls | own | cumulative |", "|---|---|---|---|"]
+        out += [f"| `{cell(e['function'])}` | {num(e['calls'])} | {e['own_s']:.3f} s | "
+                f"{e['cumulative_s']:.3f} s |" for e in profile["top"]]
+    return "\n".join(out)
+
+
 def render_accept_scale(doc: dict[str, Any]) -> str:
     chunk = doc["chunk"]
     rows = [f"| backend | first {chunk:,} leads | last {chunk:,} (store at {doc['n']:,}) | "

@@ -24,6 +24,7 @@ from docs.gen.performance import (
     render_reconcile,
     render_resolve,
     render_sweep_explain,
+    render_webhook_floor,
 )
 from docs.gen.reliability import (
     render_chaos,
@@ -62,6 +63,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "http-target": render_http_target,
     "pg-target": render_pg_target,
     "delivery-floor": render_delivery_floor,
+    "webhook-floor": render_webhook_floor,
     "kill9-http-target": render_kill9,
     "kill9-http-dedupe": render_kill9_settled,
     "kill9-pg-table": render_kill9_settled,
