@@ -277,6 +277,9 @@ def test_a_worker_and_a_job_ride_through_on_their_own(up: Cluster, store: CliSto
     worker = Child("worker", "core-processor", "--db", store.db, *tuning, env=SLOW)
     try:
         worker.wait_out_lines(1)  # both are claiming batches of ten, slowly
+        # the job is past its own start-up (a start that finds no server exits 74 at once)
+        job.wait_for(lambda c: any('"done"' in line for line in c.err), 60,
+                     "the job's first progress line")
         up.kill9()
         up.start()
         assert job.finish(timeout=120) == 0, job.err
