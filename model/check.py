@@ -168,6 +168,7 @@ def checks_for(*, quick: bool = False, deep: bool = False) -> list[Check]:
         found += [Check("small-dedupe", p) for p in (*SAFETY, *DEDUPE_ONLY)]
         # the store that forgets: its liveness search costs more than the rest of --quick
         found += [Check("small-rewind", p) for p in SAFETY]
+        found += [Check("small-pipeline", p) for p in SAFETY]
     else:
         found = [Check(c, p) for c in ("today", "batches", "dedupe") for p in SAFETY]
         found += [Check(c, p) for c in ("today-n2", "batches-n2") for p in plain_liveness]
@@ -176,6 +177,13 @@ def checks_for(*, quick: bool = False, deep: bool = False) -> list[Check]:
         # in one verifier; never two rows again with a crash on top
         found += [Check("rewind", p) for p in (*SAFETY, *plain_liveness)]
         found += [Check("rewind-crash", "no_duplicate_write")]
+        # the pipelined dispatch (PIPELINE=1, issue 32): two batches in flight at once
+        found += [Check(c, p) for c in ("pipeline", "pipeline-batches", "pipeline-dedupe")
+                  for p in SAFETY]
+        found += [Check("pipeline-n2", p) for p in plain_liveness]
+        found += [Check("pipeline-dedupe-live", p) for p in DEDUPE_ONLY]
+        found += [Check("pipeline-rewind", p) for p in (*SAFETY, *plain_liveness)]
+        found += [Check("pipeline-rewind-crash", "no_duplicate_write")]
         if deep:
             found += [Check("batches-deep", p) for p in plain_liveness]
             found += [Check("dedupe-deep", p) for p in DEDUPE_ONLY]
@@ -234,9 +242,11 @@ def parse(outcome: Outcome, text: str) -> None:
 
 
 def run_group(config: str, mutation: str | None, props: Sequence[str], *,
-              spin: str, cc: str, keep: bool = False, timeout: float = 900.0) -> list[Outcome]:
+              spin: str, cc: str, keep: bool = False, timeout: float = 900.0,
+              extra: str = "") -> list[Outcome]:
     """Generate and compile one verifier (a configuration, maybe a mutation), then run
-    each property on it."""
+    each property on it.  ``extra``: model text appended to the copy (a test's own
+    ``ltl`` formula, say, which the model's tables do not list)."""
     cfg = CONFIGS[config]
     defines = [f"-D{k}={v}" for k, v in cfg.defines.items()]
     if mutation:
@@ -247,6 +257,9 @@ def run_group(config: str, mutation: str | None, props: Sequence[str], *,
     work = Path(tempfile.mkdtemp(prefix="runner-spin-"))
     try:
         shutil.copy(MODEL, work / MODEL.name)
+        if extra:
+            with (work / MODEL.name).open("a", encoding="utf-8") as f:
+                f.write("\n" + extra + "\n")
         t0 = time.monotonic()
         gen = subprocess.run([spin, *defines, "-a", MODEL.name], cwd=work,
                              capture_output=True, text=True, check=False)

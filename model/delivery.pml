@@ -70,6 +70,9 @@
 #ifndef REWIND
 #define REWIND 0
 #endif
+#ifndef PIPELINE
+#define PIPELINE 0
+#endif
 #ifndef MAXFORGET
 #define MAXFORGET 1
 #endif
@@ -374,6 +377,60 @@ inline reconcile_pass() {
   od
 }
 
+/* one request; the target applies it atomically, or not at all */
+inline send_request() {
+  atomic {
+    CRASH(dispatch_after_in_flight);
+    if
+    :: faults < MAXFAULT -> faults++; res = NOT_SENT
+    :: SEND_AND_APPLY(false, ANSWERED)
+    :: SEND_AND_APPLY(false, LOST)      /* applied; the answer is lost */
+    :: SEND_AND_APPLY(true, ANSWERED)   /* applied, but not as the mapped record */
+    :: nfull(net) -> PUT_IN_TRANSIT; in_transit(batch, 1); res = LOST  /* may land later */
+    fi
+  }
+}
+
+/* an exact readback of every row of the batch (send_blocking, classify_readback) */
+/* the crash points after the request are one state here: applied (or not), the answer
+   given or not, nothing recorded (dispatch.batch-applied and dispatch.batch-mid-readback
+   are in the synthetic target) */
+inline read_back() {
+  atomic {
+    CRASH(dispatch_after_write / dispatch_batch_applied / dispatch_batch_mid_readback);
+    pend = batch;
+    if
+    :: res == NOT_SENT -> pfs = batch
+#if REWIND
+    :: res == STALE -> pfs = batch; stale = true  /* failed-safe; refused() */
+#endif
+    :: res == ANSWERED ->
+#ifdef M_CONFIRM_WITHOUT_READBACK
+       pok = batch
+#else
+       if
+       :: for (k : 0 .. N - 1) {
+            if :: HAS(batch, k) && rows[k] == 1 && !bad[k] -> pok = pok | BIT(k)
+               :: else
+            fi
+          }
+       :: COUNTED_FAULT skip  /* the readback failed: unproven, uncertain */
+       fi
+#endif
+#ifdef M_LOST_ANSWER_IS_NOT_SENT
+    :: res == LOST -> pfs = batch
+#else
+    :: res == LOST -> skip  /* uncertain */
+#endif
+    fi;
+    batch = 0; res = 0; k = 0
+#if REWIND
+    ; bseq = 0
+#endif
+  }
+}
+
+#if !PIPELINE
 /* prepared and failed-safe records in accept order, 1 to BATCH per request (L8, E1) */
 inline dispatch_pass() {
   do
@@ -393,58 +450,85 @@ inline dispatch_pass() {
 #endif
        if :: batch == 0 -> nxt = 0; break :: else fi
      }
-     /* one request; the target applies it atomically, or not at all */
-     atomic {
-       CRASH(dispatch_after_in_flight);
-       if
-       :: faults < MAXFAULT -> faults++; res = NOT_SENT
-       :: SEND_AND_APPLY(false, ANSWERED)
-       :: SEND_AND_APPLY(false, LOST)      /* applied; the answer is lost */
-       :: SEND_AND_APPLY(true, ANSWERED)   /* applied, but not as the mapped record */
-       :: nfull(net) -> PUT_IN_TRANSIT; in_transit(batch, 1); res = LOST  /* may land later */
-       fi
-     }
+     send_request();
 #ifdef M_MARK_AFTER_SEND
      atomic { CRASH(dispatch_after_write); mark_in_flight() }
 #endif
-     /* an exact readback of every row of the batch (send_blocking, classify_readback) */
-     /* the crash points after the request are one state here: applied (or not), the
-        answer given or not, nothing recorded (dispatch.batch-applied and
-        dispatch.batch-mid-readback are in the synthetic target) */
+     read_back()
+  od
+}
+#else
+/* PIPELINE: the commit of the outcomes read back last (pend) and the in-flight mark of
+   the next batch (nbatch, nseq), made while `batch` (bseq), marked by the commit before,
+   is at the target; `batch` stays the one going out */
+inline mark_next() {
+  commit_outcomes();
+  nbatch = batch; batch = 0;
+#if REWIND
+  nseq = bseq; bseq = 0;
+#endif
+  select_batch();
+  mark_in_flight();
+  batch = batch ^ nbatch; nbatch = batch ^ nbatch; batch = batch ^ nbatch
+#if REWIND
+  ; bseq = bseq ^ nseq; nseq = bseq ^ nseq; bseq = bseq ^ nseq
+#endif
+}
+
+#ifdef M_PIPELINE_MARK_WITH_OWN_SEND
+/* the mutation: the overlap taken with the batch's own request: it goes out as it is
+   selected, and its in-flight mark commits beside that request (before it or after) */
+inline dispatch_pass() {
+  do
+  :: atomic {
+       CRASH(dispatch_before_confirm / reconcile_after_commit);
+       LOST_STORE;
+       commit_outcomes();
+       select_batch();
+       if :: batch == 0 -> nxt = 0; break :: else fi
+     }
+     if
+     :: atomic { LOST_STORE; mark_in_flight() }; send_request()
+     :: send_request(); atomic { CRASH(dispatch_after_write); LOST_STORE; mark_in_flight() }
+     fi;
+     read_back()
+  od
+}
+#else
+#define MARK_NEXT \
+  atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); LOST_STORE; mark_next() }
+
+/* prepared and failed-safe records in accept order, 1 to BATCH per request (L8, E1), two
+   batches in flight at most: the one at the target and the next one, marked beside it */
+inline dispatch_pass() {
+  do
+  :: if
+     :: MARK_NEXT; if :: batch != 0 -> send_request() :: else fi
+     :: batch != 0 -> send_request(); MARK_NEXT
+     fi;
+     if :: batch != 0 -> read_back() :: else fi;
+#if REWIND
+     /* StaleMark: its outcomes commit and nothing more is sent; the next batch, marked
+        beside it, stays in flight, unsent (refused() then rewinds, under the same lock:
+        its tags take it in, its readback finds no row) */
+     if
+     :: stale -> atomic { CRASH(dispatch_before_confirm); LOST_STORE; commit_outcomes() };
+        nxt = 0; break
+     :: else
+     fi;
+#endif
      atomic {
-       CRASH(dispatch_after_write / dispatch_batch_applied / dispatch_batch_mid_readback);
-       pend = batch;
-       if
-       :: res == NOT_SENT -> pfs = batch
+       /* the next batch goes out; none, and no outcome pending: the pass is done */
+       batch = nbatch; nbatch = 0;
 #if REWIND
-       :: res == STALE -> pfs = batch; stale = true  /* failed-safe; refused() */
+       bseq = nseq; nseq = 0;
 #endif
-       :: res == ANSWERED ->
-#ifdef M_CONFIRM_WITHOUT_READBACK
-          pok = batch
-#else
-          if
-          :: for (k : 0 .. N - 1) {
-               if :: HAS(batch, k) && rows[k] == 1 && !bad[k] -> pok = pok | BIT(k)
-                  :: else
-               fi
-             }
-          :: COUNTED_FAULT skip  /* the readback failed: unproven, uncertain */
-          fi
-#endif
-#ifdef M_LOST_ANSWER_IS_NOT_SENT
-       :: res == LOST -> pfs = batch
-#else
-       :: res == LOST -> skip  /* uncertain */
-#endif
-       fi;
-       batch = 0; res = 0; k = 0
-#if REWIND
-       ; bseq = 0
-#endif
+       if :: batch == 0 && pend == 0 -> nxt = 0; break :: else fi
      }
   od
 }
+#endif
+#endif
 
 #if REWIND
 /* -- the store behind its target (runner.tasks.rewind) ----------------------------------- */
@@ -618,6 +702,12 @@ inline refused() {
 proctype Worker(byte me) {
   byte i, k, n, last, nxt, take, batch, pend, pok, pfs, res, saw;
   bool ok;
+#if PIPELINE
+  byte nbatch;  /* the next batch, marked in flight beside the request of `batch` */
+#if REWIND
+  byte nseq;
+#endif
+#endif
 #if REWIND
   byte mygen, bseq, held, replaced, remembered, fseq;
   bool start, stale, why, raised;  /* start: check the marks; stale: a StaleMark answer */
@@ -673,6 +763,12 @@ crashed:
     if :: lock == me -> lock = 0; owed = 0 :: else fi;  /* the kernel drops the flock */
     i = 0; k = 0; n = 0; last = 0; nxt = 0; take = 0; batch = 0; pend = 0; pok = 0;
     pfs = 0; res = 0; saw = 0; ok = false;
+#if PIPELINE
+    nbatch = 0;
+#if REWIND
+    nseq = 0;
+#endif
+#endif
 #if REWIND
     bseq = 0; held = 0; replaced = 0; remembered = 0; fseq = 0; start = false; stale = false;
     why = false; raised = false;

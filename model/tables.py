@@ -54,7 +54,7 @@ class Config:
 def _bounds(**overrides: int) -> dict[str, int]:
     base = {"N": 3, "BATCH": 1, "WORKERS": 2, "MAXCRASH": 2, "MAXFAULT": 1,
             "MAXRESOLVE": 1, "NETCAP": 2, "DEDUPE": 0, "TARGET_RECOVERS": 0, "REWIND": 0,
-            "MAXFORGET": 0}
+            "MAXFORGET": 0, "PIPELINE": 0}
     return {**base, **overrides}
 
 
@@ -105,6 +105,31 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
     Config("small-rewind", "a target that marks batches and a store that forgets once, no "
            "crash but the forget's restart (--quick, the default pytest run)",
            _bounds(N=2, WORKERS=1, MAXCRASH=0, MAXRESOLVE=0, REWIND=1, MAXFORGET=1)),
+    # issue 32: the pipelined dispatch (PIPELINE=1): the commit of the outcomes read back
+    # last and the next batch's in-flight mark made while the batch before is at the
+    # target, so two batches may be in flight at once
+    Config("pipeline", "the pipelined dispatch (issue 32; PIPELINE=1): the next batch's "
+           "in-flight mark committed beside the request of the batch before; 3 records, "
+           "one record per request (three batches)", _bounds(PIPELINE=1)),
+    Config("pipeline-batches", "the pipelined dispatch, batches of 1 to 3 records",
+           _bounds(BATCH=3, PIPELINE=1)),
+    Config("pipeline-n2", "the pipelined dispatch, 2 records, one per request (liveness)",
+           _bounds(N=2, PIPELINE=1)),
+    Config("pipeline-dedupe", "the pipelined dispatch to a target that deduplicates by "
+           "write_id: 2 records, one per request",
+           _bounds(N=2, DEDUPE=1, PIPELINE=1)),
+    Config("pipeline-dedupe-live", "the pipelined dispatch to a deduplicating target that "
+           "answers and reads at last, no operator, one request in transit (liveness)",
+           _bounds(N=2, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0, NETCAP=1, PIPELINE=1)),
+    Config("pipeline-rewind", "the pipelined dispatch to a target that marks batches, and a "
+           "store that forgets once: 2 records, one per request, one worker, no crash but "
+           "the forget's restart", _bounds(N=2, WORKERS=1, MAXCRASH=0, MAXRESOLVE=0,
+                                            REWIND=1, MAXFORGET=1, PIPELINE=1)),
+    Config("pipeline-rewind-crash", "the same, and one crash anywhere: never two rows only",
+           _bounds(N=2, WORKERS=1, MAXCRASH=1, MAXRESOLVE=0, REWIND=1, MAXFORGET=1,
+                   PIPELINE=1)),
+    Config("small-pipeline", "the pipelined dispatch, 2 records, one per request (--quick, "
+           "the default pytest run)", _bounds(N=2, MAXCRASH=1, PIPELINE=1)),
 )}
 
 
@@ -120,6 +145,7 @@ class Mutation:
     kind: str = "mutation"
     dedupe: bool = False  # checked with a target that deduplicates by write_id (DEDUPE=1)
     rewind: bool = False  # checked with a target that marks and a store that forgets (REWIND=1)
+    pipeline: bool = False  # checked on the pipelined dispatch (PIPELINE=1)
 
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -194,6 +220,10 @@ MUTATIONS: tuple[Mutation, ...] = (
              "stops between them leaves the store's seq above a forgotten batch that lands "
              "meanwhile, and the next start, with no rewind pending, sees nothing (the "
              "delivery model's finding, fixed by begin_fenced_epoch)", rewind=True),
+    Mutation("M_PIPELINE_MARK_WITH_OWN_SEND", "no_duplicate_write",
+             "the pipelined dispatch overlaps a batch's in-flight mark with that batch's own "
+             "request instead of the request of the batch before: the request may land "
+             "before the mark commits", pipeline=True),
 )
 
 
@@ -201,7 +231,11 @@ def mutation_config(m: Mutation, *, quick: bool = False) -> str:
     """The bounds a mutation is checked with: small ones for ``--quick`` and the pytest
     run; the liveness bounds for a mutation that breaks a liveness property."""
     if quick:
+        if m.pipeline:
+            return "small-pipeline"
         return "small-dedupe" if m.dedupe else "small-rewind" if m.rewind else "small"
+    if m.pipeline:
+        return "pipeline"
     if m.rewind:
         return "rewind-crash"
     if m.dedupe:

@@ -143,6 +143,7 @@ def test_each_mutation_runs_on_the_target_it_is_about() -> None:
         defines, m = tables.CONFIGS[c.config].defines, by_macro[str(c.mutation)]
         assert defines["DEDUPE"] == int(m.dedupe)
         assert defines["REWIND"] == int(m.rewind)
+        assert defines["PIPELINE"] == int(m.pipeline)
         assert not defines["REWIND"] or defines["MAXFORGET"] >= 1, c.name
         assert not (m.dedupe and m.rewind), m.macro
     assert not by_macro["M_RESEND_NONDEDUPE"].dedupe
@@ -160,6 +161,21 @@ def test_the_rewind_variant_checks_the_safety_properties_and_settling() -> None:
         assert all(tables.CONFIGS[c].defines["MAXFORGET"] >= 1 for c, _ in checked)
     assert ("rewind-crash", "no_duplicate_write") in {
         (c.config, c.prop) for c in check.checks_for() if c.mutation is None}
+
+
+def test_the_pipelined_variant_checks_the_safety_properties_and_liveness() -> None:
+    """PIPELINE=1 (issue 32: two batches in flight) is checked for the five safety
+    properties in both runs, and in the CI run for every record settling, for every record
+    confirmed on a deduplicating target, and beside a store that forgets."""
+    for quick in (True, False):
+        checked = {(c.config, c.prop) for c in check.checks_for(quick=quick)
+                   if c.mutation is None and tables.CONFIGS[c.config].defines["PIPELINE"]}
+        props = {p for _, p in checked}
+        assert props == set(tables.SAFETY) | (set() if quick else set(tables.LIVENESS))
+    full = {(c.config, c.prop) for c in check.checks_for() if c.mutation is None}
+    for config in ("pipeline", "pipeline-batches", "pipeline-dedupe", "pipeline-rewind"):
+        assert {(config, p) for p in tables.SAFETY} <= full, config
+    assert ("pipeline-rewind-crash", "no_duplicate_write") in full
 
 
 def test_each_mutation_is_a_mutation_a_limit_or_a_finding() -> None:
@@ -218,6 +234,35 @@ def test_safety_properties_verify_with_a_store_that_forgets_at_small_bounds(
     outcomes = check.run_group("small-rewind", None, tables.SAFETY, spin=spin, cc=cc)
     _expect(outcomes)
     assert all(o.states_stored and o.states_stored > 10_000 for o in outcomes)
+
+
+def test_safety_properties_verify_with_the_pipelined_dispatch_at_small_bounds(
+        spin_tools: tuple[str, str]) -> None:
+    spin, cc = spin_tools
+    outcomes = check.run_group("small-pipeline", None, tables.SAFETY, spin=spin, cc=cc)
+    _expect(outcomes)
+    assert all(o.states_stored and o.states_stored > 10_000 for o in outcomes)
+
+
+#: a formula of this test only: never two records in flight at once (2 records)
+_ONE_IN_FLIGHT = "ltl one_in_flight { [] !(st[0] == IN_FLIGHT && st[1] == IN_FLIGHT) }"
+
+
+@pytest.mark.parametrize(("config", "pipelines"),
+                         [("today-n2", False), ("small-pipeline", True)])
+def test_only_the_pipelined_variant_has_two_batches_in_flight(
+        spin_tools: tuple[str, str], config: str, pipelines: bool) -> None:
+    """The pipelined variant proves something only if it pipelines: with one record per
+    request, some state of PIPELINE=1 has two records (two batches) in flight at once;
+    PIPELINE=0 has none, in an exhaustive search."""
+    spin, cc = spin_tools
+    assert tables.CONFIGS[config].defines["BATCH"] == 1
+    (outcome,) = check.run_group(config, None, ["one_in_flight"], spin=spin, cc=cc,
+                                 extra=_ONE_IN_FLIGHT)
+    if pipelines:
+        assert outcome.errors and outcome.errors >= 1, outcome.output[-2000:]
+    else:
+        assert outcome.result == "verified" and outcome.errors == 0, outcome.output[-2000:]
 
 
 @pytest.mark.slow
