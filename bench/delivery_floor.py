@@ -93,6 +93,14 @@ BATCH = DEFAULT_BATCH_SIZE
 GOALS = {("sqlite", "in_process"): 0.8, ("sqlite", "whole_process"): 0.7,
          ("postgres", "in_process"): 0.7}
 GOAL_SIZE = 100_000
+#: what each ratio compares: (measure, the floor's rate, runner's rate); ``pipelined_``:
+#: runner with ``--dispatch-pipeline on`` (issue 32), judged by the same goals
+MEASURES = (
+    ("in_process", "floor_span_per_s", "runner_in_process_per_s"),
+    ("whole_process", "floor_per_s", "runner_whole_process_per_s"),
+    ("pipelined_in_process", "floor_span_per_s", "runner_pipelined_in_process_per_s"),
+    ("pipelined_whole_process", "floor_per_s", "runner_pipelined_whole_process_per_s"),
+)
 
 _LEADS = ("CREATE TABLE {s}leads (seq {int} PRIMARY KEY, tenant_id TEXT NOT NULL, "
           "source_lead_id TEXT NOT NULL, canonical TEXT NOT NULL, write_id TEXT NOT NULL, "
@@ -317,9 +325,12 @@ def pg_floor(d: Path, n: int) -> tuple[float, float]:
 # -- runner ------------------------------------------------------------------------------
 
 
-def runner_once(d: Path, n: int, backend: str) -> tuple[float, float]:
+def runner_once(d: Path, n: int, backend: str, pipeline: str = "auto"
+                ) -> tuple[float, float]:
     """``once`` over N prepared leads to a fresh synthetic target at the default batch
-    size: (leads/s over its dispatch span from its log, leads/s from spawn to exit)."""
+    size (``--dispatch-pipeline pipeline``: ``auto`` is serial on this target, which
+    does not deduplicate): (leads/s over its dispatch span from its log, leads/s from
+    spawn to exit)."""
     schema = f"bench_dfloor_{os.getpid()}_{random.randrange(16**8):08x}"
     db = str(d / "runner.db") if backend == "sqlite" else f"{PG_DSN}?schema={schema}"
     try:
@@ -327,7 +338,7 @@ def runner_once(d: Path, n: int, backend: str) -> tuple[float, float]:
         scope = d / "scope.json"
         scope.write_text(json.dumps(SCOPE))
         return once_rates(["--db", db, "--scope", str(scope), "--target",
-                           str(d / "runner-t.db")], n)
+                           str(d / "runner-t.db"), "--dispatch-pipeline", pipeline], n)
     finally:
         if backend != "sqlite":
             _drop_schema(schema)
@@ -337,11 +348,13 @@ def runner_once(d: Path, n: int, backend: str) -> tuple[float, float]:
 
 
 def measure_one(backend: str, n: int, rounds: int) -> dict[str, Any]:
-    """Interleaved rounds (floor, runner, floor, runner, …) of one backend and size."""
+    """Interleaved rounds (floor, runner, runner pipelined, floor, …) of one backend and
+    size."""
     floor = sqlite_floor if backend == "sqlite" else pg_floor
     found: dict[str, list[float]] = {k: [] for k in (
         "floor_per_s", "floor_span_per_s", "runner_in_process_per_s",
-        "runner_whole_process_per_s")}
+        "runner_whole_process_per_s", "runner_pipelined_in_process_per_s",
+        "runner_pipelined_whole_process_per_s")}
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     for _ in range(rounds):
@@ -353,14 +366,17 @@ def measure_one(backend: str, n: int, rounds: int) -> dict[str, Any]:
             in_process, whole_process = runner_once(d, n, backend)
         found["runner_in_process_per_s"].append(in_process)
         found["runner_whole_process_per_s"].append(whole_process)
+        with workdir() as d:
+            in_process, whole_process = runner_once(d, n, backend, "on")
+        found["runner_pipelined_in_process_per_s"].append(in_process)
+        found["runner_pipelined_whole_process_per_s"].append(whole_process)
 
     per_round = {
-        "in_process": [a / b for a, b in zip(found["runner_in_process_per_s"],
-                                             found["floor_span_per_s"], strict=True)],
-        "whole_process": [a / b for a, b in zip(found["runner_whole_process_per_s"],
-                                                found["floor_per_s"], strict=True)]}
+        measure: [a / b for a, b in zip(found[mine], found[floor_key], strict=True)]
+        for measure, floor_key, mine in MEASURES}
     ratios = {m: statistics.median(values) for m, values in per_round.items()}
-    goals = {m: GOALS[(backend, m)] for m in ratios if (backend, m) in GOALS}
+    goals = {m: GOALS[(backend, m.removeprefix("pipelined_"))] for m in ratios
+             if (backend, m.removeprefix("pipelined_")) in GOALS}
     return {"backend": backend, "n": n, "rounds": rounds,
             **{k: statistics.median(v) for k, v in found.items()},
             "ratios": ratios, "goals": goals,
@@ -373,29 +389,30 @@ def measure_one(backend: str, n: int, rounds: int) -> dict[str, Any]:
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     stores = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
-    header = (f"{'store':<10} {'leads':>8} {'measure':<14} {'floor':>12} {'runner':>12} "
+    header = (f"{'store':<10} {'leads':>8} {'measure':<20} {'floor':>12} {'runner':>12} "
               f"{'ratio':>6}  goal (at {GOAL_SIZE:,})   met")
     print(header)
     print("-" * len(header))
     for r in rows:
-        for measure, floor_key, runner_key in (
-                ("in process", "floor_span_per_s", "runner_in_process_per_s"),
-                ("whole process", "floor_per_s", "runner_whole_process_per_s")):
-            key = measure.replace(" ", "_")
+        for key, floor_key, runner_key in MEASURES:
+            measure = key.replace("pipelined_", "pipel. ").replace("_", " ")
             goal = r["goals"].get(key)
             met = r["met"].get(key)
             shown = "" if goal is None else f">= {goal}"
             verdict = "" if goal is None else ("-" if met is None else
                                                ("yes" if met else "NO"))
-            print(f"{stores[r['backend']]:<10} {r['n']:>8,} {measure:<14} "
+            print(f"{stores[r['backend']]:<10} {r['n']:>8,} {measure:<20} "
                   f"{r[floor_key]:>10,.0f}/s {r[runner_key]:>10,.0f}/s "
                   f"{r['ratios'][key]:>6.2f}  {shown:<19} {verdict}")
         print(f"{'':<10} {'':>8} rounds {r['rounds']}, {r['seconds']:.0f} s, load "
               f"{r['load_average'][0]:.2f} -> {r['load_average'][1]:.2f}; each round's "
-              "ratios, in process / whole process: " + ", ".join(
+              "ratios, in process / whole process (serial; pipelined): " + ", ".join(
                   f"{a:.2f}/{b:.2f}" for a, b in zip(r["round_ratios"]["in_process"],
                                                      r["round_ratios"]["whole_process"],
-                                                     strict=True)))
+                                                     strict=True)) + "; " + ", ".join(
+                  f"{a:.2f}/{b:.2f}" for a, b in zip(
+                      r["round_ratios"]["pipelined_in_process"],
+                      r["round_ratios"]["pipelined_whole_process"], strict=True)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -509,10 +509,20 @@ inline dispatch_pass() {
      if :: batch != 0 -> read_back() :: else fi;
 #if REWIND
      /* StaleMark: its outcomes commit and nothing more is sent; the next batch, marked
-        beside it, stays in flight, unsent (refused() then rewinds, under the same lock:
-        its tags take it in, its readback finds no row) */
+        beside it and never sent, is recorded failed-safe after them (the loop's
+        record of a run that ended: PipelinedBatchRun._end_unsent); refused() then
+        rewinds, under the same lock: its tags take it in, its readback finds no row */
      if
-     :: stale -> atomic { CRASH(dispatch_before_confirm); LOST_STORE; commit_outcomes() };
+     :: stale ->
+        atomic { CRASH(dispatch_before_confirm); LOST_STORE; commit_outcomes() };
+        atomic {
+          CRASH(dispatch_before_confirm);
+          LOST_STORE;
+          for (k : 0 .. N - 1) {
+            if :: HAS(nbatch, k) && st[k] == IN_FLIGHT -> st[k] = FAILED_SAFE :: else fi
+          };
+          k = 0; nbatch = 0; nseq = 0
+        };
         nxt = 0; break
      :: else
      fi;

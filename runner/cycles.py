@@ -175,7 +175,7 @@ class LeadLoop:
             await deliver.run_cycle(worker.store, worker.port, worker.clock, guard=shutdown,
                                     dispatch_limit=settings.dispatch_limit, summary=summary,
                                     batch_size=settings.batch_size or worker.batch_size,
-                                    backoff=worker.backoff)
+                                    backoff=worker.backoff, pipeline=worker.dispatch_pipeline)
             if not shutdown.stopping:
                 polled = await poll.poll_pass(worker.store, worker.port, worker.clock,
                                               settings.poll_limit, target.TRUSTED)

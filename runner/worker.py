@@ -58,11 +58,15 @@ class DurableWorker:
         target_read_rate: float | None = None,
         retry_base: float = DEFAULT_RETRY_BASE,
         retry_cap: float = DEFAULT_RETRY_CAP,
+        dispatch_pipeline: bool | None = None,
     ) -> None:
         check_batch_size(batch_size)
         self.db = db
         #: records per target request in a dispatch (``run_cycle``, the loop)
         self.batch_size = batch_size
+        #: whether a batched dispatch commits the next batch's mark beside the request of
+        #: the batch before (issue 32; None: when the target deduplicates by write_id)
+        self.dispatch_pipeline = dispatch_pipeline
         #: when a record that was not sent (failed_safe) is tried again (issue 16)
         self.backoff = Backoff(retry_base, retry_cap)
         self.scope = scope if isinstance(scope, Scope) else validate_scope(dict(scope))
@@ -178,7 +182,8 @@ class DurableWorker:
             await deliver.run_cycle(self.store, self.port, self.clock, guard=guard,
                                     dispatch_limit=dispatch_limit, summary=summary,
                                     batch_size=batch_size or self.batch_size,
-                                    backoff=self.backoff)
+                                    backoff=self.backoff,
+                                    pipeline=self.dispatch_pipeline)
         return summary
 
     async def poll(self, limit: int = poll.DEFAULT_POLL_LIMIT) -> poll.PollSummary:

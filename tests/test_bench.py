@@ -119,16 +119,18 @@ def test_the_failover_benchmark_times_a_kill9_and_finds_no_row_twice() -> None:
 def test_the_delivery_floor_benchmark_prints_both_ratios(tmp_path: Path) -> None:
     """``python -m bench delivery-floor --quick --backend sqlite`` keeps working (issue 32):
     the batched stdlib floor and runner's ``once`` deliver the same leads, and the table
-    gives runner's in-process and whole-process ratios to the floor, then the profile."""
+    gives runner's in-process and whole-process ratios to the floor, serial and with
+    ``--dispatch-pipeline on``, then the profile."""
     profile = tmp_path / "once.prof"
     proc = subprocess.run([sys.executable, "-m", "bench", "delivery-floor", "--quick",
                            "--backend", "sqlite", "--profile", str(profile)],
                           capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     ratios = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r"^SQLite\s+2,000 (in process|whole process)\s+[\d,]+/s\s+[\d,]+/s\s+(\d+\.\d\d)",
-        proc.stdout, re.MULTILINE)}
-    assert set(ratios) == {"in process", "whole process"}, proc.stdout
+        r"^SQLite\s+2,000 ((?:pipel\. )?(?:in process|whole process))\s+[\d,]+/s\s+"
+        r"[\d,]+/s\s+(\d+\.\d\d)", proc.stdout, re.MULTILINE)}
+    assert set(ratios) == {"in process", "whole process", "pipel. in process",
+                           "pipel. whole process"}, proc.stdout
     assert all(r > 0 for r in ratios.values())
     assert "dispatch (worker thread), by cumulative time:" in proc.stdout
     assert profile.stat().st_size > 0

@@ -224,7 +224,13 @@ def render_delivery_floor(doc: dict[str, Any]) -> str:
                 ("in_process", "in process: first send to last confirmation",
                  "floor_span_per_s", "runner_in_process_per_s"),
                 ("whole_process", "whole process (runner: spawn to exit)", "floor_per_s",
-                 "runner_whole_process_per_s")):
+                 "runner_whole_process_per_s"),
+                ("pipelined_in_process", "in process, `--dispatch-pipeline on`",
+                 "floor_span_per_s", "runner_pipelined_in_process_per_s"),
+                ("pipelined_whole_process", "whole process, `--dispatch-pipeline on`",
+                 "floor_per_s", "runner_pipelined_whole_process_per_s")):
+            if mine not in r:
+                continue  # a results file from before the pipelined dispatch
             goal = r["goals"].get(key)
             met = r["met"].get(key)
             shown = "" if goal is None else f">= {goal} at {doc.get('goal_size', 100_000):,}"

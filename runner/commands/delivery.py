@@ -25,6 +25,7 @@ from runner.commands.common import (
     reconnect_policy,
 )
 from runner.commands.delivery_options import (
+    PIPELINE_CHOICES,
     alert_options,
     alert_settings,
     batch_option,
@@ -163,6 +164,8 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
                     target_read_rate=getattr(args, "target_read_rate", None),
                     retry_base=retry[0] if retry[0] is not None else DEFAULT_RETRY_BASE,
                     retry_cap=retry[1] if retry[1] is not None else DEFAULT_RETRY_CAP,
+                    dispatch_pipeline=PIPELINE_CHOICES[getattr(args, "dispatch_pipeline",
+                                                               "auto")],
             ) as worker:
                 yield worker
     finally:

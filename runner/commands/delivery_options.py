@@ -33,6 +33,11 @@ def poll_option(parser: argparse.ArgumentParser) -> None:
                                           f"{DEFAULT_POLL_LIMIT})")
 
 
+#: ``--dispatch-pipeline``'s choices, as ``DurableWorker(dispatch_pipeline=...)`` takes
+#: them
+PIPELINE_CHOICES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
+
+
 def batch_option(parser: argparse.ArgumentParser) -> None:
     low, high = BATCH_SIZE_RANGE
     parser.add_argument("--batch-size", type=number(int, low, high),
@@ -42,6 +47,14 @@ def batch_option(parser: argparse.ArgumentParser) -> None:
                              "one request sends it, one readback proves each row, one "
                              "commit records every outcome; a target that cannot batch is "
                              "sent one record per request")
+    parser.add_argument("--dispatch-pipeline", choices=tuple(PIPELINE_CHOICES),
+                        default="auto",
+                        help="commit each batch's in-flight mark (with the outcomes of the "
+                             "batch before) while the batch before is at the target, so "
+                             "two batches may be in flight at once (issue 32): faster, "
+                             "and a crash may leave both uncertain; auto (the default): on "
+                             "for a target that deduplicates by write_id, whose uncertain "
+                             "records runner settles itself, off for any other")
 
 
 def _rate(text: str) -> float:

@@ -153,6 +153,12 @@ class Pacer:
             self.waited += wait
             return wait
 
+    def unpaced(self) -> bool:
+        """No quota, and no hold in force: a request may go at once, whenever it goes
+        (the pipelined dispatch marks a batch beside the request before it only then)."""
+        with self._lock:
+            return self.rate is None and self._monotonic() >= self._held_until
+
     def hold(self, retry_after: float | None) -> None:
         """The target answered RateLimited: no request for ``retry_after`` seconds (its
         own figure; ``default_hold`` when it gave none)."""

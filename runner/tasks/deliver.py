@@ -43,7 +43,7 @@ from runner.tasks.outcomes import (
     done_of,
     retry_of,
 )
-from runner.tasks.pagerun import BatchRun, NoGuard, PageRun, SendGuard
+from runner.tasks.pagerun import BatchRun, NoGuard, PageRun, PipelinedBatchRun, SendGuard
 from runner.tasks.reconcile import reconcile_all
 
 log = logging.getLogger("runner.deliver")
@@ -51,8 +51,9 @@ log = logging.getLogger("runner.deliver")
 PAGE = 200
 #: records per page of a batched dispatch run: each page costs a read of the store and a
 #: hop to a worker thread and back, which a page of only two batches of 100 paid every
-#: other request
-BATCH_PAGE = 1000
+#: other request; and the pipelined run (issue 32) overlaps each commit with a request
+#: but the page's first mark, which waits for the page: four batches of the default size
+BATCH_PAGE = 4000
 #: how long a cancelled send may take to record its outcome before giving up (the
 #: record then stays in_flight and the next start makes it uncertain)
 RECORD_WINDOW = 2.0
@@ -68,6 +69,7 @@ async def dispatch_all(
     limit: int | None = None,
     batch_size: int = 1,
     backoff: Backoff | None = None,
+    pipeline: bool | None = None,
 ) -> None:
     """Send prepared records, and failed-safe ones whose backoff is over, in accept order,
     each at most once here.
@@ -89,6 +91,12 @@ async def dispatch_all(
     there is a wait.  A failed-safe outcome is due again at a time ``backoff`` draws (the
     target's ``retry_after`` when it said one), stored with the record.
 
+    Pipelined (``pipeline``; None: when the target deduplicates by write_id): a batched run
+    commits each batch's mark, with the outcomes of the request before, while the batch
+    before is at the target (:class:`PipelinedBatchRun`, ``PIPELINE=1`` in the delivery
+    model): two batches may be in flight at once, so a crash may leave both uncertain,
+    which on a deduplicating target runner settles itself (SPEC E7).
+
     Each page of records runs in one worker thread (:class:`PageRun`): commit, send,
     commit, send, with no hop to the event loop in between, which would cost more than
     the commit.  The page runs in the guard's shield: a graceful stop lets the send in
@@ -98,6 +106,7 @@ async def dispatch_all(
     """
     backoff = backoff or Backoff()
     batch = batch_size if port.batches else 1
+    pipelined = port.dedupes if pipeline is None else pipeline
     if port.marks and port.store_id is None:
         port.store_id = (await store.store_mark()).store_id
     size = PAGE if batch == 1 else max(BATCH_PAGE, batch)
@@ -110,12 +119,15 @@ async def dispatch_all(
     try:
         async with store.dispatch_steps() as steps:
             while page:
-                run: PageRun | BatchRun = (
+                run: PageRun = (
                     PageRun(steps, port, clock, summary, guard, limit, page, pending,
                              backoff)
                     if batch == 1 and not port.marks else
                     BatchRun(steps, port, clock, summary, guard, limit, page, pending,
-                              backoff, batch))
+                             backoff, batch)
+                    if batch == 1 or not pipelined else
+                    PipelinedBatchRun(steps, port, clock, summary, guard, limit, page,
+                                      pending, backoff, batch))
                 ahead = _NextPage(store, clock, page[-1].seq, size)
                 try:
                     with guard.shield():
@@ -184,7 +196,26 @@ async def _record_last(
     store: DeliveryStore, port: CRMRecordPort, clock: Clock, summary: CycleSummary,
     pending: list[Pending],
 ) -> None:
-    """Commit the outcomes of the last send of a dispatch run."""
+    """Commit the outcomes of the last sends of a dispatch run: a statement per kind of
+    failure (each statement keeps one reason and retry time), which after a pipelined run
+    (two batches in flight) may be several."""
+    for group in _by_failure(pending):
+        await _record(store, port, clock, summary, group)
+
+
+def _by_failure(pending: list[Pending]) -> list[list[Pending]]:
+    """``pending`` in groups that share their failure (confirmations join the first)."""
+    groups: dict[object, list[Pending]] = {}
+    for item in pending:
+        key = item[2] if item[2] is not None else next(iter(groups), None)
+        groups.setdefault(key, []).append(item)
+    return list(groups.values())
+
+
+async def _record(
+    store: DeliveryStore, port: CRMRecordPort, clock: Clock, summary: CycleSummary,
+    pending: list[Pending],
+) -> None:
     crashpoints.hit("dispatch.before-confirm")
     try:
         if len(pending) == 1:
@@ -224,6 +255,7 @@ async def run_cycle(
     summary: CycleSummary | None = None,
     batch_size: int = 1,
     backoff: Backoff | None = None,
+    pipeline: bool | None = None,
 ) -> CycleSummary:
     """reconcile every uncertain record -> dispatch (L8), ``batch_size`` records per target
     request (a readback of ``batch_size`` records per request in the reconcile pass), every
@@ -252,7 +284,8 @@ async def run_cycle(
         summary.requeued += reconciled.requeued
         if not (port.marks and port.fence_pending):  # no send before the fence stands
             await dispatch_all(store, port, clock, summary, guard=guard,
-                               limit=dispatch_limit, batch_size=batch_size, backoff=backoff)
+                               limit=dispatch_limit, batch_size=batch_size, backoff=backoff,
+                               pipeline=pipeline)
         if summary.refused_mark is not None:
             await rewind.refused(store, port, clock, summary.refused_mark)
     except anyio.get_cancelled_exc_class():

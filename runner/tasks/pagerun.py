@@ -10,16 +10,18 @@ the loop takes over (the page is done, it failed, or a hard stop abandoned the t
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import anyio
 
 from runner import crashpoints
 from runner.clock import Clock
+from runner.ids import WriteId
 from runner.leads.failures import FAILURES
 from runner.leads.marks import BatchMark
 from runner.leads.pacing import Backoff
@@ -40,6 +42,22 @@ log = logging.getLogger("runner.deliver")  # the dispatch's lines, wherever they
 
 #: the failures of a batch whose mark the target refused (it applied nothing)
 MARK_REFUSALS = ("stale_mark", "foreign_mark")
+
+
+class Marked(NamedTuple):
+    """A batch after its in-flight mark committed: the records it marked (the others are
+    no longer dispatchable: someone else's state), each one's attempts, and the mark the
+    request carries to a target that keeps marks."""
+
+    sent: list[LeadWork]
+    attempts: dict[WriteId, int]
+    mark: BatchMark | None
+
+
+def stopped(works: list[LeadWork]) -> list[Pending]:
+    """Records marked in flight whose request has not said more: uncertain if the run
+    ends here."""
+    return [(work, LeadState.UNCERTAIN, STOPPED) for work in works]
 
 
 class SendGuard(Protocol):
@@ -217,8 +235,53 @@ class BatchRun(PageRun):
         super().__init__(steps, port, clock, summary, guard, limit, page, pending, backoff)
         self.batch = batch
 
+    def _commit(self, pending: list[Pending], chunk: list[LeadWork]) -> Marked:
+        """One commit: the outcomes of ``pending`` (one request's) and the in-flight mark
+        of ``chunk`` (with its seq, for a target that keeps marks)."""
+        if pending:
+            crashpoints.hit("dispatch.before-confirm")
+        mark: BatchMark | None = None
+        ids = [work.write_id for work in chunk]
+        if self.port.marks and self.port.store_id is not None:
+            marked, seq = self.steps.mark_batch(done_of(pending), ids, self.clock.now(),
+                                                *retry_of(pending))
+            mark = BatchMark(self.port.store_id, seq) if seq else None
+        else:
+            marked = self.steps.finish_and_mark_batch(done_of(pending), ids,
+                                                      self.clock.now(), *retry_of(pending))
+        return Marked([work for work in chunk if work.write_id in marked], marked, mark)
+
+    def _send(self, batch: Marked) -> list[Pending] | None:
+        """The request of a batch marked in flight, and its outcomes (not committed);
+        None if the run was abandoned before it started."""
+        sent = batch.sent
+        crashpoints.hit("dispatch.after-in-flight")
+        self.summary.dispatched += len(sent)
+        with self._lock:  # the last moment a hard stop keeps this send from starting
+            if self._abandoned:
+                return None
+        if len(sent) == 1:  # the line of a single send
+            log.info("sending", extra={"action": "lead.in_flight",
+                                       "key": sent[0].source_lead_id,
+                                       "attempts": batch.attempts[sent[0].write_id]})
+        else:  # one line for the batch: a line per record costs more than its commit
+            log.info("sending a batch of %d", len(sent), extra={
+                "action": "batch.in_flight", "count": len(sent),
+                "keys": [work.source_lead_id for work in sent]})
+        results = self.port.send_batch_blocking([(work.event, work.write_id)
+                                                 for work in sent], batch.mark)
+        attempts = max(batch.attempts[work.write_id] for work in sent)
+        outcomes: list[Pending] = [
+            (work, *self._outcome(result, attempts))
+            for work, result in zip(sent, results, strict=True)]
+        if results and results[0].failure in MARK_REFUSALS:
+            # the target refused the batch's mark, applying nothing: the store is behind
+            # it or not its owner; nothing more is sent until that is settled (E8)
+            self.summary.refused_mark = results[0].failure
+            self.ended = True
+        return outcomes
+
     def run(self) -> None:
-        summary = self.summary
         start = 0
         while start < len(self.page):
             room = self._room()
@@ -230,49 +293,148 @@ class BatchRun(PageRun):
             pending = self._paced()
             if pending is None:
                 return
-            if pending:
-                crashpoints.hit("dispatch.before-confirm")
-            mark: BatchMark | None = None
-            if self.port.marks and self.port.store_id is not None:
-                marked, seq = self.steps.mark_batch(
-                    done_of(pending), [work.write_id for work in chunk], self.clock.now(),
-                    *retry_of(pending))
-                mark = BatchMark(self.port.store_id, seq) if seq else None
-            else:
-                marked = self.steps.finish_and_mark_batch(
-                    done_of(pending), [work.write_id for work in chunk], self.clock.now(),
-                    *retry_of(pending))
-            sent = [work for work in chunk if work.write_id in marked]
+            batch = self._commit(pending, chunk)
             # the previous outcomes are in; this batch is in flight (uncertain until the
             # request says more)
-            self._go_on([(work, LeadState.UNCERTAIN, STOPPED) for work in sent])
+            self._go_on(stopped(batch.sent))
             self._committed(pending)
-            if not sent:
+            if not batch.sent:
                 continue  # none dispatchable any more: someone else's state
-            crashpoints.hit("dispatch.after-in-flight")
-            summary.dispatched += len(sent)
-            with self._lock:  # the last moment a hard stop keeps this send from starting
-                if self._abandoned:
+            outcomes = self._send(batch)
+            if outcomes is None or not self._go_on(outcomes):
+                return  # abandoned: the loop has recorded them uncertain
+            if self.ended:
+                return  # a mark refused
+
+
+class _Beside:
+    """A call run in a thread of its own beside this one (a daemon: a commit abandoned by
+    a hard stop never holds the process at exit); :meth:`result` waits for it."""
+
+    def __init__(self, call: Callable[[], Marked]) -> None:
+        self._call = call
+        self._value: Marked | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="runner-commit", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._call()
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            self._error = exc
+
+    def result(self) -> Marked:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
+class PipelinedBatchRun(BatchRun):
+    """:class:`BatchRun` with the store's commit beside the target's request (issue 32):
+    while a batch is at the target, one commit (in a thread of its own) records the
+    outcomes of the request before it and marks the next batch in flight, so two batches
+    may be in flight at once: the one at the target and the next one, marked and not sent
+    yet.  Every guarantee of the serial run holds, as the delivery model checks
+    (``PIPELINE=1``, docs/model.md): each mark commits before its request, requests go
+    out one at a time in mark order, each commit carries one request's outcomes, and an
+    outcome not committed when the process dies leaves its record in flight (uncertain at
+    the next start, read back).
+
+    It pipelines only a target with no quota and no hold in force (``Pacer.unpaced``):
+    otherwise a step waits for its token before its mark, serially, as in
+    :class:`BatchRun`.  A run that ends (a graceful stop, the dispatch limit, a mark
+    refused) with the next batch marked and not sent records that batch failed-safe, due
+    at once: it was never sent.  A hard stop abandons the thread; what was in flight
+    (both batches) is recorded uncertain, as in the serial run."""
+
+    def _not_sent(self, works: list[LeadWork]) -> list[Pending]:
+        failure = Failure("not_sent", "marked in flight, not sent: the run ended first",
+                          self.clock.now())
+        return [(work, LeadState.FAILED_SAFE, failure) for work in works]
+
+    def _commit_alone(self, pending: list[Pending]) -> None:
+        """The outcomes of one request, committed alone (no batch to mark beside them)."""
+        if pending:
+            self._commit(pending, [])
+            self._committed(pending)
+
+    def _end_unsent(self, prev: list[Pending], going: Marked) -> None:
+        """The run ends with ``going`` marked and not sent: ``prev``'s outcomes commit,
+        and ``going`` is left to the loop to record failed-safe (it was never sent)."""
+        self._commit_alone(prev)
+        self._go_on(self._not_sent(going.sent))
+        self.ended = True
+
+    def _next_room(self, going: Marked) -> int:
+        """How many records the batch after ``going`` may take (0: none)."""
+        room = self._room()
+        if room and self.limit is not None:
+            room = max(room - len(going.sent), 0)  # going's are not counted yet
+        return room
+
+    def run(self) -> None:
+        start = 0
+        prev: list[Pending] = []  # the outcomes of the request before: not committed yet
+        going: Marked | None = None  # the batch marked in flight, to go out next
+        paced = False  # whether going's request already has its token
+        pacer = self.port.pacer
+        while True:
+            if going is None:  # a serial step: the first of the page, or after a skip
+                if start >= len(self.page):
                     return
-            if len(sent) == 1:  # the line of a single send
-                log.info("sending", extra={"action": "lead.in_flight",
-                                           "key": sent[0].source_lead_id,
-                                           "attempts": marked[sent[0].write_id]})
-            else:  # one line for the batch: a line per record costs more than its commit
-                log.info("sending a batch of %d", len(sent), extra={
-                    "action": "batch.in_flight", "count": len(sent),
-                    "keys": [work.source_lead_id for work in sent]})
-            results = self.port.send_batch_blocking([(work.event, work.write_id)
-                                                     for work in sent], mark)
-            attempts = max(marked[work.write_id] for work in sent)
-            outcomes: list[Pending] = [
-                (work, *self._outcome(result, attempts))
-                for work, result in zip(sent, results, strict=True)]
-            if not self._go_on(outcomes):
-                return  # abandoned while out: the loop has recorded them uncertain
-            if results and results[0].failure in MARK_REFUSALS:
-                # the target refused the batch's mark, applying nothing: the store is behind
-                # it or not its owner; nothing more is sent until that is settled (E8)
-                summary.refused_mark = results[0].failure
-                self.ended = True
+                room = self._room()
+                if not room:
+                    self.ended = True
+                    return
+                chunk = self.page[start : start + min(self.batch, room)]
+                start += len(chunk)
+                pending = self._paced()  # the outcomes pending: the page before's, or prev
+                if pending is None:
+                    return
+                going, paced, prev = self._commit(pending, chunk), True, []
+                self._go_on(stopped(going.sent))
+                self._committed(pending)
+                if not going.sent:
+                    going = None
+                    continue
+            elif not self._room():  # a stop (or the limit) before it went out
+                self._end_unsent(prev, going)
+                return
+            if not paced and (wait := pacer.reserve()) > 0 and not pacer.pause(wait,
+                                                                              self._stop):
+                self._end_unsent(prev, going)  # held (RateLimited), and stopped meanwhile
+                return
+            # going goes out; beside its request, one commit records prev's outcomes and
+            # marks the next batch (none when the quota paces requests: its step waits for
+            # its token first, serially)
+            room = self._next_room(going) if pacer.unpaced() else 0
+            chunk = self.page[start : start + min(self.batch, room)] if room else []
+            start += len(chunk)
+            beside = (_Beside(functools.partial(self._commit, prev, chunk))
+                      if prev or chunk else None)
+            # if the run ends here: chunk was never sent (an abandoned run sends nothing
+            # more), whether or not its mark landed
+            self._go_on([*prev, *stopped(going.sent), *self._not_sent(chunk)])
+            outcomes = self._send(going)
+            following = None
+            try:
+                if beside is not None:
+                    following = beside.result()
+            except Exception:
+                if outcomes is not None:  # the commit changed nothing
+                    self._go_on([*prev, *outcomes])
+                raise
+            if outcomes is None:
+                return  # abandoned: the loop has recorded them uncertain
+            self._committed(prev)
+            prev, paced = outcomes, False
+            going = following if following is not None and following.sent else None
+            if not self._go_on([*prev, *stopped(going.sent if going else [])]):
+                return  # abandoned: the loop has recorded them uncertain
+            if self.ended:  # a mark refused: nothing more is sent
+                if going is not None:
+                    self._end_unsent(prev, going)
                 return

@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio.from_thread
+import anyio.lowlevel
 
 from runner.clock import to_text
 from runner.ids import WriteId, seq_of
@@ -141,17 +142,20 @@ class LoopDispatchSteps:
     """Dispatch steps (``runner.store.DispatchSteps``) that run a store's own async
     ``finish_and_mark`` on the event loop, called from the dispatch run's worker thread:
     for a store whose driver is async (asyncpg), and for test wrappers that count or fail
-    the store's operations.  Each step is one hop back to the loop."""
+    the store's operations.  Each step is one hop back to the loop, from any thread (the
+    pipelined run commits from a thread of its own): made on the loop, they keep its
+    token."""
 
     def __init__(self, store: _Finishing) -> None:
         self._store = store
+        self._token = anyio.lowlevel.current_token()
 
     def finish_and_mark(self, done: Done, next_write_id: WriteId, now: datetime,
                         retry_at: datetime | None = None,
                         reason: str | None = None,
                         failure: str | None = None) -> int | None:
         return anyio.from_thread.run(self._store.finish_and_mark, done, next_write_id, now,
-                                     retry_at, reason, failure)
+                                     retry_at, reason, failure, token=self._token)
 
     def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
@@ -159,7 +163,7 @@ class LoopDispatchSteps:
         failure: str | None = None,
     ) -> dict[WriteId, int]:
         return anyio.from_thread.run(self._store.finish_and_mark_batch, done, next_ids, now,
-                                     retry_at, reason, failure)
+                                     retry_at, reason, failure, token=self._token)
 
     def mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
@@ -167,7 +171,7 @@ class LoopDispatchSteps:
         failure: str | None = None,
     ) -> tuple[dict[WriteId, int], int]:
         return anyio.from_thread.run(self._store.mark_batch, done, next_ids, now,
-                                     retry_at, reason, failure)
+                                     retry_at, reason, failure, token=self._token)
 
 
 @asynccontextmanager
