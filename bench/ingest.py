@@ -17,8 +17,13 @@ durable, de-duplicated by its key, before it counts:
   and the answers written to a file;
 * **runner … (CLI child)**: ``runner accept --records -`` in a child process, the events
   on stdin, the answers on stdout, timed from spawn to exit: interpreter start-up,
-  imports, store creation and migration included (about 0.6-1 s on this machine class).
-  Printed as an extra row, not used for a goal;
+  imports, the session, the schema check and the scope check included (about 0.5-0.8 s
+  on this machine class).  The store is created and migrated beforehand, untimed, as the
+  floors' tables and PgQueuer's schema are; the PostgreSQL goals (issue 32.3) are on this
+  row, whole process against the peer and the floor from their first insert;
+* **runner PostgreSQL (CLI child, new store)**: the same on a schema that does not exist
+  yet, so the child also creates and migrates the store (about 0.3 s more): printed
+  beside it, not used for a goal;
 * **stdlib floor**: the same work with the standard library only, in this process: parse
   each line, canonical JSON, an id, ``INSERT OR IGNORE`` into a SQLite table keyed by
   (tenant, lead), 1,000 rows per transaction, one answer line per row;
@@ -28,9 +33,11 @@ durable, de-duplicated by its key, before it counts:
   installed): ``Queries.enqueue`` in batches of 1,000 with ``dedupe_key`` = the lead key,
   on the same server, in a schema of its own.
 
-Rounds are interleaved (each contender once per round) so that all of them see the same
-disk and server weather; each figure is the median over the rounds and each ratio the
-median of the per-round ratios.
+Every PostgreSQL session runs with ``synchronous_commit = on`` (set on the floor's and
+PgQueuer's sessions, the server's default that runner keeps): each commit waits for its
+WAL flush on every side (checked before the first round).  Rounds are interleaved (each
+contender once per round) so that all of them see the same disk and server weather; each
+figure is the median over the rounds and each ratio the median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ from typing import Any
 from bench.common import SCOPE, compare, comparison_main, event, run_child
 
 PG_DSN = "postgresql://root@127.0.0.1:5432/test"
+#: the same durability on every side: each commit waits for its WAL flush
+DURABLE = {"synchronous_commit": "on"}
 PER_TXN = 1000
 
 
@@ -95,7 +104,7 @@ async def _pg_floor(lines: list[bytes]) -> float:
     import asyncpg
 
     schema = "bench_floor_" + uuid.uuid4().hex[:8]
-    conn = await asyncpg.connect(PG_DSN)
+    conn = await asyncpg.connect(PG_DSN, server_settings=DURABLE)
     try:
         await conn.execute(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.leads ("
                            "tenant_id text NOT NULL, source_lead_id text NOT NULL, "
@@ -128,7 +137,8 @@ async def _pgqueuer(lines: list[bytes]) -> float:
     admin = await asyncpg.connect(PG_DSN)
     await admin.execute(f"CREATE SCHEMA {schema}")
     try:
-        conn = await asyncpg.connect(PG_DSN, server_settings={"search_path": schema})
+        conn = await asyncpg.connect(PG_DSN, server_settings={"search_path": schema,
+                                                                 **DURABLE})
         try:
             queries = Queries(AsyncpgDriver(conn))
             await queries.install()
@@ -149,9 +159,28 @@ async def _pgqueuer(lines: list[bytes]) -> float:
         await admin.close()
 
 
-def _runner(directory: Path, db: str, lines: list[bytes]) -> float:
+def _create_store(db: str) -> None:
+    """Create and migrate the store at ``db`` and pin the scope (untimed set-up)."""
+    import anyio
+
+    from runner.io.stores import open_store
+    from runner.leads.models import validate_scope
+
+    async def create() -> None:
+        async with await open_store(db, scope=validate_scope(dict(SCOPE))):
+            pass
+
+    anyio.run(create)
+
+
+def _runner(directory: Path, db: str, lines: list[bytes], *, new_store: bool = False
+            ) -> float:
+    """``runner accept --records -`` as a child, timed from spawn to exit; the store is
+    created beforehand (untimed) unless ``new_store``."""
     scope = directory / "scope.json"
     scope.write_text(json.dumps(SCOPE))
+    if not new_store:
+        _create_store(db)
     wall, _, stdout, _ = run_child(["accept", "--db", db, "--scope", str(scope),
                                     "--records", "-"], stdin=b"\n".join(lines) + b"\n")
     answers = stdout.count(b"\n")
@@ -212,12 +241,13 @@ def _drop_pg(schema: str) -> None:
     asyncio.run(drop())
 
 
-def _runner_pg(directory: Path, lines: list[bytes], *, child: bool = False) -> float:
+def _runner_pg(directory: Path, lines: list[bytes], *, child: bool = False,
+               new_store: bool = False) -> float:
     schema = "bench_runner_" + uuid.uuid4().hex[:8]
     dsn = f"{PG_DSN}?schema={schema}"
     try:
         if child:
-            return _runner(directory, dsn, lines)
+            return _runner(directory, dsn, lines, new_store=new_store)
         return _runner_in_process(directory, dsn, lines)
     finally:
         _drop_pg(schema)
@@ -231,7 +261,26 @@ def _have_pgqueuer() -> bool:
     return True
 
 
+def _check_durable() -> None:
+    """runner's sessions take the server's ``synchronous_commit``: it must be ``on``, as
+    the floor's and PgQueuer's sessions set it, or the sides would not be alike."""
+    async def show() -> str:
+        import asyncpg
+
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            return str(await conn.fetchval("SHOW synchronous_commit"))
+        finally:
+            await conn.close()
+
+    found = asyncio.run(show())
+    if found != DURABLE["synchronous_commit"]:
+        raise RuntimeError(f"the server's synchronous_commit is {found!r}, not 'on': "
+                           "runner's commits would not be as durable as the others'")
+
+
 def measure(n: int, rounds: int) -> dict[str, Any]:
+    _check_durable()
     contenders: dict[str, Callable[[Path, int], float]] = {
         "stdlib floor": lambda d, k: stdlib_floor(d, _lines(k, 0)),
         "runner SQLite": lambda d, k: _runner_in_process(d, str(d / "runner.db"),
@@ -241,6 +290,8 @@ def measure(n: int, rounds: int) -> dict[str, Any]:
         "PostgreSQL floor": lambda d, k: asyncio.run(_pg_floor(_lines(k, 0))),
         "runner PostgreSQL": lambda d, k: _runner_pg(d, _lines(k, 0)),
         "runner PostgreSQL (CLI child)": lambda d, k: _runner_pg(d, _lines(k, 0), child=True),
+        "runner PostgreSQL (CLI child, new store)": lambda d, k: _runner_pg(
+            d, _lines(k, 0), child=True, new_store=True),
     }
     skipped = []
     if _have_pgqueuer():
@@ -255,8 +306,17 @@ def measure(n: int, rounds: int) -> dict[str, Any]:
                                                  None),
         "runner SQLite (CLI child) / stdlib floor": ("runner SQLite (CLI child)",
                                                      "stdlib floor", None),
+        # issue 32.3: whole process (start-up included) against the peer and the floor
+        # from their first insert, and against runner's own SQLite intake
         "runner PostgreSQL (CLI child) / PgQueuer": ("runner PostgreSQL (CLI child)",
-                                                     "PgQueuer", None),
+                                                     "PgQueuer", 1.1),
+        "runner PostgreSQL (CLI child) / PostgreSQL floor": (
+            "runner PostgreSQL (CLI child)", "PostgreSQL floor", 0.95),
+        "runner PostgreSQL (CLI child) / runner SQLite (CLI child)": (
+            "runner PostgreSQL (CLI child)", "runner SQLite (CLI child)", 0.8),
+        "runner PostgreSQL / runner SQLite": ("runner PostgreSQL", "runner SQLite", None),
+        "runner PostgreSQL (CLI child, new store) / PgQueuer": (
+            "runner PostgreSQL (CLI child, new store)", "PgQueuer", None),
     }, skipped)
 
 
