@@ -133,14 +133,14 @@ async def _accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> 
         async with ready_out:
             try:
                 async for batch in ready_out:
-                    lines, refused = await intake.commit_lines(batch)
-                    if lines:
-                        sys.stdout.write("\n".join(lines) + "\n")
+                    text, answered, refused = await intake.commit_lines(batch)
+                    if text:
+                        sys.stdout.write(text)
                     for index, result in refused:
                         say_error(args, f"record {number + index + 1}: rejected: "
                                   f"{result.message}", result.reason or "rejected")
                     sys.stdout.flush()
-                    number += len(lines)
+                    number += answered
                     rejected += len(refused)
             except RunnerError as exc:
                 # a store error ends the run with its own exit code: stop the reader and
