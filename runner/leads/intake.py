@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -28,7 +28,11 @@ from runner.leads.models import (
     plain_event,
     validate_event,
 )
-from runner.store import AcceptItem, AcceptOutcome, IntakeStore
+from runner.storedata import AcceptItem, AcceptOutcome
+
+if TYPE_CHECKING:  # runner.store (the store protocols) is for type checks only: it
+    # imports every port's module, which ``accept`` has no use for at run time
+    from runner.store import IntakeStore
 
 log = logging.getLogger("runner.leads.intake")
 
