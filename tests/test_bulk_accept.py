@@ -218,3 +218,35 @@ def test_batched_write_ids_are_distinct_time_ordered_uuids() -> None:
         assert (parsed.version, parsed.variant, str(parsed)) == (7, uuid.RFC_4122, w)
         # the first 48 bits are the Unix time in ms when the id was made
         assert before <= parsed.int >> 80 <= after
+
+
+async def test_a_group_holds_at_most_max_group_lines(workdir: Path) -> None:
+    import argparse
+    import os
+
+    from runner.commands.bulk import MAX_GROUP, accept_records
+
+    class Recording:
+        """Prepares nothing and commits nothing: records each group's size."""
+
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def prepare_lines(self, lines: list[bytes]) -> list[bytes]:
+            self.sizes.append(len(lines))
+            return lines
+
+        async def commit_lines(self, batch: list[bytes]) -> tuple[str, int, list[object]]:
+            return "", len(batch), []
+
+    records = workdir / "many.ndjson"
+    total = 2 * MAX_GROUP + MAX_GROUP // 2
+    records.write_bytes(b"".join(json.dumps(event(i)).encode() + b"\n" for i in range(total)))
+    intake = Recording()
+    fd = os.open(records, os.O_RDONLY)
+    try:
+        code = await accept_records(argparse.Namespace(log_format="text"), intake, fd)  # type: ignore[arg-type]
+    finally:
+        os.close(fd)
+    assert code == 0
+    assert sum(intake.sizes) == total and max(intake.sizes) <= MAX_GROUP
