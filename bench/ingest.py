@@ -253,6 +253,46 @@ def _runner_pg(directory: Path, lines: list[bytes], *, child: bool = False,
         _drop_pg(schema)
 
 
+async def _pg_statement(lines: list[bytes]) -> dict[str, Any]:
+    """Where runner's bulk insert spends the server's time: ``EXPLAIN ANALYZE`` of the
+    statement ``accept --records`` runs per group (``_insert_leads``) on a new store,
+    1,000 rows at a time, split into each trigger's time and the rest (the lead rows with
+    their indexes).  The triggers are the schema's (the accepted outbox event and the
+    kept counts); reported, not changed, here."""
+    import re
+
+    import asyncpg
+
+    from runner.io.postgres.base import NUMBERED
+    from runner.io.postgres.schema import render
+
+    schema = "bench_stmt_" + uuid.uuid4().hex[:8]
+    await asyncio.to_thread(_create_store, f"{PG_DSN}?schema={schema}")
+    conn = await asyncpg.connect(PG_DSN, server_settings=DURABLE)
+    try:
+        sql, params = NUMBERED["_insert_leads"]
+        assert params == ("at", "tenant_ids", "source_lead_ids", "canonicals", "write_ids")
+        explain = "EXPLAIN (ANALYZE, SUMMARY) " + render(sql, f'"{schema}"')
+        total, triggers = 0.0, dict[str, float]()
+        for start in range(0, len(lines), PER_TXN):
+            rows = _prepare_rows(lines[start:start + PER_TXN])
+            columns = [list(c) for c in zip(*rows, strict=True)]
+            plan = "\n".join(r[0] for r in await conn.fetch(
+                explain, "2026-12-02T00:00:00.000000Z", *columns))
+            found = re.search(r"Execution Time: ([\d.]+)", plan)
+            assert found is not None, plan
+            total += float(found.group(1))
+            for name, ms in re.findall(r"Trigger (\w+): time=([\d.]+)", plan):
+                triggers[name] = triggers.get(name, 0.0) + float(ms)
+        shares = {f"trigger {name}": ms / total for name, ms in sorted(triggers.items())}
+        shares["the lead rows and their indexes"] = 1 - sum(shares.values())
+        return {"rows": len(lines), "execution_us_per_row": 1000 * total / len(lines),
+                "shares": shares}
+    finally:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await conn.close()
+
+
 def _have_pgqueuer() -> bool:
     try:
         import pgqueuer  # noqa: F401
@@ -317,7 +357,7 @@ def measure(n: int, rounds: int) -> dict[str, Any]:
         "runner PostgreSQL / runner SQLite": ("runner PostgreSQL", "runner SQLite", None),
         "runner PostgreSQL (CLI child, new store) / PgQueuer": (
             "runner PostgreSQL (CLI child, new store)", "PgQueuer", None),
-    }, skipped)
+    }, skipped) | {"pg_statement": asyncio.run(_pg_statement(_lines(min(n, 20_000), 0)))}
 
 
 def main(argv: list[str] | None = None) -> int:
