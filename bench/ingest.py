@@ -17,8 +17,13 @@ durable, de-duplicated by its key, before it counts:
   and the answers written to a file;
 * **runner … (CLI child)**: ``runner accept --records -`` in a child process, the events
   on stdin, the answers on stdout, timed from spawn to exit: interpreter start-up,
-  imports, store creation and migration included (about 0.6-1 s on this machine class).
-  Printed as an extra row, not used for a goal;
+  imports, the session, the schema check and the scope check included (about 0.5-0.8 s
+  on this machine class).  The store is created and migrated beforehand, untimed, as the
+  floors' tables and PgQueuer's schema are; the PostgreSQL goals (issue 32.3) are on this
+  row, whole process against the peer and the floor from their first insert;
+* **runner PostgreSQL (CLI child, new store)**: the same on a schema that does not exist
+  yet, so the child also creates and migrates the store (about 0.3 s more): printed
+  beside it, not used for a goal;
 * **stdlib floor**: the same work with the standard library only, in this process: parse
   each line, canonical JSON, an id, ``INSERT OR IGNORE`` into a SQLite table keyed by
   (tenant, lead), 1,000 rows per transaction, one answer line per row;
@@ -28,9 +33,11 @@ durable, de-duplicated by its key, before it counts:
   installed): ``Queries.enqueue`` in batches of 1,000 with ``dedupe_key`` = the lead key,
   on the same server, in a schema of its own.
 
-Rounds are interleaved (each contender once per round) so that all of them see the same
-disk and server weather; each figure is the median over the rounds and each ratio the
-median of the per-round ratios.
+Every PostgreSQL session runs with ``synchronous_commit = on`` (set on the floor's and
+PgQueuer's sessions, the server's default that runner keeps): each commit waits for its
+WAL flush on every side (checked before the first round).  Rounds are interleaved (each
+contender once per round) so that all of them see the same disk and server weather; each
+figure is the median over the rounds and each ratio the median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ from typing import Any
 from bench.common import SCOPE, compare, comparison_main, event, run_child
 
 PG_DSN = "postgresql://root@127.0.0.1:5432/test"
+#: the same durability on every side: each commit waits for its WAL flush
+DURABLE = {"synchronous_commit": "on"}
 PER_TXN = 1000
 
 
@@ -95,7 +104,7 @@ async def _pg_floor(lines: list[bytes]) -> float:
     import asyncpg
 
     schema = "bench_floor_" + uuid.uuid4().hex[:8]
-    conn = await asyncpg.connect(PG_DSN)
+    conn = await asyncpg.connect(PG_DSN, server_settings=DURABLE)
     try:
         await conn.execute(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.leads ("
                            "tenant_id text NOT NULL, source_lead_id text NOT NULL, "
@@ -128,7 +137,8 @@ async def _pgqueuer(lines: list[bytes]) -> float:
     admin = await asyncpg.connect(PG_DSN)
     await admin.execute(f"CREATE SCHEMA {schema}")
     try:
-        conn = await asyncpg.connect(PG_DSN, server_settings={"search_path": schema})
+        conn = await asyncpg.connect(PG_DSN, server_settings={"search_path": schema,
+                                                                 **DURABLE})
         try:
             queries = Queries(AsyncpgDriver(conn))
             await queries.install()
@@ -149,9 +159,28 @@ async def _pgqueuer(lines: list[bytes]) -> float:
         await admin.close()
 
 
-def _runner(directory: Path, db: str, lines: list[bytes]) -> float:
+def _create_store(db: str) -> None:
+    """Create and migrate the store at ``db`` and pin the scope (untimed set-up)."""
+    import anyio
+
+    from runner.io.stores import open_store
+    from runner.leads.models import validate_scope
+
+    async def create() -> None:
+        async with await open_store(db, scope=validate_scope(dict(SCOPE))):
+            pass
+
+    anyio.run(create)
+
+
+def _runner(directory: Path, db: str, lines: list[bytes], *, new_store: bool = False
+            ) -> float:
+    """``runner accept --records -`` as a child, timed from spawn to exit; the store is
+    created beforehand (untimed) unless ``new_store``."""
     scope = directory / "scope.json"
     scope.write_text(json.dumps(SCOPE))
+    if not new_store:
+        _create_store(db)
     wall, _, stdout, _ = run_child(["accept", "--db", db, "--scope", str(scope),
                                     "--records", "-"], stdin=b"\n".join(lines) + b"\n")
     answers = stdout.count(b"\n")
@@ -212,15 +241,56 @@ def _drop_pg(schema: str) -> None:
     asyncio.run(drop())
 
 
-def _runner_pg(directory: Path, lines: list[bytes], *, child: bool = False) -> float:
+def _runner_pg(directory: Path, lines: list[bytes], *, child: bool = False,
+               new_store: bool = False) -> float:
     schema = "bench_runner_" + uuid.uuid4().hex[:8]
     dsn = f"{PG_DSN}?schema={schema}"
     try:
         if child:
-            return _runner(directory, dsn, lines)
+            return _runner(directory, dsn, lines, new_store=new_store)
         return _runner_in_process(directory, dsn, lines)
     finally:
         _drop_pg(schema)
+
+
+async def _pg_statement(lines: list[bytes]) -> dict[str, Any]:
+    """Where runner's bulk insert spends the server's time: ``EXPLAIN ANALYZE`` of the
+    statement ``accept --records`` runs per group (``_insert_leads``) on a new store,
+    1,000 rows at a time, split into each trigger's time and the rest (the lead rows with
+    their indexes).  The triggers are the schema's (the accepted outbox event and the
+    kept counts); reported, not changed, here."""
+    import re
+
+    import asyncpg
+
+    from runner.io.postgres.base import NUMBERED
+    from runner.io.postgres.schema import render
+
+    schema = "bench_stmt_" + uuid.uuid4().hex[:8]
+    await asyncio.to_thread(_create_store, f"{PG_DSN}?schema={schema}")
+    conn = await asyncpg.connect(PG_DSN, server_settings=DURABLE)
+    try:
+        sql, params = NUMBERED["_insert_leads"]
+        assert params == ("at", "tenant_ids", "source_lead_ids", "canonicals", "write_ids")
+        explain = "EXPLAIN (ANALYZE, SUMMARY) " + render(sql, f'"{schema}"')
+        total, triggers = 0.0, dict[str, float]()
+        for start in range(0, len(lines), PER_TXN):
+            rows = _prepare_rows(lines[start:start + PER_TXN])
+            columns = [list(c) for c in zip(*rows, strict=True)]
+            plan = "\n".join(r[0] for r in await conn.fetch(
+                explain, "2026-12-02T00:00:00.000000Z", *columns))
+            found = re.search(r"Execution Time: ([\d.]+)", plan)
+            assert found is not None, plan
+            total += float(found.group(1))
+            for name, ms in re.findall(r"Trigger (\w+): time=([\d.]+)", plan):
+                triggers[name] = triggers.get(name, 0.0) + float(ms)
+        shares = {f"trigger {name}": ms / total for name, ms in sorted(triggers.items())}
+        shares["the lead rows and their indexes"] = 1 - sum(shares.values())
+        return {"rows": len(lines), "execution_us_per_row": 1000 * total / len(lines),
+                "shares": shares}
+    finally:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await conn.close()
 
 
 def _have_pgqueuer() -> bool:
@@ -231,7 +301,26 @@ def _have_pgqueuer() -> bool:
     return True
 
 
+def _check_durable() -> None:
+    """runner's sessions take the server's ``synchronous_commit``: it must be ``on``, as
+    the floor's and PgQueuer's sessions set it, or the sides would not be alike."""
+    async def show() -> str:
+        import asyncpg
+
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            return str(await conn.fetchval("SHOW synchronous_commit"))
+        finally:
+            await conn.close()
+
+    found = asyncio.run(show())
+    if found != DURABLE["synchronous_commit"]:
+        raise RuntimeError(f"the server's synchronous_commit is {found!r}, not 'on': "
+                           "runner's commits would not be as durable as the others'")
+
+
 def measure(n: int, rounds: int) -> dict[str, Any]:
+    _check_durable()
     contenders: dict[str, Callable[[Path, int], float]] = {
         "stdlib floor": lambda d, k: stdlib_floor(d, _lines(k, 0)),
         "runner SQLite": lambda d, k: _runner_in_process(d, str(d / "runner.db"),
@@ -241,6 +330,8 @@ def measure(n: int, rounds: int) -> dict[str, Any]:
         "PostgreSQL floor": lambda d, k: asyncio.run(_pg_floor(_lines(k, 0))),
         "runner PostgreSQL": lambda d, k: _runner_pg(d, _lines(k, 0)),
         "runner PostgreSQL (CLI child)": lambda d, k: _runner_pg(d, _lines(k, 0), child=True),
+        "runner PostgreSQL (CLI child, new store)": lambda d, k: _runner_pg(
+            d, _lines(k, 0), child=True, new_store=True),
     }
     skipped = []
     if _have_pgqueuer():
@@ -255,9 +346,18 @@ def measure(n: int, rounds: int) -> dict[str, Any]:
                                                  None),
         "runner SQLite (CLI child) / stdlib floor": ("runner SQLite (CLI child)",
                                                      "stdlib floor", None),
+        # issue 32.3: whole process (start-up included) against the peer and the floor
+        # from their first insert, and against runner's own SQLite intake
         "runner PostgreSQL (CLI child) / PgQueuer": ("runner PostgreSQL (CLI child)",
-                                                     "PgQueuer", None),
-    }, skipped)
+                                                     "PgQueuer", 1.1),
+        "runner PostgreSQL (CLI child) / PostgreSQL floor": (
+            "runner PostgreSQL (CLI child)", "PostgreSQL floor", 0.95),
+        "runner PostgreSQL (CLI child) / runner SQLite (CLI child)": (
+            "runner PostgreSQL (CLI child)", "runner SQLite (CLI child)", 0.8),
+        "runner PostgreSQL / runner SQLite": ("runner PostgreSQL", "runner SQLite", None),
+        "runner PostgreSQL (CLI child, new store) / PgQueuer": (
+            "runner PostgreSQL (CLI child, new store)", "PgQueuer", None),
+    }, skipped) | {"pg_statement": asyncio.run(_pg_statement(_lines(min(n, 20_000), 0)))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,6 +104,27 @@ def test_records_file_answers_in_order(workdir: Path, scope_file: Path, db_locat
     assert again.returncode == 0 and json.loads(again.stdout)["result"] == "accepted"
 
 
+def test_a_batch_without_rejections_answers_each_outcome(
+        workdir: Path, scope_file: Path, db_location: str) -> None:
+    # a batch with no rejected input has its all-accepted answers made beforehand
+    # (``Batch.accepted``): they are used only when every record was new
+    records = workdir / "plain.ndjson"
+    records.write_text("".join(json.dumps(event(i)) + "\n" for i in range(5)))
+    first = run_main("accept", "--db", db_location, "--scope", scope_file, "--records", records)
+    assert first.returncode == 0, first.stderr
+    accepted = [json.loads(line) for line in first.stdout.splitlines()]
+    assert [r["result"] for r in accepted] == ["accepted"] * 5
+    assert len({r["write_id"] for r in accepted}) == 5
+    records.write_text("".join(json.dumps(event(i)) + "\n" for i in [5, 2, 5, 6]))
+    again = run_main("accept", "--db", db_location, "--scope", scope_file, "--records", records)
+    assert again.returncode == 0, again.stderr
+    got = [json.loads(line) for line in again.stdout.splitlines()]
+    assert strip_ids(got) == [("accepted", "lead-5", None), ("duplicate", "lead-2", None),
+                              ("duplicate", "lead-5", None), ("accepted", "lead-6", None)]
+    assert got[1]["write_id"] == accepted[2]["write_id"]  # the stored record's
+    assert got[2]["write_id"] == got[0]["write_id"]
+
+
 def test_an_oversized_line_is_answered_and_reading_goes_on(
     workdir: Path, scope_file: Path, db_location: str
 ) -> None:
@@ -197,3 +218,35 @@ def test_batched_write_ids_are_distinct_time_ordered_uuids() -> None:
         assert (parsed.version, parsed.variant, str(parsed)) == (7, uuid.RFC_4122, w)
         # the first 48 bits are the Unix time in ms when the id was made
         assert before <= parsed.int >> 80 <= after
+
+
+async def test_a_group_holds_at_most_max_group_lines(workdir: Path) -> None:
+    import argparse
+    import os
+
+    from runner.commands.bulk import MAX_GROUP, accept_records
+
+    class Recording:
+        """Prepares nothing and commits nothing: records each group's size."""
+
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def prepare_lines(self, lines: list[bytes]) -> list[bytes]:
+            self.sizes.append(len(lines))
+            return lines
+
+        async def commit_lines(self, batch: list[bytes]) -> tuple[str, int, list[object]]:
+            return "", len(batch), []
+
+    records = workdir / "many.ndjson"
+    total = 2 * MAX_GROUP + MAX_GROUP // 2
+    records.write_bytes(b"".join(json.dumps(event(i)).encode() + b"\n" for i in range(total)))
+    intake = Recording()
+    fd = os.open(records, os.O_RDONLY)
+    try:
+        code = await accept_records(argparse.Namespace(log_format="text"), intake, fd)  # type: ignore[arg-type]
+    finally:
+        os.close(fd)
+    assert code == 0
+    assert sum(intake.sizes) == total and max(intake.sizes) <= MAX_GROUP

@@ -31,11 +31,11 @@ class FailingIntake:
     def prepare_lines(self, lines: list[Any]) -> list[Any]:
         return lines
 
-    async def commit_lines(self, batch: list[Any]) -> tuple[list[str], list[Any]]:
+    async def commit_lines(self, batch: list[Any]) -> tuple[str, int, list[Any]]:
         self.commits += 1
         if self.commits == 2:
             raise StoreError("no space left on the store's disk")
-        return [], []
+        return "", 0, []
 
 
 def _feed(fd: int, lines: int) -> None:

@@ -47,6 +47,15 @@ def render_rates(doc: dict[str, Any], what: str) -> str:
         met = "" if goal is None or value is None else ("yes" if value >= goal else "no")
         rows.append(f"| {cell(name)} | {shown} | {'' if goal is None else f'>= {goal}'} | "
                     f"{met} |")
+    if "pg_statement" in doc:  # ingest: where runner's PostgreSQL insert spends its time
+        stmt = doc["pg_statement"]
+        rows += ["", f"runner's PostgreSQL insert statement, `EXPLAIN ANALYZE` over "
+                 f"{stmt['rows']:,} rows in groups of 1,000 on a new store: "
+                 f"{stmt['execution_us_per_row']:.1f} µs of server execution per row "
+                 "(commit not included), shared as follows.", "",
+                 "| part of the statement | share of its execution |", "|---|---|"]
+        rows += [f"| {cell(name)} | {share * 100:.0f}% |"
+                 for name, share in stmt["shares"].items()]
     skipped = "".join(f" Skipped: {cell(note)}." for note in doc.get("skipped", []))
     return "\n".join([provenance(doc) + f" {doc['n']:,} events {what}, median of "
                       f"{doc['rounds']} interleaved round(s).{skipped}", "", *rows])

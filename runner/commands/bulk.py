@@ -133,14 +133,14 @@ async def _accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> 
         async with ready_out:
             try:
                 async for batch in ready_out:
-                    lines, refused = await intake.commit_lines(batch)
-                    if lines:
-                        sys.stdout.write("\n".join(lines) + "\n")
+                    text, answered, refused = await intake.commit_lines(batch)
+                    if text:
+                        sys.stdout.write(text)
                     for index, result in refused:
                         say_error(args, f"record {number + index + 1}: rejected: "
                                   f"{result.message}", result.reason or "rejected")
                     sys.stdout.flush()
-                    number += len(lines)
+                    number += answered
                     rejected += len(refused)
             except RunnerError as exc:
                 # a store error ends the run with its own exit code: stop the reader and
@@ -160,12 +160,18 @@ async def _prepare(
 ) -> None:
     async with lines_out, ready_in:
         async for lines in lines_out:
-            while len(lines) < MAX_GROUP:  # take whatever else has arrived meanwhile
-                try:
-                    lines += lines_out.receive_nowait()
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-            await ready_in.send(intake.prepare_lines([ln for ln in lines if not _blank(ln)]))
+            pending = lines
+            while pending:
+                while len(pending) < MAX_GROUP:  # take whatever else has arrived meanwhile
+                    try:
+                        pending += lines_out.receive_nowait()
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                # at most MAX_GROUP lines per group; the rest starts the next one, which
+                # never waits for more input than has arrived
+                group, pending = pending[:MAX_GROUP], pending[MAX_GROUP:]
+                await ready_in.send(intake.prepare_lines([ln for ln in group
+                                                          if not _blank(ln)]))
 
 
 def _blank(line: Line) -> bool:

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -28,7 +28,11 @@ from runner.leads.models import (
     plain_event,
     validate_event,
 )
-from runner.store import AcceptItem, AcceptOutcome, IntakeStore
+from runner.storedata import AcceptItem, AcceptOutcome
+
+if TYPE_CHECKING:  # runner.store (the store protocols) is for type checks only: it
+    # imports every port's module, which ``accept`` has no use for at run time
+    from runner.store import IntakeStore
 
 log = logging.getLogger("runner.leads.intake")
 
@@ -223,6 +227,9 @@ class Intake:
             valid.append((len(results), event,
                           AcceptItem(event, plain_canonical(event), write_id)))
             results.append(None)
+        if len(valid) == len(results):  # no rejection: the answers if all are new
+            batch.accepted = "".join(
+                [_accepted_line(v[1].source_lead_id, v[2].write_id) for v in valid])
         return batch
 
     def _add(self, batch: Batch, doc: Mapping[str, Any] | BadInputError,
@@ -256,32 +263,49 @@ class Intake:
 
     async def commit_lines(
         self, batch: Batch
-    ) -> tuple[list[str], list[tuple[int, AcceptResult]]]:
-        """``commit_batch`` for bulk intake: each answer as its line
-        (``AcceptResult.to_line``), in input order, and the rejections among them with
-        their positions, in order (for their messages).  An ``accepted`` line is
-        formatted directly."""
+    ) -> tuple[str, int, list[tuple[int, AcceptResult]]]:
+        """``commit_batch`` for bulk intake: the answers as text, one line each
+        (``AcceptResult.to_line``, newline-terminated) in input order, their number, and
+        the rejections among them with their positions, in order (for their messages).
+        An ``accepted`` line is formatted directly; when every record is accepted the
+        text is the one ``prepare_lines`` made beforehand (``Batch.accepted``)."""
         outcomes = await self._commit(batch)
+        quiet = not log.isEnabledFor(logging.DEBUG)  # else answer() logs each one
+        if (quiet and batch.accepted is not None
+                and all(o.result == "accepted" and o.write_id == v[2].write_id
+                        for v, o in zip(batch.valid, outcomes, strict=True))):
+            return batch.accepted, len(batch.valid), []
         results = list(batch.results)
         lines: list[str] = [r.to_line() if r is not None else "" for r in results]
-        quiet = not log.isEnabledFor(logging.DEBUG)  # else answer() logs each one
         for (index, event, _), outcome in zip(batch.valid, outcomes, strict=True):
             if quiet and outcome.result == "accepted":
-                lines[index] = ('{"result":"accepted","source_lead_id":'
-                                f'{_string(event.source_lead_id)},'
-                                f'"write_id":{_string(outcome.write_id)}}}')
+                lines[index] = _accepted_line(event.source_lead_id, outcome.write_id)[:-1]
             else:
                 results[index] = result = answer(event, outcome)
                 lines[index] = result.to_line()
-        return lines, [(i, r) for i, r in enumerate(results) if r is not None and not r.ok]
+        text = "".join([line + "\n" for line in lines])
+        return text, len(lines), [(i, r) for i, r in enumerate(results)
+                                  if r is not None and not r.ok]
 
 
 @dataclass
 class Batch:
-    """A validated batch: answers for rejected inputs, and the valid ones to commit."""
+    """A validated batch: answers for rejected inputs, and the valid ones to commit.
+
+    ``accepted``, set by ``prepare_lines`` when no input was rejected, is the batch's
+    answer text (one line each, newline-terminated) for the outcome where every record
+    is accepted with its own write_id: formatted while the previous batch is being
+    committed, so that between two commits only that check is left to do."""
 
     results: list[AcceptResult | None] = field(default_factory=list)
     valid: list[tuple[int, LeadEvent, AcceptItem]] = field(default_factory=list)
+    accepted: str | None = None
+
+
+def _accepted_line(source_lead_id: str, write_id: str) -> str:
+    """``AcceptResult("accepted", …).to_line()`` and its newline, formatted directly."""
+    return (f'{{"result":"accepted","source_lead_id":{_string(source_lead_id)},'
+            f'"write_id":{_string(write_id)}}}\n')
 
 
 def new_write_id() -> WriteId:
