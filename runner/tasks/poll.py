@@ -16,8 +16,8 @@ from typing import Any
 from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError
+from runner.ids import WriteId
 from runner.jsonio import canonical, storable
-from runner.leads.models import WriteId
 from runner.leads.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
 from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
 from runner.store import ObservationWrite, PollStore
