@@ -29,7 +29,6 @@ from runner.leads.port import CRMAdapter, CRMRecordPort, Missing
 from runner.leads.states import LeadState
 from runner.limits import BATCH_SIZE_RANGE, DEFAULT_BATCH_SIZE, UNCERTAIN_SHOWN
 from runner.status import iter_record_json, record_state, status_document
-from runner.store import Store
 from runner.storedata import GivenScope
 from runner.tasks import deliver, poll, target
 from runner.tasks.outcomes import CycleSummary
@@ -38,6 +37,7 @@ from runner.tasks.pagerun import SendGuard
 if TYPE_CHECKING:  # the models and intake (pydantic) load when a record is taken in
     from runner.leads import intake
     from runner.leads.models import LeadEvent, Scope
+    from runner.store import Store
 
 
 def check_batch_size(batch_size: int) -> None:

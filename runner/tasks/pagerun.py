@@ -14,7 +14,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
@@ -25,7 +25,7 @@ from runner.leads.marks import BatchMark
 from runner.leads.pacing import Backoff
 from runner.leads.port import CRMRecordPort, SendResult, readback_in_words
 from runner.leads.states import LeadState
-from runner.store import DispatchSteps, LeadWork
+from runner.storedata import LeadWork
 from runner.tasks.outcomes import (
     STOPPED,
     CycleSummary,
@@ -35,6 +35,9 @@ from runner.tasks.outcomes import (
     done_of,
     retry_of,
 )
+
+if TYPE_CHECKING:
+    from runner.store import DispatchSteps
 
 log = logging.getLogger("runner.deliver")  # the dispatch's lines, wherever they are made
 
