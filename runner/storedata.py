@@ -98,10 +98,11 @@ class StoreSummary(NamedTuple):
 class GivenScope:
     """A scope as a command read it from its file, not validated yet.
 
-    ``once`` and ``start`` only compare their scope with the one their store is pinned to,
-    and that one was validated when it was pinned: a scope equal to it, field for field
-    and value for value, is valid by that proof, and the validation (pydantic, the
-    largest part of a bare ``once``'s start-up) is not run again.  Anything else is
+    The delivery commands (``once``, ``start``, ``poll-status``) only compare their scope
+    with the one their store is pinned to, and that one was validated when it was pinned:
+    a scope equal to it, field for field and value for value, is valid by that proof, and
+    the validation (pydantic, the largest part of an idle ``once``'s start-up) is not run
+    again.  (``observe`` validates it to check its record against it.)  Anything else is
     validated by the one rule, ``runner.leads.models.validate_scope``, before it is
     compared (an invalid scope is refused as invalid first, as it always was) or pinned
     (``model_dump_json``)."""

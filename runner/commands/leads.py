@@ -73,10 +73,11 @@ def load_scope(path: str) -> Scope:
 
 
 def load_given_scope(path: str, db: str) -> Scope | GivenScope:
-    """The scope file of a command that only compares it with its store's pin (``once``,
-    ``start``): read, not validated, if ``db`` is a SQLite store that exists (opening it
-    validates a scope that is not the pinned one: ``runner.storedata.GivenScope``);
-    validated now otherwise, so that an invalid scope never creates a store."""
+    """The scope file of a delivery command (``once``, ``start``, ``observe``,
+    ``poll-status``): read, not validated, if ``db`` is a SQLite store that exists
+    (opening it validates a scope that is not the pinned one, and the worker one it needs
+    validated: ``runner.storedata.GivenScope``); validated now otherwise, so that an
+    invalid scope never creates a store."""
     from runner.jsonio import read_json_object
     from runner.storedata import GivenScope, is_postgres
 
