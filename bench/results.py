@@ -16,6 +16,7 @@ JSON file here, and the documentation renders the latest file of each kind
     bench/results/forget-<UTC>.json    python -m bench forget     (not with --quick)
     bench/results/delivery-floor-<UTC>.json  python -m bench delivery-floor (not --quick)
     bench/results/webhook-floor-<UTC>.json   python -m bench webhook-floor  (not --quick)
+    bench/results/startup-<UTC>.json   python -m bench startup    (not with --quick)
 
 Every file carries ``kind``, ``date`` (UTC), the ``command`` that wrote it, and
 ``machine`` (CPUs, CPU model, Python, SQLite, platform, load average at the end).

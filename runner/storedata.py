@@ -1,6 +1,7 @@
 """The store's plain data: what Store operations take and return (``LeadRow``,
 ``StoreSummary``, the write paths' ``AcceptItem``, ``LeadWork``, ``Decision``, …), and
-``check_scope``.  Opening a store is composition, at the edge: ``runner.io.stores``.
+``check_scope`` (with ``GivenScope``, a scope as a command read it).  Opening a store is
+composition, at the edge: ``runner.io.stores``.
 
 Light on purpose: the adapters and ``runner status`` import this module, never the
 ``Store`` protocol (``runner.store``, which re-exports every name here), so a command
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias
 
 from runner.errors import ConfigMismatch
 from runner.ids import WriteId
@@ -94,12 +95,55 @@ class StoreSummary(NamedTuple):
     retries: dict[str, Any]
 
 
-def check_scope(pinned: ScopeData | None, wanted: Scope | None) -> None:
-    """Refuse (exit 78) a scope that differs from the pinned one; change nothing."""
+class GivenScope:
+    """A scope as a command read it from its file, not validated yet.
+
+    The delivery commands (``once``, ``start``, ``poll-status``) only compare their scope
+    with the one their store is pinned to, and that one was validated when it was pinned:
+    a scope equal to it, field for field and value for value, is valid by that proof, and
+    the validation (pydantic, the largest part of an idle ``once``'s start-up) is not run
+    again.  (``observe`` validates it to check its record against it.)  Anything else is
+    validated by the one rule, ``runner.leads.models.validate_scope``, before it is
+    compared (an invalid scope is refused as invalid first, as it always was) or pinned
+    (``model_dump_json``)."""
+
+    __slots__ = ("_valid", "fields")
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+        self._valid: Scope | None = None
+
+    def validated(self) -> Scope:
+        """The scope validated (exit 65 ``invalid_scope`` if it is not valid)."""
+        if self._valid is None:
+            from runner.leads.models import validate_scope
+
+            self._valid = validate_scope(dict(self.fields))
+        return self._valid
+
+    def model_dump(self) -> dict[str, Any]:
+        """The fields as given (to compare with the pin; ``check_scope`` validates them
+        if they differ)."""
+        return dict(self.fields)
+
+    def model_dump_json(self) -> str:
+        """The validated scope's JSON, to pin it."""
+        return self.validated().model_dump_json()
+
+
+#: a scope a store is opened with: a validated one, or one as given (``GivenScope``)
+WantedScope: TypeAlias = "Scope | GivenScope"
+
+
+def check_scope(pinned: ScopeData | None, wanted: WantedScope | None) -> None:
+    """Refuse (exit 78) a scope that differs from the pinned one; change nothing.  A
+    given scope that differs is validated first (exit 65 if it is not valid)."""
     if wanted is None or pinned is None:
         return
     want = wanted.model_dump()
     if pinned != want:
+        if isinstance(wanted, GivenScope):
+            want = wanted.validated().model_dump()
         differ = [name for name in want if pinned.get(name) != want[name]]
         raise ConfigMismatch(
             "the store is pinned to another scope ("

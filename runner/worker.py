@@ -19,22 +19,25 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.clock import Clock, SystemClock
 from runner.errors import BadInputError, RuleViolation, UsageError
 from runner.io.stores import open_store
-from runner.leads import intake
-from runner.leads.models import LeadEvent, Scope, validate_scope
 from runner.leads.pacing import DEFAULT_RETRY_BASE, DEFAULT_RETRY_CAP, Backoff, Pacer
 from runner.leads.port import CRMAdapter, CRMRecordPort, Missing
 from runner.leads.states import LeadState
 from runner.limits import BATCH_SIZE_RANGE, DEFAULT_BATCH_SIZE, UNCERTAIN_SHOWN
 from runner.status import iter_record_json, record_state, status_document
-from runner.store import Store
+from runner.storedata import GivenScope
 from runner.tasks import deliver, poll, target
 from runner.tasks.outcomes import CycleSummary
 from runner.tasks.pagerun import SendGuard
+
+if TYPE_CHECKING:  # the models and intake (pydantic) load when a record is taken in
+    from runner.leads import intake
+    from runner.leads.models import LeadEvent, Scope
+    from runner.store import Store
 
 
 def check_batch_size(batch_size: int) -> None:
@@ -49,7 +52,7 @@ class DurableWorker:
     def __init__(
         self,
         db: str,
-        scope: Scope | Mapping[str, Any],
+        scope: Scope | GivenScope | Mapping[str, Any],
         port: CRMRecordPort | CRMAdapter | None = None,
         *,
         clock: Clock | None = None,
@@ -69,7 +72,15 @@ class DurableWorker:
         self.dispatch_pipeline = dispatch_pipeline
         #: when a record that was not sent (failed_safe) is tried again (issue 16)
         self.backoff = Backoff(retry_base, retry_cap)
-        self.scope = scope if isinstance(scope, Scope) else validate_scope(dict(scope))
+        #: a ``GivenScope`` stays as given until something needs it validated (``scope``):
+        #: opening the store compares it with the pin first
+        self._scope: Scope | GivenScope
+        if isinstance(scope, GivenScope):
+            self._scope = scope
+        else:
+            from runner.leads.models import Scope, validate_scope
+
+            self._scope = scope if isinstance(scope, Scope) else validate_scope(dict(scope))
         if port is not None and not isinstance(port, CRMRecordPort):
             port = CRMRecordPort(port)
         if port is not None and target_rate is not None:
@@ -87,6 +98,13 @@ class DurableWorker:
         self._target_checked = False
 
     @property
+    def scope(self) -> Scope:
+        """The scope, validated (a ``GivenScope`` on first use)."""
+        if isinstance(self._scope, GivenScope):
+            self._scope = self._scope.validated()
+        return self._scope
+
+    @property
     def store(self) -> Store:
         if self._store is None:
             raise UsageError("DurableWorker is not open; use 'async with DurableWorker(...)'")
@@ -94,8 +112,7 @@ class DurableWorker:
 
     async def open(self) -> DurableWorker:
         if self._store is None:
-            self._store = await open_store(self.db, scope=self.scope, create=True)
-            self._intake = intake.Intake(self._store, self.clock, self.scope)
+            self._store = await open_store(self.db, scope=self._scope, create=True)
         return self
 
     async def aclose(self) -> None:
@@ -123,7 +140,9 @@ class DurableWorker:
 
     def _open_intake(self) -> intake.Intake:
         if self._intake is None:
-            raise UsageError("DurableWorker is not open; use 'async with DurableWorker(...)'")
+            from runner.leads import intake
+
+            self._intake = intake.Intake(self.store, self.clock, self.scope)
         return self._intake
 
     @property
@@ -201,6 +220,8 @@ class DurableWorker:
     ) -> str:
         """Store the latest status observation of a confirmed record (L11).  Returns
         ``changed``, ``unchanged`` or ``missing``; refuses records that are not confirmed."""
+        from runner.leads import intake
+
         event, _ = intake.prepare(record, self.scope)
         seen = poll.snapshot_from_json(snapshot)
         row = await self.store.find_lead(event.tenant_id, event.source_lead_id)

@@ -138,6 +138,32 @@ def test_the_delivery_floor_benchmark_prints_both_ratios(tmp_path: Path) -> None
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_the_startup_benchmark_pairs_once_with_a_bare_interpreter_and_the_disk() -> None:
+    """``python -m bench startup --quick`` keeps working (issue 32 point 2): the idle
+    ``once`` against ``python -c pass`` in pairs, and a whole-process dispatch against the
+    disk's single-row commits, with the spans its log gives (figures printed, not judged)."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "startup", "--quick"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^start: once on a warm empty store minus python -c pass, 5 pairs: "
+                     r"median -?\d+ ms", proc.stdout, re.MULTILINE), proc.stdout
+    assert re.search(r"^dispatch of 2,000 leads, whole process: [\d,]+/s, \d+\.\d\dx the "
+                     r"disk's [\d,]+ single-row commits/s", proc.stdout, re.MULTILINE)
+    doc = json.loads(proc.stdout.splitlines()[-1])
+    assert doc["start"]["pairs"] == 5 and len(doc["start"]["round_differences_s"]) == 5
+    assert doc["start"]["goal_s"] == 0.15 and doc["dispatch"]["goal"] == 5.0
+    dispatch = doc["dispatch"]
+    assert dispatch["n"] == 2000 and dispatch["ratio"] > 0 and dispatch["commits_per_s"] > 0
+    assert set(dispatch["spans_s"]) == {"start", "to_first_send", "dispatch", "to_exit"}
+    assert all(s > 0 for s in dispatch["spans_s"].values())
+    # the spans are parts of the whole process
+    wall = dispatch["round_figures"][0]["wall_s"]
+    assert sum(dispatch["round_figures"][0]["spans_s"].values()) <= wall * 1.05
+    assert "figures written to" not in proc.stderr  # a quick run records nothing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_the_webhook_floor_benchmark_loads_runner_serve_and_the_floor_alike() -> None:
     """``python -m bench webhook-floor --quick`` keeps working (issue 32 point 4): runner
     serve and the minimal ASGI floor take the same signed load (the bench checks that each

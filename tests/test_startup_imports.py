@@ -1,10 +1,14 @@
-"""Start-up: ``status`` imports only what it needs (issue 9 point 7).
+"""Start-up: ``status`` and ``once`` import only what they need (issue 9 point 7, issue 32
+point 2).
 
 What matters is wall time, but tests never assert on time: this checks the cause instead.
 A ``status`` of a SQLite store, run in a fresh interpreter, must not load a driver or a
 model it does not use, the other commands' modules, the pipeline engine or the write
 paths' data.  A new top-level import on the status path that pulls one of these in
-fails here, with the list of what it loaded.
+fails here, with the list of what it loaded.  The same for a ``once`` with nothing to
+do on a store whose scope is pinned: no model (pydantic is the largest part of its
+start-up), no intake, no other command's module; the models load with the first record
+it maps (``bench/startup.py`` measures what the start costs).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import pytest
 
 from runner import cli
 from runner.io.stores import open_store
-from tests.helpers import ROOT
+from tests.helpers import ROOT, SCOPE
 
 #: loaded by ``status`` on a SQLite store: never
 NOT_ON_STATUS_PATH = (
@@ -57,24 +61,62 @@ _PROBE = (
 )
 
 
+#: loaded by a ``once`` with an empty backlog on a SQLite store with its scope pinned: never
+NOT_ON_IDLE_ONCE_PATH = (
+    "asyncpg",
+    "httpx",
+    "pydantic",
+    "pydantic_core",
+    "runner.leads.models",
+    "runner.leads.intake",
+    "runner.commands.candidates",
+    "runner.commands.pipeline",
+    "runner.commands.operators",
+    "runner.candidates.model",
+    "runner.candidates.rules",
+    "runner.pipeline.engine",
+    "runner.pipeline.funnel",
+    "shutil",
+)
+
+
 async def _empty_store(db: Path) -> None:
     async with await open_store(str(db)):
         pass
+
+
+def _loaded(args: list[str]) -> tuple[str, set[str]]:
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=50, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, set(json.loads(proc.stderr.strip().splitlines()[-1]))
+
+
+def _among(loaded: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in prefixes))
 
 
 @pytest.mark.timeout(60)
 def test_status_loads_nothing_it_does_not_use(workdir: Path) -> None:
     db = workdir / "q.db"
     anyio.run(_empty_store, db)
-    proc = subprocess.run([sys.executable, "-c", _PROBE, "status", "--db", str(db)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=50, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["counts"]["prepared"] == 0
-    loaded = set(json.loads(proc.stderr.strip().splitlines()[-1]))
+    out, loaded = _loaded(["status", "--db", str(db)])
+    assert json.loads(out)["counts"]["prepared"] == 0
     assert "runner.io.sqlite.store" in loaded  # the probe really read the store
-    unwanted = sorted(m for m in loaded
-                      if any(m == p or m.startswith(p + ".") for p in NOT_ON_STATUS_PATH))
-    assert unwanted == []
+    assert _among(loaded, NOT_ON_STATUS_PATH) == []
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_once_loads_no_model(workdir: Path) -> None:
+    db, target, scope = workdir / "q.db", workdir / "t.db", workdir / "scope.json"
+    scope.write_text(json.dumps(SCOPE))
+    args = ["once", "--db", str(db), "--scope", str(scope), "--target", str(target)]
+    _loaded(args)  # the first run creates the store and pins the scope (and validates it)
+    out, loaded = _loaded(args)
+    assert json.loads(out)["dispatched"] == 0
+    # the probe really opened the store, checked the target and ran a cycle
+    assert {"runner.io.sqlite.store", "runner.io.synthetic_target", "runner.cycles"} <= loaded
+    assert _among(loaded, NOT_ON_IDLE_ONCE_PATH) == []
 
 
 def test_the_command_table_names_every_command_and_its_module() -> None:

@@ -308,6 +308,43 @@ def render_webhook_floor(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def render_startup(doc: dict[str, Any]) -> str:
+    """``python -m bench startup``: an idle ``once`` against ``python -c pass`` in pairs,
+    then a whole-process dispatch against the disk's single-row commit rate, with where
+    the process's time went."""
+    start, dispatch = doc["start"], doc["dispatch"]
+    diff, cpu = start["difference_s"], start["cpu_difference_s"]
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1000:,.0f} ms"
+
+    rows = ["| measured | figure | baseline | result | goal | met |",
+            "|---|---|---|---|---|---|",
+            f"| an idle `once` on a warm store, whole process ({start['pairs']} pairs) | "
+            f"{ms(start['once_s'])} | `python -c pass`: {ms(start['pass_s'])} | "
+            f"**{ms(diff['median'])}** more (p25-p75 {ms(diff['p25'])}-{ms(diff['p75'])}; "
+            f"CPU {ms(cpu['median'])} more) | <= {ms(start['goal_s'])} | "
+            f"{'yes' if start['met'] else '**no**'} |",
+            f"| dispatch of {dispatch['n']:,} leads, whole process ({dispatch['rounds']} "
+            f"rounds) | {num(dispatch['per_s'])} /s | single-row commits: "
+            f"{num(dispatch['commits_per_s'])} /s | **{dispatch['ratio']:.2f}x** (the "
+            f"dispatch span alone: {dispatch['in_process_ratio']:.2f}x) | "
+            f">= {dispatch['goal']:g}x | {'yes' if dispatch['met'] else '**no**'} |"]
+    spans = dispatch["spans_s"]
+    whole = dispatch["n"] / dispatch["per_s"]
+    labels = {"start": "spawn to `target.pinned` (the start)",
+              "to_first_send": "to the first send (recovery, the models, the first page)",
+              "dispatch": "the dispatch span (first send to last confirmation)",
+              "to_exit": "to exit (the poll pass, closing, the exit)"}
+    span_rows = ["| span of the dispatch run | seconds | share |", "|---|---|---|"]
+    span_rows += [f"| {labels[name]} | {s:.3f} s | {s / whole:.0%} |"
+                  for name, s in spans.items()]
+    load = doc["load_average"]
+    return "\n".join([provenance(doc) + f" Load average {load[0]:.2f} at the start; "
+                      f"wall time {doc['seconds']:,.0f} s.", "",
+                      *rows, "", *span_rows])
+
+
 def render_accept_scale(doc: dict[str, Any]) -> str:
     chunk = doc["chunk"]
     rows = [f"| backend | first {chunk:,} leads | last {chunk:,} (store at {doc['n']:,}) | "

@@ -23,6 +23,7 @@ from docs.gen.performance import (
     render_rates,
     render_reconcile,
     render_resolve,
+    render_startup,
     render_sweep_explain,
     render_webhook_floor,
 )
@@ -64,6 +65,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "pg-target": render_pg_target,
     "delivery-floor": render_delivery_floor,
     "webhook-floor": render_webhook_floor,
+    "startup": render_startup,
     "kill9-http-target": render_kill9,
     "kill9-http-dedupe": render_kill9_settled,
     "kill9-pg-table": render_kill9_settled,

@@ -34,7 +34,7 @@ from runner.commands.delivery_options import (
     rate_option,
     retry_options,
 )
-from runner.commands.leads import load_scope, read_record
+from runner.commands.leads import load_given_scope, read_record
 from runner.errors import UsageError
 from runner.jsonio import read_json_object
 
@@ -142,7 +142,7 @@ async def open_worker(args: argparse.Namespace) -> AsyncIterator[DurableWorker]:
     from runner.worker import DurableWorker
 
     check_paths(args)
-    scope = load_scope(args.scope)
+    scope = load_given_scope(args.scope, args.db)
     faults = parse_faults(getattr(args, "fault", None))
     crash_at = crash_point_option(getattr(args, "fault", None))
     armed: AbstractContextManager[None] = (
@@ -255,8 +255,8 @@ def log_banner(args: argparse.Namespace, replication: Replication) -> None:
     from runner.replication import announce
     from runner.storedata import is_postgres
 
-    scope = load_scope(args.scope)  # read (and checked) already by the worker
-    fields = (scope.tenant_id, scope.account_id, scope.page_id, scope.form_id)
+    scope = load_given_scope(args.scope, args.db).model_dump()  # checked by the worker
+    fields = [str(scope[name]) for name in ("tenant_id", "account_id", "page_id", "form_id")]
     logging.getLogger("runner.loop").info(
         "runner %s started", __version__,
         extra={"action": "runner.started", "version": __version__, "pid": os.getpid(),

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from runner.clock import Clock
     from runner.leads import intake
     from runner.leads.models import Scope
+    from runner.storedata import GivenScope
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -69,6 +70,20 @@ def load_scope(path: str) -> Scope:
     from runner.leads.models import validate_scope
 
     return validate_scope(read_json_object(path, what="scope file"))
+
+
+def load_given_scope(path: str, db: str) -> Scope | GivenScope:
+    """The scope file of a delivery command (``once``, ``start``, ``observe``,
+    ``poll-status``): read, not validated, if ``db`` is a SQLite store that exists
+    (opening it validates a scope that is not the pinned one, and the worker one it needs
+    validated: ``runner.storedata.GivenScope``); validated now otherwise, so that an
+    invalid scope never creates a store."""
+    from runner.jsonio import read_json_object
+    from runner.storedata import GivenScope, is_postgres
+
+    if is_postgres(db) or not os.path.isfile(db):
+        return load_scope(path)
+    return GivenScope(read_json_object(path, what="scope file"))
 
 
 def read_record(path: str) -> dict[str, Any]:

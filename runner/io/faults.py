@@ -26,11 +26,11 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runner.errors import UsageError
 from runner.ids import BatchMark, TargetMark
 from runner.leads.capabilities import marks
-from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
@@ -41,6 +41,9 @@ from runner.leads.port import (
     TargetRow,
     dedupes,
 )
+
+if TYPE_CHECKING:
+    from runner.leads.models import CRMRecord
 
 HANG_DIR_ENV = "RUNNER_HANG_DIR"
 CRASH_EXIT = 73

@@ -10,8 +10,8 @@ from runner.errors import StoreError
 from runner.storedata import is_postgres
 
 if TYPE_CHECKING:
-    from runner.leads.models import Scope
     from runner.store import Store
+    from runner.storedata import WantedScope
 
 
 #: asyncpg is an optional dependency: nothing imports it until a DSN is opened, and a
@@ -50,7 +50,7 @@ async def store_exists(location: str) -> bool:
 
 
 async def open_store(
-    location: str, *, scope: Scope | None = None, create: bool = True,
+    location: str, *, scope: WantedScope | None = None, create: bool = True,
     cache_kib: int | None = None,
 ) -> Store:
     """Open (and with ``create``, create and migrate) the store at ``location``.

@@ -36,7 +36,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from runner import crashpoints
@@ -59,7 +59,6 @@ from runner.io.synthetic_sheet import (
     read_id,
 )
 from runner.leads.marks import NO_MARK, BatchMark, TargetMark, judge
-from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
@@ -68,6 +67,9 @@ from runner.leads.port import (
     TargetRow,
     observe_rows,
 )
+
+if TYPE_CHECKING:
+    from runner.leads.models import CRMRecord
 
 
 def _as_bool(value: Any) -> Any:

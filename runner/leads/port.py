@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 
@@ -68,7 +68,6 @@ from runner.leads.capabilities import marks
 from runner.leads.capabilities import max_batch as max_batch
 from runner.leads.capabilities import max_read as max_read
 from runner.leads.failures import FAILURES
-from runner.leads.models import CRMRecord, LeadEvent
 from runner.leads.pacing import Pacer
 
 # re-exported: what a target holds and what a readback proves live in runner.leads.rows
@@ -94,6 +93,9 @@ from runner.leads.target_errors import TargetError as TargetError
 from runner.leads.target_errors import TargetReadError as TargetReadError
 from runner.leads.target_errors import describe_failure as describe_failure
 from runner.logs import Repeats
+
+if TYPE_CHECKING:  # the models (pydantic) load when a record is mapped, not before
+    from runner.leads.models import CRMRecord, LeadEvent
 
 
 class CRMAdapter(Protocol):
@@ -205,6 +207,8 @@ class CRMRecordPort:
 
     @staticmethod
     def map(event: LeadEvent) -> CRMRecord:
+        from runner.leads.models import CRMRecord
+
         return CRMRecord.from_event(event)
 
     @property

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from runner.leads.models import CRMRecord
+if TYPE_CHECKING:
+    from runner.leads.models import CRMRecord
 
 
 @dataclass(frozen=True)

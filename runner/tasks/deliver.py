@@ -24,7 +24,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -34,7 +34,7 @@ from runner.errors import StoreError, TargetUnavailable
 from runner.leads.pacing import Backoff
 from runner.leads.port import CRMRecordPort
 from runner.leads.states import IllegalTransition
-from runner.store import DeliveryStore, LeadWork
+from runner.storedata import LeadWork
 from runner.tasks import rewind
 from runner.tasks.outcomes import (
     CycleSummary,
@@ -45,6 +45,9 @@ from runner.tasks.outcomes import (
 )
 from runner.tasks.pagerun import BatchRun, NoGuard, PageRun, PipelinedBatchRun, SendGuard
 from runner.tasks.reconcile import reconcile_all
+
+if TYPE_CHECKING:
+    from runner.store import DeliveryStore
 
 log = logging.getLogger("runner.deliver")
 

@@ -16,7 +16,7 @@ from runner.ids import WriteId
 from runner.leads.failures import FAILURES
 from runner.leads.states import LeadState
 from runner.logs import Repeats
-from runner.store import LeadWork
+from runner.storedata import LeadWork
 
 log = logging.getLogger("runner.deliver")
 

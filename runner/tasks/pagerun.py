@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import anyio
 
@@ -27,7 +27,7 @@ from runner.leads.marks import BatchMark
 from runner.leads.pacing import Backoff
 from runner.leads.port import CRMRecordPort, SendResult, readback_in_words
 from runner.leads.states import LeadState
-from runner.store import DispatchSteps, LeadWork
+from runner.storedata import LeadWork
 from runner.tasks.outcomes import (
     STOPPED,
     CycleSummary,
@@ -37,6 +37,9 @@ from runner.tasks.outcomes import (
     done_of,
     retry_of,
 )
+
+if TYPE_CHECKING:
+    from runner.store import DispatchSteps
 
 log = logging.getLogger("runner.deliver")  # the dispatch's lines, wherever they are made
 

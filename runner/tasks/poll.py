@@ -11,17 +11,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner import crashpoints
 from runner.clock import Clock
 from runner.errors import BadInputError
+from runner.ids import WriteId
 from runner.jsonio import canonical, storable
-from runner.leads.models import WriteId
 from runner.leads.port import CRMRecordPort, Missing, Observation, ReadFailure, Snapshot
 from runner.limits import DEFAULT_POLL_LIMIT, POLL_LIMIT_RANGE
-from runner.store import ObservationWrite, PollStore
+from runner.storedata import ObservationWrite
 from runner.tasks.target import ReadCheck, check_for_reads
+
+if TYPE_CHECKING:
+    from runner.store import PollStore
 
 log = logging.getLogger("runner.poll")
 

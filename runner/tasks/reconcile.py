@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runner import crashpoints
 from runner.clock import Clock
@@ -27,7 +27,10 @@ from runner.leads.port import (
     describe_failure,
     readback_in_words,
 )
-from runner.store import DeliveryStore, LeadWork, Requeue
+from runner.storedata import LeadWork, Requeue
+
+if TYPE_CHECKING:
+    from runner.store import DeliveryStore
 
 log = logging.getLogger("runner.deliver")
 

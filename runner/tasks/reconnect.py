@@ -34,7 +34,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 
@@ -44,8 +44,10 @@ from runner.errors import LockHeld, LockLost, StoreUnavailable, TargetAbsent, Ta
 from runner.errors import leaves as error_leaves
 from runner.leads.port import CRMRecordPort
 from runner.logs import Repeats
-from runner.store import DeliveryStore, Reconnecting, WorkerLock
 from runner.tasks.rewind import take_over
+
+if TYPE_CHECKING:
+    from runner.store import DeliveryStore, Reconnecting, WorkerLock
 
 log = logging.getLogger("runner.reconnect")
 

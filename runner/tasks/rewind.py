@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from runner.clock import Clock, to_text
 from runner.errors import TargetOwned, TargetUnavailable
@@ -66,9 +67,12 @@ from runner.leads.marks import (
 )
 from runner.leads.pacing import Backoff
 from runner.leads.port import CRMRecordPort, TargetRow, classify_readback, describe_failure
-from runner.store import DeliveryStore, LeadWork, Requeue
+from runner.storedata import LeadWork, Requeue
 from runner.tasks import target
 from runner.tasks.reconcile import recover
+
+if TYPE_CHECKING:
+    from runner.store import DeliveryStore
 
 log = logging.getLogger("runner.rewind")
 

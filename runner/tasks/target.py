@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from runner.clock import Clock
 from runner.errors import RunnerError, TargetAbsent, TargetMismatch, TargetUnavailable
 from runner.leads.port import CRMRecordPort, Snapshot, TargetError
 from runner.leads.states import LeadState
-from runner.store import TargetPins
+
+if TYPE_CHECKING:
+    from runner.store import TargetPins
 
 log = logging.getLogger("runner.target")
 

@@ -193,6 +193,8 @@ _STATES = {state.value: state for state in LeadState}
 def lead_works(rows: Sequence[Row]) -> list[LeadWork]:
     """:func:`lead_work` for each row, in one loop: dispatch parses a page of records
     beside the thread that sends the page before, and both need the interpreter."""
+    if not rows:
+        return []  # an empty page needs no model: a ``once`` with nothing to do loads none
     from runner.leads.models import LeadEvent  # the model is built only by commands that deliver
     from runner.storedata import LeadWork
 

@@ -57,7 +57,7 @@ from runner.io.postgres.dsn import PgLocation
 from runner.storedata import ScopeData, check_scope
 
 if TYPE_CHECKING:
-    from runner.leads.models import Scope
+    from runner.storedata import WantedScope
 
 CONNECT_TIMEOUT = 10.0
 CLOSE_TIMEOUT = 5.0
@@ -330,7 +330,7 @@ async def _pinned_scope(conn: asyncpg.Connection, loc: PgLocation) -> ScopeData 
 
 
 async def migrate_and_pin(
-    conn: asyncpg.Connection, loc: PgLocation, scope: Scope | None
+    conn: asyncpg.Connection, loc: PgLocation, scope: WantedScope | None
 ) -> tuple[int, ScopeData | None]:
     """Create/upgrade the schema and pin the scope in one transaction (K2, K9)."""
     async with conn.transaction():
@@ -357,7 +357,7 @@ async def migrate_and_pin(
 
 
 async def inspect(
-    conn: asyncpg.Connection, loc: PgLocation, scope: Scope | None
+    conn: asyncpg.Connection, loc: PgLocation, scope: WantedScope | None
 ) -> tuple[int, ScopeData | None]:
     """Read-only open: check version and scope, write nothing."""
     version = await _read_version(conn, loc)

@@ -18,8 +18,8 @@ from runner.io.postgres.leads import LeadHooks
 from runner.io.postgres.pipeline import PipelineHooks
 
 if TYPE_CHECKING:
-    from runner.leads.models import Scope
     from runner.replication import Replication
+    from runner.storedata import WantedScope
 
 
 class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
@@ -45,7 +45,7 @@ class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, Lead
 
 
 async def open_postgres_store(
-    location: str, *, scope: Scope | None, create: bool
+    location: str, *, scope: WantedScope | None, create: bool
 ) -> PostgresStore:
     loc = parse(location)
     conn = await connection.connect(loc)

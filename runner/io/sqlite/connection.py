@@ -34,7 +34,7 @@ from runner.io.sqlite import schema
 from runner.storedata import ScopeData, check_scope
 
 if TYPE_CHECKING:
-    from runner.leads.models import Scope
+    from runner.storedata import WantedScope
 
 
 BUSY_TIMEOUT_MS = 30_000
@@ -249,7 +249,7 @@ async def _pinned_scope(conn: aiosqlite.Connection) -> ScopeData | None:
 
 
 async def migrate_and_pin(
-    conn: aiosqlite.Connection, path: str, scope: Scope | None
+    conn: aiosqlite.Connection, path: str, scope: WantedScope | None
 ) -> tuple[int, ScopeData | None]:
     """Create/upgrade the schema and pin the scope in one ``BEGIN IMMEDIATE``."""
     await conn.execute("BEGIN IMMEDIATE")
@@ -278,7 +278,7 @@ async def migrate_and_pin(
 
 
 async def inspect(
-    conn: aiosqlite.Connection, path: str, scope: Scope | None
+    conn: aiosqlite.Connection, path: str, scope: WantedScope | None
 ) -> tuple[int, ScopeData | None]:
     """Read-only open: check version and scope, write nothing."""
     version, app_id, objects = await _read_header(conn)

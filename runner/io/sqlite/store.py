@@ -16,8 +16,8 @@ from runner.io.sqlite.leads import LeadHooks
 from runner.io.sqlite.pipeline import PipelineHooks
 
 if TYPE_CHECKING:
-    from runner.leads.models import Scope
     from runner.replication import Replication
+    from runner.storedata import WantedScope
 
 
 class SQLiteStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
@@ -33,7 +33,7 @@ class SQLiteStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHo
 
 
 async def open_sqlite_store(
-    location: str, *, scope: Scope | None, create: bool, cache_kib: int | None = None
+    location: str, *, scope: WantedScope | None, create: bool, cache_kib: int | None = None
 ) -> SQLiteStore:
     path = connection.prepare_path(location, create=create)
     conn = await connection.connect(path, create=create, cache_kib=cache_kib)

@@ -33,7 +33,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -56,7 +56,6 @@ from runner.io.targets.protocol import (
     row_json,
 )
 from runner.leads.marks import BatchMark, Key, TargetMark
-from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
@@ -68,6 +67,9 @@ from runner.leads.port import (
     TargetRow,
     observe_rows,
 )
+
+if TYPE_CHECKING:
+    from runner.leads.models import CRMRecord
 
 log = logging.getLogger("runner.target")
 

@@ -22,17 +22,19 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from runner.leads.marks import NO_MARK, BatchMark, Key, TargetMark, judge
-from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
     TargetReadError,
     TargetRow,
 )
+
+if TYPE_CHECKING:
+    from runner.leads.models import CRMRecord
 
 MARK_TABLE = """
 CREATE TABLE IF NOT EXISTS server_mark (

@@ -39,12 +39,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from runner.leads.marks import BatchMark, ForeignMark, Key, StaleMark, TargetMark
-from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
     BeforeWriteError,
@@ -53,6 +52,9 @@ from runner.leads.port import (
     TargetError,
     TargetRow,
 )
+
+if TYPE_CHECKING:
+    from runner.leads.models import CRMRecord
 
 #: the version a server without the later declarations speaks
 PROTOCOL_V1 = 1

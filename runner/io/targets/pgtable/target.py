@@ -41,7 +41,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 
@@ -57,7 +57,6 @@ from runner.io.targets.pgtable.session import (
     server_error,
 )
 from runner.leads.marks import NO_MARK, BatchMark, Key, TargetMark, judge
-from runner.leads.models import CRMRecord
 from runner.leads.port import (
     AmbiguousWriteError,
     Observation,
@@ -65,6 +64,9 @@ from runner.leads.port import (
     TargetRow,
     observe_rows,
 )
+
+if TYPE_CHECKING:
+    from runner.leads.models import CRMRecord
 
 log = logging.getLogger("runner.target")
 
