@@ -8,7 +8,8 @@ mutations went unnoticed would prove nothing.
 
     python model/check.py                 # what CI runs (about a minute on 2 cores)
     python model/check.py --record        # and write bench/results/spin-<UTC>.json
-    python model/check.py --deep          # and the liveness search at N=3 (minutes;
+    python model/check.py --deep          # and the liveness search at N=3, and the
+                                          # pipelined dispatch's other targets (minutes;
                                           # --record writes spin-deep-<UTC>.json)
     python model/check.py --quick         # small bounds only (what the pytest run uses)
     python model/check.py --list          # the checks, without running them
@@ -177,16 +178,19 @@ def checks_for(*, quick: bool = False, deep: bool = False) -> list[Check]:
         # in one verifier; never two rows again with a crash on top
         found += [Check("rewind", p) for p in (*SAFETY, *plain_liveness)]
         found += [Check("rewind-crash", "no_duplicate_write")]
-        # the pipelined dispatch (PIPELINE=1, issue 32): two batches in flight at once
-        found += [Check(c, p) for c in ("pipeline", "pipeline-batches", "pipeline-dedupe")
-                  for p in SAFETY]
+        # the pipelined dispatch (PIPELINE=1, issue 32): two batches in flight at once;
+        # the five safety properties, settling, and never two rows beside a store that
+        # forgets, with a crash; the other targets and batch sizes with --deep
+        found += [Check("pipeline", p) for p in SAFETY]
         found += [Check("pipeline-n2", p) for p in plain_liveness]
-        found += [Check("pipeline-dedupe-live", p) for p in DEDUPE_ONLY]
-        found += [Check("pipeline-rewind", p) for p in (*SAFETY, *plain_liveness)]
         found += [Check("pipeline-rewind-crash", "no_duplicate_write")]
         if deep:
             found += [Check("batches-deep", p) for p in plain_liveness]
             found += [Check("dedupe-deep", p) for p in DEDUPE_ONLY]
+            found += [Check(c, p) for c in ("pipeline-batches", "pipeline-dedupe")
+                      for p in SAFETY]
+            found += [Check("pipeline-dedupe-live", p) for p in DEDUPE_ONLY]
+            found += [Check("pipeline-rewind", p) for p in (*SAFETY, *plain_liveness)]
     found += [Check(mutation_config(m, quick=quick), m.breaks, m.macro) for m in MUTATIONS]
     return found
 

@@ -113,8 +113,11 @@ async def test_by_default_only_a_deduplicating_target_is_pipelined(
 
 
 @pytest.mark.parametrize("point", [
-    "dispatch.after-in-flight", "dispatch.batch-applied", "dispatch.after-write",
-    "dispatch.batch-mid-readback", "dispatch.before-confirm",
+    pytest.param("dispatch.after-in-flight", marks=pytest.mark.slow),
+    pytest.param("dispatch.batch-applied", marks=pytest.mark.slow),
+    "dispatch.after-write",
+    pytest.param("dispatch.batch-mid-readback", marks=pytest.mark.slow),
+    "dispatch.before-confirm",
 ])
 def test_a_crash_inside_a_pipelined_batch_loses_nothing_and_duplicates_nothing(
     cli_store: CliStore, point: str
@@ -124,7 +127,8 @@ def test_a_crash_inside_a_pipelined_batch_loses_nothing_and_duplicates_nothing(
     model checks), or (``dispatch.before-confirm``) in the commit beside the second.
     What landed is confirmed by readback, nothing is resent, and what is left uncertain
     (the first batch if it did not land, the second, never sent) is settled by one
-    ``resolve --all`` on this target, which cannot deduplicate."""
+    ``resolve --all`` on this target, which cannot deduplicate.  Two points in the
+    default run, the other three in the slow tier."""
     s = cli_store
     s.accept(*range(1, 8))
     crashed = s.once("--batch-size", "3", "--dispatch-pipeline", "on", "--fault",

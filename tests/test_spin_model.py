@@ -165,17 +165,23 @@ def test_the_rewind_variant_checks_the_safety_properties_and_settling() -> None:
 
 def test_the_pipelined_variant_checks_the_safety_properties_and_liveness() -> None:
     """PIPELINE=1 (issue 32: two batches in flight) is checked for the five safety
-    properties in both runs, and in the CI run for every record settling, for every record
-    confirmed on a deduplicating target, and beside a store that forgets."""
-    for quick in (True, False):
-        checked = {(c.config, c.prop) for c in check.checks_for(quick=quick)
-                   if c.mutation is None and tables.CONFIGS[c.config].defines["PIPELINE"]}
-        props = {p for _, p in checked}
-        assert props == set(tables.SAFETY) | (set() if quick else set(tables.LIVENESS))
-    full = {(c.config, c.prop) for c in check.checks_for() if c.mutation is None}
-    for config in ("pipeline", "pipeline-batches", "pipeline-dedupe", "pipeline-rewind"):
-        assert {(config, p) for p in tables.SAFETY} <= full, config
-    assert ("pipeline-rewind-crash", "no_duplicate_write") in full
+    properties in every run; in the CI run for every record settling, and for never two
+    rows beside a store that forgets, with a crash; with --deep also with batches of 1
+    to 3, on a deduplicating target (every record confirmed too) and beside a store that
+    forgets."""
+    def checked(**how: bool) -> set[tuple[str, str]]:
+        return {(c.config, c.prop) for c in check.checks_for(**how)
+                if c.mutation is None and tables.CONFIGS[c.config].defines["PIPELINE"]}
+
+    assert {p for _, p in checked(quick=True)} == set(tables.SAFETY)
+    ci = checked()
+    assert {("pipeline", p) for p in tables.SAFETY} <= ci
+    assert {("pipeline-n2", "every_record_settles"),
+            ("pipeline-rewind-crash", "no_duplicate_write")} <= ci
+    deep = checked(deep=True)
+    assert {p for _, p in deep} == set(tables.SAFETY) | set(tables.LIVENESS)
+    for config in ("pipeline-batches", "pipeline-dedupe", "pipeline-rewind"):
+        assert {(config, p) for p in tables.SAFETY} <= deep, config
 
 
 def test_each_mutation_is_a_mutation_a_limit_or_a_finding() -> None:
@@ -248,6 +254,7 @@ def test_safety_properties_verify_with_the_pipelined_dispatch_at_small_bounds(
 _ONE_IN_FLIGHT = "ltl one_in_flight { [] !(st[0] == IN_FLIGHT && st[1] == IN_FLIGHT) }"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("config", "pipelines"),
                          [("today-n2", False), ("small-pipeline", True)])
 def test_only_the_pipelined_variant_has_two_batches_in_flight(
