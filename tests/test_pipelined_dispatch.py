@@ -11,12 +11,14 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 
 import anyio.from_thread
 import pytest
 
 from runner import DurableWorker
+from runner.errors import StoreError
 from runner.leads.models import CRMRecord
 from tests.fakes import sheet_rows
 from tests.helpers import SCOPE, Child, CliStore, event, last_json, run_main, wait_path
@@ -90,6 +92,63 @@ async def test_the_next_batch_is_marked_while_the_batch_before_is_at_the_target(
     assert states == {"confirmed"}
     keys = [row[4] for row in sheet_rows(workdir / "t.db")]
     assert len(keys) == len(set(keys)) == 7
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "serial"])
+async def test_one_run_spans_the_pages_and_a_batch_may_cross_a_page_boundary(
+    db_location: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, pipeline: bool
+) -> None:
+    """Pages of 4, batches of 3: the second batch takes the last record of the first page
+    and the first two of the second, and (pipelined) is marked while the first request is
+    out, so no page's end drains the pipeline."""
+    monkeypatch.setattr("runner.tasks.deliver.BATCH_PAGE", 4)
+    adapter = BatchingAdapter(workdir / "t.db")
+    async with DurableWorker(db_location, SCOPE, adapter, batch_size=3,
+                             dispatch_pipeline=pipeline) as worker:
+        await _accepted(worker, 10)
+        seen = _watching(adapter, worker, wait=pipeline)
+        summary = await worker.run_cycle()
+        states = {r.state.value async for r in worker.store.iter_records()}
+    assert seen == [{"in_flight"} if pipeline else {"prepared"}]
+    assert [len(r) for r in adapter.requests] == [3, 3, 3, 1]
+    assert (summary.dispatched, summary.confirmed) == (10, 10)
+    assert states == {"confirmed"}
+    keys = [row[4] for row in sheet_rows(workdir / "t.db")]
+    assert len(keys) == len(set(keys)) == 10
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "serial"])
+async def test_a_failed_page_read_ends_the_run_and_records_what_was_sent(
+    db_location: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, pipeline: bool
+) -> None:
+    """The second page's read fails: the run ends when it reaches that page, raising the
+    read's error; the first page's outcomes are committed, nothing of the second page is
+    marked, and the next cycle delivers it."""
+    monkeypatch.setattr("runner.tasks.deliver.BATCH_PAGE", 3)
+    adapter = BatchingAdapter(workdir / "t.db")
+    async with DurableWorker(db_location, SCOPE, adapter, batch_size=3,
+                             dispatch_pipeline=pipeline) as worker:
+        await _accepted(worker, 5)
+        store = worker.store
+        page = store.dispatchable_page
+        failing = [True]
+
+        async def reading(after_seq: int, limit: int, now: datetime | None = None) -> list:
+            if after_seq and failing[0]:
+                failing[0] = False
+                raise StoreError("the page read failed (synthetic)")
+            return await page(after_seq, limit, now)
+
+        monkeypatch.setattr(store, "dispatchable_page", reading)
+        with pytest.raises(StoreError, match="synthetic"):
+            await worker.run_cycle()
+        first = {r.source_lead_id: r.state.value async for r in store.iter_records()}
+        assert [len(r) for r in adapter.requests] == [3]
+        assert sorted(first.values()) == ["confirmed"] * 3 + ["prepared"] * 2
+        summary = await worker.run_cycle()
+        states = {r.state.value async for r in store.iter_records()}
+    assert summary.confirmed == 2 and states == {"confirmed"}
+    assert [len(r) for r in adapter.requests] == [3, 2]
 
 
 @pytest.mark.parametrize("dedupes", [True, False], ids=["deduplicating", "plain"])

@@ -4,7 +4,7 @@ accept order, every target request paced by the target's quota.
 
 The recovery policy of this work is *mark uncertain and reconcile only* (K5): an external
 write whose outcome is unknown is never retried.  This module and
-``runner/tasks/pagerun.py`` (the sends of a page, in a worker thread) are built around
+``runner/tasks/pagerun.py`` (the sends of a run, in a worker thread) are built around
 three rules:
 
 1. The in-flight mark (and ``attempts + 1``) commits before the target is called, so a
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -43,7 +44,14 @@ from runner.tasks.outcomes import (
     done_of,
     retry_of,
 )
-from runner.tasks.pagerun import BatchRun, NoGuard, PageRun, PipelinedBatchRun, SendGuard
+from runner.tasks.pagerun import (
+    BatchRun,
+    NoGuard,
+    PageRun,
+    PipelinedBatchRun,
+    SendGuard,
+    Works,
+)
 from runner.tasks.reconcile import reconcile_all
 
 if TYPE_CHECKING:
@@ -52,10 +60,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("runner.deliver")
 
 PAGE = 200
-#: records per page of a batched dispatch run: each page costs a read of the store and a
-#: hop to a worker thread and back, which a page of only two batches of 100 paid every
-#: other request; and the pipelined run (issue 32) overlaps each commit with a request
-#: but the page's first mark, which waits for the page: four batches of the default size
+#: records per page of a batched dispatch run: each page costs a read of the store (on
+#: the loop, while the page before is sent) and a hand-over to the run's thread; one run
+#: spans every page, so a batch may cross a page's end and the pipeline never drains there
 BATCH_PAGE = 4000
 #: how long a cancelled send may take to record its outcome before giving up (the
 #: record then stays in_flight and the next start makes it uncertain)
@@ -100,9 +107,11 @@ async def dispatch_all(
     model): two batches may be in flight at once, so a crash may leave both uncertain,
     which on a deduplicating target runner settles itself (SPEC E7).
 
-    Each page of records runs in one worker thread (:class:`PageRun`): commit, send,
+    The whole dispatch runs in one worker thread (:class:`PageRun`): commit, send,
     commit, send, with no hop to the event loop in between, which would cost more than
-    the commit.  The page runs in the guard's shield: a graceful stop lets the send in
+    the commit; the loop reads each next page meanwhile and hands it over (:class:`_Pages`),
+    so a batch may take the end of one page and the start of the next.  The run is in the
+    guard's shield: a graceful stop lets the send in
     flight finish and starts no other; a hard stop abandons the thread (which then sends
     nothing more) and the records in flight are recorded uncertain.  The last outcomes are
     committed on the way out, also after a stop (then within a short shielded window).
@@ -119,28 +128,24 @@ async def dispatch_all(
     if not page:
         return
     pending: list[Pending] = []  # outcomes not yet committed
+    pages = _Pages(store, clock, page[-1].seq, size)
+    works = Works(page, pages.take)
     try:
         async with store.dispatch_steps() as steps:
-            while page:
-                run: PageRun = (
-                    PageRun(steps, port, clock, summary, guard, limit, page, pending,
-                             backoff)
-                    if batch == 1 and not port.marks else
-                    BatchRun(steps, port, clock, summary, guard, limit, page, pending,
-                             backoff, batch)
-                    if batch == 1 or not pipelined else
-                    PipelinedBatchRun(steps, port, clock, summary, guard, limit, page,
-                                      pending, backoff, batch))
-                ahead = _NextPage(store, clock, page[-1].seq, size)
-                try:
-                    with guard.shield():
-                        await _beside(run.run, ahead.read)
-                finally:
-                    pending = run.take_over()
-                if run.ended or guard.stopping:
-                    ahead.check()
-                    return
-                page = ahead.page()
+            run: PageRun = (
+                PageRun(steps, port, clock, summary, guard, limit, works, pending, backoff)
+                if batch == 1 and not port.marks else
+                BatchRun(steps, port, clock, summary, guard, limit, works, pending,
+                         backoff, batch)
+                if batch == 1 or not pipelined else
+                PipelinedBatchRun(steps, port, clock, summary, guard, limit, works,
+                                  pending, backoff, batch))
+            try:
+                with guard.shield():
+                    await _beside(run.run, pages)
+            finally:
+                pending = run.take_over()
+            pages.check()
     finally:
         if pending:
             # recorded whatever happened; after a cancellation only within a short window
@@ -148,49 +153,86 @@ async def dispatch_all(
                 await _record_last(store, port, clock, summary, pending)
 
 
-class _NextPage:
-    """The page after ``after``, read while the page before it is sent (a read and the
-    parse of its events take about a tenth of a batched page's time).  Reading ahead is
+class _Pages:
+    """The pages after the first, each read on the loop while the one before it is sent
+    (a read and the parse of its events take about a tenth of a batched page's time), and
+    handed to the run's thread when it reaches them (:meth:`take`).  Reading ahead is
     safe: every mark is guarded by the state a record must be in, so a record that stopped
     being dispatchable since the read is skipped by the step that would mark it, and a
-    failed-safe record that fell due since is sent by the next cycle.  A failed read is
-    raised when the run that it ran beside has ended (:meth:`page`, :meth:`check`)."""
+    failed-safe record that fell due since is sent by the next cycle.  A failed read ends
+    the records the run takes (it finishes what it has in flight) and is raised once the
+    run is over (:meth:`check`)."""
 
     def __init__(self, store: DeliveryStore, clock: Clock, after: int, size: int) -> None:
         self._store, self._clock, self._after, self._size = store, clock, after, size
+        self._token = anyio.lowlevel.current_token()
         self._read: list[LeadWork] = []
         self._failure: Exception | None = None
+        self._ready = threading.Event()  # a page is read (or there are no more)
+        self._taken = anyio.Event()  # the run took it: read the next
+        self._closed = False  # the run is over: read no more
 
-    async def read(self) -> None:
+    async def feed(self) -> None:
+        """On the loop, beside the run: read a page, wait until the run takes it, read
+        the next; an empty page, a failed read or :meth:`close` ends it."""
         try:
-            self._read = await self._store.dispatchable_page(self._after, self._size,
-                                                             self._clock.now())
-        except Exception as exc:  # noqa: BLE001 - raised by check(), once the run is over
-            self._failure = exc
+            while not self._closed:
+                try:
+                    page = await self._store.dispatchable_page(self._after, self._size,
+                                                               self._clock.now())
+                except Exception as exc:  # noqa: BLE001 - raised by check()
+                    self._failure = exc
+                    return
+                if not page:
+                    return
+                self._after, self._read = page[-1].seq, page
+                self._ready.set()
+                await self._taken.wait()
+                self._taken = anyio.Event()
+        finally:  # no more pages: the run's take finds none
+            self._ready.set()
+
+    def close(self) -> None:
+        """On the loop, once the run is over: the read under way is the last."""
+        self._closed = True
+        self._taken.set()
+
+    def _took(self) -> None:
+        self._taken.set()
 
     def check(self) -> None:
+        """Raise a read's failure, once the run is over."""
         if self._failure is not None:
             raise self._failure
 
-    def page(self) -> list[LeadWork]:
-        self.check()
-        return self._read
+    def take(self) -> list[LeadWork]:
+        """In the run's thread: the next page once it is read (empty: there are no
+        more, or its read failed)."""
+        self._ready.wait()
+        page, self._read = self._read, []
+        if not page:  # over: no more pages
+            return []
+        self._ready.clear()
+        try:
+            anyio.from_thread.run_sync(self._took, token=self._token)
+        except RuntimeError:  # the loop is gone: an abandoned run sends nothing more
+            return []
+        return page
 
 
-async def _beside(
-    work: Callable[[], None], aside: Callable[[], Coroutine[Any, Any, None]]
-) -> None:
-    """Run ``work`` in a worker thread (abandoned on cancellation) while ``aside`` runs on
-    the loop (``aside`` raises nothing).  An error of ``work`` is raised as it is, not in
-    a group: ``aside`` is cancelled first."""
+async def _beside(work: Callable[[], None], pages: _Pages) -> None:
+    """Run ``work`` in a worker thread (abandoned on cancellation) while ``pages`` are read
+    on the loop.  An error of ``work`` is raised as it is, not in a group: the reads are
+    cancelled first."""
     failure: Exception | None = None
     async with anyio.create_task_group() as group:
-        group.start_soon(aside)
+        group.start_soon(pages.feed)
         try:
             await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
         except Exception as exc:  # noqa: BLE001 - raised below, outside the group
             failure = exc
             group.cancel_scope.cancel()
+        pages.close()
     if failure is not None:
         raise failure
 

@@ -1,17 +1,19 @@
-"""A page of dispatch in one worker thread: the send side of
+"""A dispatch run in one worker thread, across pages: the send side of
 ``runner.tasks.deliver.dispatch_all``.
 
 :class:`PageRun` sends a record per request, :class:`BatchRun` a batch per request; both
 commit each in-flight mark before the send it guards (together with the outcomes of the
 send before), check the :class:`SendGuard` before each record, wait for the target's
 quota before a mark, and hand whatever is not yet committed back to the event loop when
-the loop takes over (the page is done, it failed, or a hard stop abandoned the thread).
+the loop takes over (the records are done, it failed, or a hard stop abandoned the
+thread).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -63,6 +65,31 @@ def stopped(works: list[LeadWork]) -> list[Pending]:
     return [(work, LeadState.UNCERTAIN, STOPPED) for work in works]
 
 
+class Works:
+    """The records a run sends, in accept order, across pages: its first page, then each
+    page ``more`` hands it (in the run's thread, waiting for the page's read; an empty
+    page: there are no more).  A batch may take the end of one page and the start of the
+    next: one run spans the whole dispatch, so the pipelined run never drains at a page's
+    end."""
+
+    def __init__(self, page: list[LeadWork],
+                 more: Callable[[], list[LeadWork]] | None = None) -> None:
+        self._page, self._at, self._more = page, 0, more
+
+    def take(self, count: int) -> list[LeadWork]:
+        """Up to ``count`` next records; fewer only when there are no more."""
+        chunk = self._page[self._at : self._at + count]
+        self._at += len(chunk)
+        while len(chunk) < count and self._more is not None:
+            self._page = self._more()
+            if not self._page:
+                self._more = None
+                break
+            self._at = count - len(chunk)
+            chunk += self._page[: self._at]
+        return chunk
+
+
 class SendGuard(Protocol):
     """How the runner loop shields sends and stops taking new work (K4)."""
 
@@ -88,13 +115,13 @@ class NoGuard:
 
 
 class PageRun:
-    """One page of dispatch in one worker thread.
+    """A dispatch run in one worker thread, across pages (:class:`Works`).
 
     For each record: wait for the request's token (:meth:`_paced`), commit the previous
     record's outcome together with this record's in-flight mark
     (``DispatchSteps.finish_and_mark``), then send.  Before each record the thread checks
     the guard (a graceful stop, the dispatch limit).  The event loop only waits; when the
-    wait ends — the page is done, it failed, or a hard stop abandoned the thread —
+    wait ends — the records are done, it failed, or a hard stop abandoned the thread —
     :meth:`take_over` stops the thread before its next step and hands the loop the
     outcome not yet committed.  An abandoned thread never starts another commit or send;
     one already under way finishes, and every transition is guarded by the state it
@@ -103,10 +130,10 @@ class PageRun:
 
     def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
                  summary: CycleSummary, guard: SendGuard, limit: int | None,
-                 page: list[LeadWork], pending: list[Pending], backoff: Backoff) -> None:
+                 works: Works, pending: list[Pending], backoff: Backoff) -> None:
         self.steps, self.port, self.clock, self.summary = steps, port, clock, summary
-        self.guard, self.limit, self.page, self.backoff = guard, limit, page, backoff
-        self.ended = False  # stopped or at the limit: no next page
+        self.guard, self.limit, self.works, self.backoff = guard, limit, works, backoff
+        self.ended = False  # stopped, at the limit, or a mark refused
         self._pending: list[Pending] = pending
         self._abandoned = False
         self._lock = threading.Lock()  # held only to read or set the two fields above
@@ -124,11 +151,11 @@ class PageRun:
             return not self._abandoned
 
     def _room(self) -> int:
-        """How many more records may be sent (0: stop here)."""
-        if self.guard.stopping:
+        """How many more records may be sent (0: stop here, also once abandoned)."""
+        if self._stop():
             return 0
         if self.limit is None:
-            return len(self.page)
+            return sys.maxsize
         return max(self.limit - self.summary.dispatched, 0)
 
     def _committed(self, pending: list[Pending]) -> None:
@@ -185,10 +212,14 @@ class PageRun:
 
     def run(self) -> None:
         summary = self.summary
-        for work in self.page:
+        while True:
             if not self._room():
                 self.ended = True
                 return
+            taken = self.works.take(1)
+            if not taken:
+                return
+            work = taken[0]
             pending = self._paced()
             if pending is None:
                 return
@@ -219,7 +250,7 @@ class PageRun:
 
 
 class BatchRun(PageRun):
-    """One page of batched dispatch in one worker thread (issue 16): as :class:`PageRun`,
+    """A batched dispatch run in one worker thread (issue 16): as :class:`PageRun`,
     a batch of up to ``batch`` records at a time.
 
     For each batch: wait for the request's token, commit the previous batch's outcomes
@@ -233,10 +264,19 @@ class BatchRun(PageRun):
 
     def __init__(self, steps: DispatchSteps, port: CRMRecordPort, clock: Clock,
                  summary: CycleSummary, guard: SendGuard, limit: int | None,
-                 page: list[LeadWork], pending: list[Pending], backoff: Backoff,
+                 works: Works, pending: list[Pending], backoff: Backoff,
                  batch: int) -> None:
-        super().__init__(steps, port, clock, summary, guard, limit, page, pending, backoff)
+        super().__init__(steps, port, clock, summary, guard, limit, works, pending, backoff)
         self.batch = batch
+
+    def _next_chunk(self) -> list[LeadWork] | None:
+        """The next batch to mark, as many as there is room for; None if there is no room
+        (the run ends: a stop, the dispatch limit), empty if there are no more records."""
+        room = self._room()
+        if not room:
+            self.ended = True
+            return None
+        return self.works.take(min(self.batch, room))
 
     def _commit(self, pending: list[Pending], chunk: list[LeadWork]) -> Marked:
         """One commit: the outcomes of ``pending`` (one request's) and the in-flight mark
@@ -285,14 +325,7 @@ class BatchRun(PageRun):
         return outcomes
 
     def run(self) -> None:
-        start = 0
-        while start < len(self.page):
-            room = self._room()
-            if not room:
-                self.ended = True
-                return
-            chunk = self.page[start : start + min(self.batch, room)]
-            start += len(chunk)
+        while chunk := self._next_chunk():
             pending = self._paced()
             if pending is None:
                 return
@@ -379,22 +412,15 @@ class PipelinedBatchRun(BatchRun):
         return room
 
     def run(self) -> None:
-        start = 0
         prev: list[Pending] = []  # the outcomes of the request before: not committed yet
         going: Marked | None = None  # the batch marked in flight, to go out next
         paced = False  # whether going's request already has its token
         pacer = self.port.pacer
         while True:
-            if going is None:  # a serial step: the first of the page, or after a skip
-                if start >= len(self.page):
+            if going is None:  # a serial step: the first of the run, or after a skip
+                if not (chunk := self._next_chunk()):
                     return
-                room = self._room()
-                if not room:
-                    self.ended = True
-                    return
-                chunk = self.page[start : start + min(self.batch, room)]
-                start += len(chunk)
-                pending = self._paced()  # the outcomes pending: the page before's, or prev
+                pending = self._paced()  # the outcomes pending: prev's, or none
                 if pending is None:
                     return
                 going, paced, prev = self._commit(pending, chunk), True, []
@@ -414,8 +440,7 @@ class PipelinedBatchRun(BatchRun):
             # marks the next batch (none when the quota paces requests: its step waits for
             # its token first, serially)
             room = self._next_room(going) if pacer.unpaced() else 0
-            chunk = self.page[start : start + min(self.batch, room)] if room else []
-            start += len(chunk)
+            chunk = self.works.take(min(self.batch, room)) if room else []
             beside = (_Beside(functools.partial(self._commit, prev, chunk))
                       if prev or chunk else None)
             # if the run ends here: chunk was never sent (an abandoned run sends nothing
