@@ -64,6 +64,9 @@ def test_100_second_workers_refused_then_the_next_one_recovers(
                        ).returncode == 0
     holder = Child("start", "--db", db, "--scope", scope_file, "--target", target,
                    "--fault", "hang", "--interval", "3600", "--batch-size", "1",
+                   # its sweeps fall on multiples of the interval of UTC time: with the
+                   # default 300 s one could land between the two snapshots below
+                   "--sweep-interval", "86400",
                    env={"RUNNER_HANG_DIR": str(hang)})
     try:
         wait_path(hang / "entered-write", holder)  # lead-1 is in flight, its row written
