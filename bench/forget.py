@@ -41,7 +41,9 @@ Modes:
     A synchronous pair; a ``start`` worker delivering at a paced rate; the primary killed
     and the standby promoted; a second ``start`` started at once, in its own process
     group (``start_new_session``), while the first waits out its reconnect backoff:
-    exactly one holds the lock and delivers, the other steps aside (exit 75).
+    exactly one holds the lock and delivers, the other steps aside (exit 75; or, for the
+    second, exit 74 when the kill ends its session, or no host takes writes yet, while it
+    is still starting: start-up does not wait for a store, only a running worker does).
 ``sync``
     A synchronous pair per failover; concurrent ``accept`` callers and a ``start`` worker
     at the default batch; the primary killed at a random moment, during the intake or
@@ -108,6 +110,14 @@ def _totals(rounds: list[dict[str, Any]]) -> dict[str, int]:
     return {k: sum(int(r.get(k, 0)) for r in rounds) for k in keys}
 
 
+def stepped_aside(r: dict[str, Any]) -> bool:
+    """The race's loser stepped aside: exit 75 (another worker holds the lock), or the
+    second, still starting when the kill ended its session or before the standby took
+    writes, exit 74 with what it found said (start-up does not wait for a store)."""
+    return bool(r["loser_exit"] == 75 or (
+        r.get("loser") == "second" and r["loser_exit"] == 74 and r.get("loser_said")))
+
+
 def verdict(mode: str, rounds: list[dict[str, Any]]) -> list[str]:
     """What must hold in ``mode``; the violations (empty: the mode passes)."""
     bad = []
@@ -134,7 +144,7 @@ def verdict(mode: str, rounds: list[dict[str, Any]]) -> list[str]:
                 r.get("once_exit") != 78 or "runner target adopt" not in str(r.get("refused"))
                 or r.get("rows_after_refusal") != r.get("rows_before_reaccept")):
             bad.append(f"{tag}: the foreign target was not refused with the adopt command")
-        if mode == "race" and (r["loser_exit"] != 75 or r["loser_confirmed_after_the_failover"]):
+        if mode == "race" and (not stepped_aside(r) or r["loser_confirmed_after_the_failover"]):
             bad.append(f"{tag}: the loser exited {r['loser_exit']} / delivered "
                        f"{r['loser_confirmed_after_the_failover']}")
         if mode == "sync" and r["start_exit"] != 0:

@@ -6,6 +6,7 @@ counted, with the audit of ``bench/forget_kit.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -23,6 +24,7 @@ from bench.forget_kit import (
     audit,
     cli,
     confirmed_in,
+    counts,
     delivered,
     json_lines,
     key,
@@ -229,12 +231,23 @@ def race_round(index: int, n: int, seed: int) -> dict[str, Any]:
                                 (second, first, ("second", "first")))
         loser_out = work / f"{names[0]}.out"
         loser_confirmed = confirmed_in(loser_out)
-        wait(lambda: delivered(db), 180, "the winner to deliver everything")
+        with contextlib.suppress(TimeoutError):  # judged just below, with both logs
+            wait(lambda: delivered(db) or winner.poll() is not None, 180,
+                 "the winner to deliver everything")
+        if winner.poll() is not None or not delivered(db):
+            # the round cannot be judged: say what each of the two did
+            tails = {name: (work / f"{name}.log").read_text()[-1500:]
+                     for name in ("first", "second")}
+            raise RuntimeError(
+                f"race round {index}: the winner ({names[1]}) "
+                + (f"exited {winner.returncode}" if winner.poll() is not None else
+                   "is running") + f" before every record was confirmed {counts(db)}; "
+                f"the loser ({names[0]}) exited {loser.returncode}; logs: {tails}")
         code = stop_worker(winner)
         logs = {name: json_lines((work / f"{name}.log").read_text())
                 for name in ("first", "second")}
         loser_line = [x for x in logs[names[0]] if x.get("level") == "error"]
-        result = {"round": index, "leads": n, "winner": names[1],
+        result = {"round": index, "leads": n, "winner": names[1], "loser": names[0],
                   "first_stalled_across_the_failover": stalled,
                   "second_started_before_the_kill": round(lead, 3),
                   "loser_exited_after_the_kill": loser_exited,

@@ -83,7 +83,12 @@ def test_two_workers_racing_for_the_new_primary_one_delivers(tmp_path: Path) -> 
     require()
     doc = forget(tmp_path, "race", "--leads", "40")
     (r,) = doc["rounds"]
-    assert r["loser_exit"] == 75 and "holds the lock" in r["loser_said"]
+    # the loser steps aside: another worker holds the lock (75); or, on a loaded machine,
+    # the second was still starting when the kill ended its session or before the standby
+    # took writes (74, said: start-up does not wait for a store)
+    assert (r["loser_exit"] == 75 and "holds the lock" in r["loser_said"]) or (
+        r["loser"] == "second" and r["loser_exit"] == 74
+        and "PostgreSQL at" in r["loser_said"])
     assert r["loser_confirmed_after_the_failover"] == 0 and r["winner_exit"] == 0
     assert r["lost_acknowledged"] == 0 and r["confirmed"] == 40
 
