@@ -99,6 +99,9 @@ LONG_VARIANTS = (
     "tests/test_http_health.py::test_a_stuck_loop_is_stale_and_a_stopping_one_is_not_ready",
     # a PostgreSQL store made again adopts its target (10 s: two schemas made)
     "tests/test_rewind.py::test_a_postgresql_store_made_again_adopts_its_target_and_takes_",
+    # every shell block of the docs' pages, run as a user runs them and compared with what
+    # the pages show (18 s); the docs' configs and examples stay (test_docs_configs.py)
+    "tests/test_docs_run.py::",
     # marks over HTTP, the kit runs and the call shapes (15 s): a refused append and a
     # server without marks stay
     "tests/test_http_target_marks.py::test_the_kit_proves_a_marks_server",
@@ -128,6 +131,28 @@ TARGET_SIDE_FILES = (
     "tests/test_pacing_dispatch.py",
 )
 
+#: test files whose subject is the process, not the store (signals, logs, the systemd
+#: protocol, alerts, HTTP hardening, the candidate commands' answers): their PostgreSQL
+#: variants run with the slow tier, their SQLite variants by default (the README test
+#: command's budget: about 30 s of test time); the tests of these files whose PostgreSQL
+#: variant proves something of PostgreSQL's (its lock, its DSN's password, its
+#: transactions under a crash) stay in the default run on both (``STORE_SIDE_TESTS``)
+PROCESS_SIDE_FILES = (
+    "tests/test_runner_signals.py",  # 10 s of PostgreSQL variants
+    "tests/test_operator_logs.py",  # 5 s
+    "tests/test_systemd_notify.py",  # 4 s
+    "tests/test_alerts.py",  # 3 s
+    "tests/test_http_hardening.py",  # 4 s
+    "tests/test_candidate_cli.py",  # 5 s; the candidate store: test_candidate_store, both
+)
+STORE_SIDE_TESTS = (
+    "::test_start_refused_while_another_worker_runs[",
+    "::test_banner_says_what_runs_and_never_a_password[",
+    "::test_log_lines_never_carry_the_dsn_password[",
+    "::test_crash_before_decision_leaves_it_promoting_then_the_sweep_rejects_it[",
+    "::test_crash_after_decision_then_the_sweep_promotes_it[",
+)
+
 #: the campaigns of the slow tier: many episodes, each with parallel jobs or processes of
 #: its own, CPU-bound; .ci/run runs them one at a time (``-m campaign -n 0``) after the
 #: other slow tests, which run in parallel like the default run
@@ -154,6 +179,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.startswith(LONG_VARIANTS) or (
                 item.nodeid.startswith(TARGET_SIDE_FILES) and "[postgres" in item.nodeid) or (
+                item.nodeid.startswith(PROCESS_SIDE_FILES) and "[postgres" in item.nodeid
+                and not any(name in item.nodeid for name in STORE_SIDE_TESTS)) or (
                 item.nodeid.startswith(CHAOS_POINTS) and "[sqlite-random" not in item.nodeid):
             item.add_marker(pytest.mark.slow)
         if item.nodeid.startswith(CAMPAIGNS) and item.get_closest_marker("slow"):
