@@ -137,6 +137,28 @@ def test_the_delivery_floor_benchmark_prints_both_ratios(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+def test_the_delivery_scale_benchmark_brackets_the_large_run_by_two_small_ones(
+        tmp_path: Path) -> None:
+    """``python -m bench delivery-scale --quick`` keeps working (issue 32 point 5): a small,
+    a large and a small ``once``, each confirming every lead, and the large run's ratio to
+    the small runs' mean."""
+    out = tmp_path / "scale.json"
+    proc = subprocess.run([sys.executable, "-m", "bench", "delivery-scale", "--quick",
+                           "--backend", "sqlite", "--dispatch-pipeline", "on", "--json",
+                           str(out)], capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert [r["n"] for r in row["runs"]] == [2_000, 20_000, 2_000]
+    assert all(r["in_process_per_s"] > 0 and r["whole_process_per_s"] > 0
+               for r in row["runs"])
+    big = row["runs"][1]["in_process_per_s"]
+    small = (row["runs"][0]["in_process_per_s"] + row["runs"][2]["in_process_per_s"]) / 2
+    assert abs(row["ratio_in_process"] - big / small) < 0.01
+    assert re.search(r"^\s+20,000\s+[\d,]+/s\s+[\d,]+/s\s+\d+\.\d\d / \d+\.\d\d",
+                     proc.stdout, re.MULTILINE), proc.stdout
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_the_startup_benchmark_pairs_once_with_a_bare_interpreter_and_the_disk() -> None:
     """``python -m bench startup --quick`` keeps working (issue 32 point 2): the idle

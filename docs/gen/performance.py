@@ -275,6 +275,26 @@ def render_delivery_floor(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def render_delivery_scale(doc: dict[str, Any]) -> str:
+    """``python -m bench delivery-scale``: ``once`` over a million leads against a hundred
+    thousand, the large run between two small ones, per store and dispatch."""
+    stores = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
+    rows = ["| store | dispatch | leads | in process | whole process | large / small, in "
+            "process | whole process | goal | met |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        dispatch = "`--dispatch-pipeline on`" if r["dispatch_pipeline"] == "on" else "serial"
+        for run in r["runs"]:
+            large = run["n"] == r["large"]
+            rows.append(
+                f"| {stores[r['backend']]} | {dispatch} | {run['n']:,} | "
+                f"{num(run['in_process_per_s'])} /s | {num(run['whole_process_per_s'])} /s | "
+                + (f"**{r['ratio_in_process']:.2f}** | {r['ratio_whole_process']:.2f} | "
+                   f">= {r['goal']} | {'yes' if r['met'] else '**no**'} |" if large else
+                   "| | | |"))
+    return "\n".join([provenance(doc) + f" Each large run between two small ones, against "
+                      f"their mean; wall time {doc['seconds']:,.0f} s.", "", *rows])
+
+
 def render_webhook_floor(doc: dict[str, Any]) -> str:
     """``python -m bench webhook-floor``: ``runner serve``'s signed intake beside the
     minimal ASGI floor on the same server, with each side's latencies; then, when the run
