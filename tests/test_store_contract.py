@@ -358,6 +358,45 @@ async def test_a_batch_step_refuses_an_outcome_of_a_record_not_in_flight(
     assert await store.uncertain_count() == 0
 
 
+async def test_the_dispatch_runs_blocking_steps_answer_as_the_batch_step_does(
+    store: Store, scope: Scope
+) -> None:
+    """``dispatch_steps()`` (a dispatch run's steps, called from its worker thread; on
+    SQLite a connection of their own): the same marks, attempts, refusals and events as
+    the batch step above; a refused ``mark_batch`` keeps nothing of its transaction."""
+    import anyio
+
+    from runner.leads.states import IllegalTransition
+
+    for i in range(6):
+        await accept(store, scope, i)
+    ids = [WriteId(f"w-{i}") for i in range(6)]
+    async with store.dispatch_steps() as steps:
+        def run(call: object, *args: object) -> object:
+            return anyio.to_thread.run_sync(lambda: call(*args))  # type: ignore[operator]
+
+        assert await run(steps.finish_and_mark_batch, [], ids[:3], NOW) == {
+            w: 1 for w in ids[:3]}
+        marked, seq = await run(steps.mark_batch,  # type: ignore[misc]
+                                [(ids[0], LeadState.CONFIRMED), (ids[1], LeadState.UNCERTAIN),
+                                 (ids[2], LeadState.FAILED_SAFE)], ids[3:5], NOW)
+        assert marked == {ids[3]: 1, ids[4]: 1} and seq > 0
+        # w-2 failed_safe goes again (attempts + 1), w-0 confirmed is skipped, w-9 unknown
+        assert await run(steps.finish_and_mark_batch,
+                         [(ids[3], LeadState.CONFIRMED), (ids[4], LeadState.CONFIRMED)],
+                         [ids[2], ids[0], WriteId("w-9")], NOW) == {ids[2]: 2}
+        before = {r.write_id: r.state async for r in store.iter_records()}
+        with pytest.raises(IllegalTransition):  # w-0 is not in flight: nothing kept
+            await run(steps.mark_batch, [(ids[0], LeadState.CONFIRMED)], [ids[5]], NOW)
+    states = {r.write_id: r.state async for r in store.iter_records()}
+    assert states == before
+    assert states == {ids[0]: LeadState.CONFIRMED, ids[1]: LeadState.UNCERTAIN,
+                      ids[2]: LeadState.IN_FLIGHT, ids[3]: LeadState.CONFIRMED,
+                      ids[4]: LeadState.CONFIRMED, ids[5]: LeadState.PREPARED}
+    summary = await store.summary()
+    assert summary.outbox_by_kind == {"accepted": 6, "state_changed": 11}
+
+
 # -- the reason of a rejected write (issue 17, v13) ------------------------------------
 
 
