@@ -30,8 +30,9 @@ durable, de-duplicated by its key, before it counts:
 * **PostgreSQL floor**: the same per-row work, then one ``unnest`` insert of 1,000 rows per
   transaction into a bare table keyed the same way (``ON CONFLICT DO NOTHING``);
 * **PgQueuer** (from the optional ``.[bench]`` extra; skipped, saying so, when it is not
-  installed): ``Queries.enqueue`` in batches of 1,000 with ``dedupe_key`` = the lead key,
-  on the same server, in a schema of its own.
+  installed, and a full run without it writes no results file): ``Queries.enqueue`` in
+  batches of 1,000 with ``dedupe_key`` = the lead key, on the same server, in a schema of
+  its own.
 
 Every PostgreSQL session runs with ``synchronous_commit = on`` (set on the floor's and
 PgQueuer's sessions, the server's default that runner keeps): each commit waits for its
