@@ -136,6 +136,31 @@ def test_the_delivery_floor_benchmark_prints_both_ratios(tmp_path: Path) -> None
     assert profile.stat().st_size > 0
 
 
+def test_a_full_comparison_that_skipped_a_contender_records_nothing(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A full ``ingest`` or ``peers`` run without a contender (PgQueuer without the
+    ``.[bench]`` extra) writes no results file, which the docs would render with "n/a"
+    where the last complete run's figures were: it says why and exits 1."""
+    import bench.results
+    from bench.common import comparison_main
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("a results file was written")
+
+    monkeypatch.setattr(bench.results, "record", refuse)
+
+    def measure(n: int, rounds: int) -> dict[str, object]:
+        return {"rates": {"runner": 1.0}, "ratios": {"runner / PgQueuer": None},
+                "goals": {"runner / PgQueuer": 1.1},
+                "skipped": ["PgQueuer: not installed (pip install -e '.[bench]')"]}
+
+    assert comparison_main([], "ingest", "bulk accept", "doc", ((1, 1), (2, 1)), measure) == 1
+    err = capsys.readouterr().err
+    assert "not recorded" in err and "PgQueuer: not installed" in err
+    assert comparison_main(["--quick"], "ingest", "bulk accept", "doc", ((1, 1), (2, 1)),
+                           measure) == 0
+
+
 @pytest.mark.slow
 def test_the_delivery_scale_benchmark_brackets_the_large_run_by_two_small_ones(
         tmp_path: Path) -> None:
