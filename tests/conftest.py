@@ -99,9 +99,6 @@ LONG_VARIANTS = (
     "tests/test_http_health.py::test_a_stuck_loop_is_stale_and_a_stopping_one_is_not_ready",
     # a PostgreSQL store made again adopts its target (10 s: two schemas made)
     "tests/test_rewind.py::test_a_postgresql_store_made_again_adopts_its_target_and_takes_",
-    # every shell block of the docs' pages, run as a user runs them and compared with what
-    # the pages show (18 s); the docs' configs and examples stay (test_docs_configs.py)
-    "tests/test_docs_run.py::",
     # marks over HTTP, the kit runs and the call shapes (15 s): a refused append and a
     # server without marks stay
     "tests/test_http_target_marks.py::test_the_kit_proves_a_marks_server",
