@@ -417,6 +417,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from bench.delivery_profile import profile_once, top_lines
+    from bench.pipeline_spans import pipeline_spans, span_lines
     from bench.results import record
 
     parser = argparse.ArgumentParser(prog="python -m bench delivery-floor",
@@ -430,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path,
                         help="where the cProfile of once goes (default: a file in the "
                              "system's temporary directory)")
-    parser.add_argument("--no-profile", action="store_true", help="skip the profile")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the profile and the pipelined run's spans")
     args = parser.parse_args(argv)
     sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes
              else [2000] if args.quick else [10_000, 100_000])
@@ -439,8 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = [measure_one(backend, n, rounds) for backend in backends for n in sizes]
     profile: dict[str, Any] | None = None
+    spans: dict[str, Any] | None = None
     if not args.no_profile:
         profile = profile_once(min(10_000, max(sizes)), args.profile)
+        spans = pipeline_spans(min(GOAL_SIZE, max(sizes)))
     seconds = time.perf_counter() - started
     print(f"delivery against the batched floor, batch size {BATCH} ({machine()}; load "
           f"average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; {seconds:.0f} s)\n")
@@ -448,9 +452,12 @@ def main(argv: list[str] | None = None) -> int:
     if profile is not None:
         print()
         print("\n".join(top_lines(profile)))
+    if spans is not None:
+        print()
+        print("\n".join(span_lines(spans)))
     doc = {"batch_size": BATCH, "sizes": sizes, "rounds": rounds, "goal_size": GOAL_SIZE,
            "seconds": round(seconds, 1),
-           "summary": machine(), "rows": rows, "profile": profile}
+           "summary": machine(), "rows": rows, "profile": profile, "pipeline_spans": spans}
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if not args.quick:

@@ -134,6 +134,10 @@ def test_the_delivery_floor_benchmark_prints_both_ratios(tmp_path: Path) -> None
     assert all(r > 0 for r in ratios.values())
     assert "dispatch (worker thread), by cumulative time:" in proc.stdout
     assert profile.stat().st_size > 0
+    spans = re.search(r"where a pipelined batch's time goes .*?(\d+) batches.*?pace "
+                      r"([\d.]+); request ([\d.]+) beside commit ([\d.]+)", proc.stdout)
+    assert spans, proc.stdout
+    assert int(spans.group(1)) == 2 and all(float(x) > 0 for x in spans.groups()[1:])
 
 
 def test_a_full_comparison_that_skipped_a_contender_records_nothing(

@@ -272,6 +272,26 @@ def render_delivery_floor(doc: dict[str, Any]) -> str:
                          if run and e["cumulative_s"] <= run else "")
                 out.append(f"| `{cell(e['function'])}` | {num(e['calls'])} | "
                            f"{e['cumulative_s']:.3f} s | {share} | {e['own_s']:.3f} s |")
+    spans = doc.get("pipeline_spans")
+    if spans:
+        ms = spans["per_batch_ms"]
+        out += ["", f"Where a pipelined batch's time goes (`once --dispatch-pipeline on` in "
+                f"process, {spans['n']:,} leads, {spans['batches']} batches, SQLite store; "
+                "timers around runner's own steps, no profiler), milliseconds per batch:",
+                "", "| span | ms per batch |", "|---|---|"]
+        for label, value in (
+                ("the run's pace (its whole time over its batches)", spans["pace_ms"]),
+                ("the request (map, write, readback, judge), dispatch thread",
+                 ms.get("request")),
+                ("the commit beside it, its own thread", ms.get("commit")),
+                ("… the batch statement's first step (its rows change)", ms.get("statement")),
+                ("… its RETURNING rows", ms.get("returning")),
+                ("… its `COMMIT` (the fsync)", ms.get("fsync")),
+                ("the dispatch thread waiting for the commit", ms.get("waited")),
+                ("the same statement with its RETURNING rows, alone (no other thread "
+                 "running; rolled back, so no fsync)", spans["alone_ms"])):
+            if value is not None:
+                out.append(f"| {label} | {value:.1f} |")
     return "\n".join(out)
 
 

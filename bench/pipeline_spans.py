@@ -1,0 +1,165 @@
+"""Where a pipelined dispatch's time goes (issue 32): ``once --dispatch-pipeline on`` over
+N prepared leads (SQLite store, fresh synthetic target, the default batch size), run in
+process in a child of its own with timers around the steps of each batch, no profiler.
+
+Per batch, the child times, with ``time.perf_counter``:
+
+* ``request``: the request path, in the dispatch run's thread (``BatchRun._send``:
+  mapping the records, the target's write, its readback, judging each row);
+* ``commit``: the commit beside it, in a thread of its own (``BatchRun._commit``: the
+  outcomes of the request before and the next batch's in-flight mark, one transaction),
+  and inside it ``statement`` (the batch step's first SQLite step, where its rows change),
+  ``returning`` (the rest of its steps: its RETURNING rows) and ``fsync`` (its ``COMMIT``);
+* ``waited``: how long the dispatch thread then waited for that commit
+  (``_Beside.result``): the part of the commit the request did not cover;
+* ``pace``: the run's whole time over its batches.
+
+The timers wrap runner's own methods (patched in the child only); they cost a few
+microseconds a batch.  The same statement is timed alone, in the same child before the
+run, on a copy of the store (``alone``): what it costs with no other thread running.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import anyio
+
+from bench.common import ROOT, SCOPE, workdir
+from bench.leads import _prepare
+
+#: the child: argv[1] the store, argv[2] the scope file, argv[3] the target
+_CHILD = """
+import json, sys, threading, time
+from collections import defaultdict
+import runner.tasks.pagerun as pr
+import runner.io.sqlite.delivery as dl
+from runner.cli import main
+
+spent = defaultdict(float)
+count = defaultdict(int)
+
+def timed(name, call):
+    def wrapper(*args, **kw):
+        started = time.perf_counter()
+        try:
+            return call(*args, **kw)
+        finally:
+            spent[name] += time.perf_counter() - started
+            count[name] += 1
+    return wrapper
+
+pr.BatchRun._send = timed("request", pr.BatchRun._send)
+pr.BatchRun._commit = timed("commit", pr.BatchRun._commit)
+pr._Beside.result = timed("waited", pr._Beside.result)
+pr.PipelinedBatchRun.run = timed("run", pr.PipelinedBatchRun.run)
+
+class Conn:
+    # the blocking steps' connection, its batch step split into its first step, its
+    # RETURNING rows and its COMMIT
+    def __init__(self, conn):
+        self._conn = conn
+    def execute(self, sql, *args):
+        started = time.perf_counter()
+        cursor = self._conn.execute(sql, *args)
+        if sql is dl._BATCH_STEP:
+            spent["statement"] += time.perf_counter() - started
+            count["statement"] += 1
+            return Rows(cursor)
+        if sql == "COMMIT":
+            spent["fsync"] += time.perf_counter() - started
+            count["fsync"] += 1
+        return cursor
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+class Rows:
+    def __init__(self, cursor):
+        self._cursor = cursor
+    def fetchall(self):
+        started = time.perf_counter()
+        rows = self._cursor.fetchall()
+        spent["returning"] += time.perf_counter() - started
+        count["returning"] += 1
+        return rows
+
+steps_init = dl.BlockingDispatchSteps.__init__
+def init(self, conn, path):
+    steps_init(self, Conn(conn), path)
+dl.BlockingDispatchSteps.__init__ = init
+
+code = main(["once", "--db", sys.argv[1], "--scope", sys.argv[2], "--target", sys.argv[3],
+             "--dispatch-pipeline", "on", "--log-level", "warning"])
+batches = count["request"]
+print(json.dumps({"code": code, "batches": batches,
+                  "per_batch_ms": {name: round(spent[name] / max(count[name], 1) * 1e3, 2)
+                                   for name in spent if name != "run"},
+                  "pace_ms": round(spent["run"] / max(batches, 1) * 1e3, 2)}))
+"""
+
+#: the statement alone, on a copy of the store: the batch step of 1,000 marks and 1,000
+#: outcomes in BEGIN IMMEDIATE ... ROLLBACK, no other thread (argv[1] the copy)
+_ALONE = """
+import json, sqlite3, statistics, sys, time
+from runner.io.sqlite.delivery import _BATCH_STEP
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA journal_mode = WAL")
+ids = [w for (w,) in conn.execute(
+    "SELECT write_id FROM leads WHERE state = 'prepared' ORDER BY seq LIMIT 2000")]
+def step(done, outcomes, marks):
+    return conn.execute(_BATCH_STEP, {
+        "done": json.dumps(done), "outcomes": json.dumps(outcomes), "next": json.dumps(marks),
+        "now": "2026-12-01T00:00:00.000000Z", "retry_at": None, "reason": None,
+        "failure": None}).fetchall()
+times = []
+for _ in range(7):
+    conn.execute("BEGIN IMMEDIATE")
+    step([], [], ids[:1000])
+    started = time.perf_counter()
+    rows = step(ids[:1000], ["confirmed"] * 1000, ids[1000:])
+    times.append(time.perf_counter() - started)
+    conn.execute("ROLLBACK")
+    assert len(rows) == 2000, len(rows)
+print(json.dumps({"alone_ms": round(statistics.median(times) * 1e3, 2)}))
+"""
+
+
+def _child(code: str, *argv: str) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True,
+                          text=True, check=False, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pipeline spans child failed ({proc.returncode}): "
+                           f"{proc.stderr[-500:]!r}")
+    return dict(json.loads(proc.stdout.splitlines()[-1]))
+
+
+def pipeline_spans(n: int) -> dict[str, Any]:
+    """The per-batch spans of one pipelined ``once`` over ``n`` prepared leads, and the
+    batch statement alone on a copy of the same store."""
+    with workdir() as d:
+        db = d / "q.db"
+        anyio.run(_prepare, db, None, n, False)
+        copy = d / "copy.db"
+        copy.write_bytes(db.read_bytes())
+        alone = _child(_ALONE, str(copy))
+        scope = d / "scope.json"
+        scope.write_text(json.dumps(SCOPE))
+        found = _child(_CHILD, str(db), str(scope), str(d / "t.db"))
+    if found["code"] != 0:
+        raise RuntimeError(f"the spanned once exited {found['code']}")
+    return {"n": n, **found, **alone}
+
+
+def span_lines(spans: dict[str, Any]) -> list[str]:
+    """The printout."""
+    ms = spans["per_batch_ms"]
+    return [f"where a pipelined batch's time goes (once in process, {spans['n']:,} leads, "
+            f"{spans['batches']} batches, SQLite store; ms per batch): pace "
+            f"{spans['pace_ms']:.1f}; request {ms.get('request', 0):.1f} beside commit "
+            f"{ms.get('commit', 0):.1f} (statement {ms.get('statement', 0):.1f}, "
+            f"RETURNING rows {ms.get('returning', 0):.1f}, fsync {ms.get('fsync', 0):.1f}); "
+            f"waited for the commit {ms.get('waited', 0):.1f}; the statement with its "
+            f"RETURNING rows alone (rolled back) {spans['alone_ms']:.1f}"]
