@@ -136,10 +136,18 @@ class Row:
     note: str = ""
 
 
-def print_table(rows: list[Row]) -> None:
-    header = f"{'benchmark':<28} {'figure':>18} {'baseline':>22} {'ratio':>7}  target   met"
+#: the stores' names as the printed tables give them
+STORES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
+
+
+def print_header(header: str) -> None:
+    """A printed table's header line and its rule."""
     print(header)
     print("-" * len(header))
+
+
+def print_table(rows: list[Row]) -> None:
+    print_header(f"{'benchmark':<28} {'figure':>18} {'baseline':>22} {'ratio':>7}  target   met")
     for r in rows:
         fig = f"{r.figure:,.1f} {r.unit}"
         base = f"{r.baseline:,.1f} {r.baseline_unit}"

@@ -81,7 +81,7 @@ from typing import Any
 
 import anyio
 
-from bench.common import SCOPE, event, machine, workdir
+from bench.common import SCOPE, STORES, event, machine, print_header, workdir
 from bench.leads import _drop_schema, _prepare, once_rates
 from runner.io.sqlite.connection import CACHE_KIB
 from runner.io.synthetic_target import SHEET, SHEET_INDEX
@@ -388,11 +388,8 @@ def measure_one(backend: str, n: int, rounds: int) -> dict[str, Any]:
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    stores = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
-    header = (f"{'store':<10} {'leads':>8} {'measure':<20} {'floor':>12} {'runner':>12} "
-              f"{'ratio':>6}  goal (at {GOAL_SIZE:,})   met")
-    print(header)
-    print("-" * len(header))
+    print_header(f"{'store':<10} {'leads':>8} {'measure':<20} {'floor':>12} {'runner':>12} "
+                 f"{'ratio':>6}  goal (at {GOAL_SIZE:,})   met")
     for r in rows:
         for key, floor_key, runner_key in MEASURES:
             measure = key.replace("pipelined_", "pipel. ").replace("_", " ")
@@ -401,7 +398,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
             shown = "" if goal is None else f">= {goal}"
             verdict = "" if goal is None else ("-" if met is None else
                                                ("yes" if met else "NO"))
-            print(f"{stores[r['backend']]:<10} {r['n']:>8,} {measure:<20} "
+            print(f"{STORES[r['backend']]:<10} {r['n']:>8,} {measure:<20} "
                   f"{r[floor_key]:>10,.0f}/s {r[runner_key]:>10,.0f}/s "
                   f"{r['ratios'][key]:>6.2f}  {shown:<19} {verdict}")
         print(f"{'':<10} {'':>8} rounds {r['rounds']}, {r['seconds']:.0f} s, load "

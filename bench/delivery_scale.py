@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, workdir
+from bench.common import STORES, machine, print_header, workdir
 from bench.delivery_floor import runner_once
 
 #: the large run's rate over the small runs', at least (issue 32: within 15%)
@@ -49,27 +49,24 @@ def measure(backend: str, pipeline: str, small: int, large: int) -> dict[str, An
         with workdir() as d:
             in_process, whole_process = runner_once(d, n, backend, pipeline)
         runs.append((n, in_process, whole_process))
-    small_in = statistics.mean([r[1] for r in runs if r[0] == small])
+    small_in = [r[1] for r in runs if r[0] == small]
     small_whole = statistics.mean([r[2] for r in runs if r[0] == small])
     (big,) = [r for r in runs if r[0] == large]
+    ratio_in = big[1] / statistics.mean(small_in)
     return {"backend": backend, "dispatch_pipeline": pipeline, "small": small,
             "large": large,
             "runs": [{"n": n, "in_process_per_s": round(a), "whole_process_per_s": round(b)}
                      for n, a, b in runs],
-            "ratio_in_process": big[1] / small_in,
+            "ratio_in_process": ratio_in,
             "ratio_whole_process": big[2] / small_whole,
-            "small_spread_in_process": (max(r[1] for r in runs if r[0] == small)
-                                        / min(r[1] for r in runs if r[0] == small)),
-            "goal": GOAL, "met": big[1] / small_in >= GOAL,
+            "small_spread_in_process": max(small_in) / min(small_in),
+            "goal": GOAL, "met": ratio_in >= GOAL,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    stores = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
-    header = (f"{'store':<10} {'dispatch':<9} {'leads':>10} {'in process':>12} "
-              f"{'whole':>12}  {'ratio (in / whole)':<19} goal     met")
-    print(header)
-    print("-" * len(header))
+    print_header(f"{'store':<10} {'dispatch':<9} {'leads':>10} {'in process':>12} "
+                 f"{'whole':>12}  {'ratio (in / whole)':<19} goal     met")
     for r in rows:
         dispatch = "pipelined" if r["dispatch_pipeline"] == "on" else "serial"
         for i, run in enumerate(r["runs"]):
@@ -77,7 +74,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
                      if run["n"] == r["large"] else "")
             goal = f">= {r['goal']}" if ratio else ""
             met = ("yes" if r["met"] else "NO") if ratio else ""
-            print(f"{stores[r['backend']] if i == 0 else '':<10} "
+            print(f"{STORES[r['backend']] if i == 0 else '':<10} "
                   f"{dispatch if i == 0 else '':<9} {run['n']:>10,} "
                   f"{run['in_process_per_s']:>10,}/s {run['whole_process_per_s']:>10,}/s  "
                   f"{ratio:<19} {goal:<8} {met}")
