@@ -191,8 +191,9 @@ def _runner(directory: Path, db: str, lines: list[bytes], *, new_store: bool = F
 
 
 def _runner_in_process(directory: Path, db: str, lines: list[bytes]) -> float:
-    """The bulk-accept path of ``accept --records FILE``, timed from the first read to the
-    last answer (store created and migrated beforehand, untimed)."""
+    """The bulk-accept path of ``accept --records FILE`` (on PostgreSQL with the second
+    session the command opens beside the first groups' work), timed from the first read to
+    the last answer (store created and migrated beforehand, untimed)."""
     import anyio
 
     from runner.clock import SystemClock
@@ -200,6 +201,8 @@ def _runner_in_process(directory: Path, db: str, lines: list[bytes]) -> float:
     from runner.io.stores import open_store
     from runner.leads.intake import Intake
     from runner.leads.models import validate_scope
+    from runner.store import Store
+    from runner.storedata import is_postgres
 
     events = directory / "events.ndjson"
     events.write_bytes(b"\n".join(lines) + b"\n")
@@ -208,13 +211,20 @@ def _runner_in_process(directory: Path, db: str, lines: list[bytes]) -> float:
 
     async def run() -> float:
         scope = validate_scope(dict(SCOPE))
-        async with await open_store(db, scope=scope) as store:
+        async with (await open_store(db, scope=scope) as store,
+                    contextlib.AsyncExitStack() as lanes):
+
+            async def open_lane() -> Store:  # as the command opens its second session
+                return await lanes.enter_async_context(
+                    await open_store(db, scope=scope, create=False))
+
             fd = os.open(events, os.O_RDONLY)
             try:
                 with (open(answers, "w", encoding="utf-8") as out,  # noqa: ASYNC230
                       contextlib.redirect_stdout(out)):
                     started = time.perf_counter()
-                    code = await accept_records(args, Intake(store, SystemClock(), scope), fd)
+                    code = await accept_records(args, Intake(store, SystemClock(), scope), fd,
+                                                open_lane if is_postgres(db) else None)
                     out.flush()
                     elapsed = time.perf_counter() - started
             finally:

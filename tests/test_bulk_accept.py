@@ -229,15 +229,21 @@ async def test_a_group_holds_at_most_max_group_lines(workdir: Path) -> None:
     class Recording:
         """Prepares nothing and commits nothing: records each group's size."""
 
+        store = None
+
         def __init__(self) -> None:
             self.sizes: list[int] = []
 
-        def prepare_lines(self, lines: list[bytes]) -> list[bytes]:
+        def prepare_lines(self, lines: list[bytes]) -> Group:
             self.sizes.append(len(lines))
-            return lines
+            return Group(lines)
 
-        async def commit_lines(self, batch: list[bytes]) -> tuple[str, int, list[object]]:
+        async def commit_lines(self, batch: Group, store: object
+                               ) -> tuple[str, int, list[object]]:
             return "", len(batch), []
+
+    class Group(list[bytes]):
+        valid = ()  # no record to commit: no key
 
     records = workdir / "many.ndjson"
     total = 2 * MAX_GROUP + MAX_GROUP // 2

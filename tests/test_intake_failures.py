@@ -22,16 +22,22 @@ from tests import pg
 from tests.helpers import SCOPE, event, ndjson, write_json
 
 
+class Group(list[Any]):
+    valid = ()  # no record to commit: no key
+
+
 class FailingIntake:
     """Prepares every record; the second commit fails as a full store does."""
+
+    store = None
 
     def __init__(self) -> None:
         self.commits = 0
 
-    def prepare_lines(self, lines: list[Any]) -> list[Any]:
-        return lines
+    def prepare_lines(self, lines: list[Any]) -> Group:
+        return Group(lines)
 
-    async def commit_lines(self, batch: list[Any]) -> tuple[str, int, list[Any]]:
+    async def commit_lines(self, batch: Group, store: object) -> tuple[str, int, list[Any]]:
         self.commits += 1
         if self.commits == 2:
             raise StoreError("no space left on the store's disk")

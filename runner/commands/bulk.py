@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -29,9 +30,16 @@ from runner.errors import BadInputError, RunnerError
 from runner.jsonio import MAX_DOCUMENT_BYTES
 
 if TYPE_CHECKING:
-    from runner.leads.intake import Batch, Intake
+    import anyio.abc
+
+    from runner.leads.intake import AcceptResult, Batch, Intake
+    from runner.store import IntakeStore
+
+log = logging.getLogger(__name__)
 
 MAX_GROUP = 1000
+#: sessions committing groups at once (the first, and one opened beside it)
+LANES = int(os.environ.get('RUNNER_LANES', '2'))
 CHUNK = 1 << 16
 Line = bytes | BadInputError
 
@@ -84,15 +92,23 @@ def open_records(path: str) -> int:
                             reason="unreadable") from None
 
 
-async def accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> int:
+async def accept_records(args: argparse.Namespace, intake: Intake, fd: int,
+                         open_lane: Callable[[], Awaitable[IntakeStore]] | None = None
+                         ) -> int:
     """Answer every record of ``fd``; exit 65 if any was rejected, else 0.
 
     Three stages, so that the work overlaps: a thread reads lines; the next group is
     parsed and validated while the previous one is being committed (SQLite releases the
     GIL while it writes); answers are printed, in order, after each commit.
+
+    ``open_lane``: opens another session of the same store (PostgreSQL), opened beside
+    the first groups' work and used as soon as it is ready: it commits a group of its own
+    while ``intake.store`` commits another, so that the server inserts two groups at once.
+    Groups still start in input order and are answered in it.  A lane that cannot be
+    opened is left out (one session does all the work, as without it).
     """
     with young_generation(YOUNG_OBJECTS):
-        return await _accept_records(args, intake, fd)
+        return await _accept_records(args, intake, fd, open_lane)
 
 
 #: the cyclic collector's youngest generation while a bulk accept runs (CPython's default
@@ -119,38 +135,114 @@ def young_generation(size: int) -> Iterator[None]:
         gc.set_threshold(*old)
 
 
-async def _accept_records(args: argparse.Namespace, intake: Intake, fd: int) -> int:
+async def _accept_records(args: argparse.Namespace, intake: Intake, fd: int,
+                          open_lane: Callable[[], Awaitable[IntakeStore]] | None) -> int:
     from runner.leads.intake import Batch
 
     lines_in, lines_out = anyio.create_memory_object_stream[list[Line]](max_buffer_size=4)
     ready_in, ready_out = anyio.create_memory_object_stream[Batch](max_buffer_size=1)
+    slots_in, slots_out = anyio.create_memory_object_stream[_Slot](max_buffer_size=LANES)
+    free: list[IntakeStore] = [intake.store]
+    lane_freed = anyio.Condition()
+    opening = anyio.CancelScope()
     rejected = 0
     number = 0
     failure: RunnerError | None = None
+
+    async def commit(slot: _Slot, store: IntakeStore, earlier: list[_Slot]) -> None:
+        try:
+            for other in earlier:  # a key of this group is also in one still committing
+                await other.done.wait()
+                if other.failed:  # never commit a record ahead of one before it
+                    raise other.failed
+            slot.answer = await intake.commit_lines(slot.batch, store)
+        except RunnerError as exc:
+            slot.failed = exc
+        finally:
+            slot.done.set()
+            async with lane_freed:
+                free.append(store)
+                lane_freed.notify()
+
+    async def dispatch(tg: anyio.abc.TaskGroup) -> None:
+        """Commit each group on a free lane, in input order; a group that shares a key
+        with one still committing waits for it (the first occurrence of a key wins, as if
+        the records were accepted one by one)."""
+        in_flight: list[_Slot] = []
+        async with ready_out, slots_in:
+            async for batch in ready_out:
+                async with lane_freed:
+                    while not free:
+                        await lane_freed.wait()
+                    store = free.pop(0)
+                in_flight = [s for s in in_flight if not s.done.is_set()]
+                slot = _Slot(batch)
+                earlier = [s for s in in_flight if not s.keys.isdisjoint(slot.keys)]
+                tg.start_soon(commit, slot, store, earlier)
+                in_flight.append(slot)
+                await slots_in.send(slot)
+
+    async def add_lane(opener: Callable[[], Awaitable[IntakeStore]]) -> None:
+        try:
+            store = await opener()
+        except RunnerError as exc:
+            log.debug("bulk accept goes on without another session: %s", exc)
+            return
+        log.debug("a second session joins the bulk accept")
+        async with lane_freed:
+            free.append(store)
+            lane_freed.notify()
+
+    async def add_lanes(opener: Callable[[], Awaitable[IntakeStore]]) -> None:
+        with opening:
+            async with anyio.create_task_group() as openers:
+                for _ in range(LANES - 1):
+                    openers.start_soon(add_lane, opener)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(_read, fd, lines_in)
         tg.start_soon(_prepare, intake, lines_out, ready_in)
-        async with ready_out:
-            try:
-                async for batch in ready_out:
-                    text, answered, refused = await intake.commit_lines(batch)
-                    if text:
-                        sys.stdout.write(text)
-                    for index, result in refused:
-                        say_error(args, f"record {number + index + 1}: rejected: "
-                                  f"{result.message}", result.reason or "rejected")
-                    sys.stdout.flush()
-                    number += answered
-                    rejected += len(refused)
-            except RunnerError as exc:
-                # a store error ends the run with its own exit code: stop the reader and
-                # the parser first, so that closing the stream between them cannot add a
-                # BrokenResourceError beside it (every answer printed was committed)
-                failure = exc
-                tg.cancel_scope.cancel()
+        tg.start_soon(dispatch, tg)
+        if open_lane is not None:
+            tg.start_soon(add_lanes, open_lane)
+        async with slots_out:
+            async for slot in slots_out:  # answers in input order, each after its commit
+                await slot.done.wait()
+                if slot.failed is not None:
+                    # a store error ends the run with its own exit code: stop the reader,
+                    # the parser and the other lanes first, so that closing the streams
+                    # between them cannot add a BrokenResourceError beside it (every
+                    # answer printed was committed)
+                    failure = slot.failed
+                    tg.cancel_scope.cancel()
+                    break
+                if slot.answer is None:  # its commit was cancelled: so is this run
+                    break
+                text, answered, refused = slot.answer
+                if text:
+                    sys.stdout.write(text)
+                for index, result in refused:
+                    say_error(args, f"record {number + index + 1}: rejected: "
+                              f"{result.message}", result.reason or "rejected")
+                sys.stdout.flush()
+                number += answered
+                rejected += len(refused)
+        opening.cancel()  # every answer is out: a lane still opening is not needed
     if failure is not None:
         raise failure
     return 65 if rejected else 0
+
+
+class _Slot:
+    """A group on its way through a lane: its keys, then its answer or its failure."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        # one bulk accept holds one scope, so one tenant: the lead ids are the keys
+        self.keys: set[str] = {v[1].source_lead_id for v in batch.valid}
+        self.done = anyio.Event()
+        self.answer: tuple[str, int, list[tuple[int, AcceptResult]]] | None = None
+        self.failed: RunnerError | None = None
 
 
 async def _prepare(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from runner.commands.common import (
@@ -20,11 +21,13 @@ from runner.commands.common import (
 from runner.errors import BadInputError, UsageError
 from runner.io.stores import open_store
 from runner.limits import MAX_SHOWN, UNCERTAIN_SHOWN
+from runner.storedata import is_postgres
 
 if TYPE_CHECKING:
     from runner.clock import Clock
     from runner.leads import intake
     from runner.leads.models import Scope
+    from runner.store import IntakeStore
     from runner.storedata import GivenScope
 
 
@@ -124,9 +127,16 @@ async def _accept_records(args: argparse.Namespace, clock: Clock) -> int:
     scope = load_scope(args.scope)  # refused: {"result": "refused"} on stdout, exit 65
     fd = open_records(args.records)
     try:
-        async with await open_store(args.db, scope=scope) as store:
+        async with await open_store(args.db, scope=scope) as store, AsyncExitStack() as lanes:
             writes = intake_store(store, args.require_synchronous_replication)
-            return await accept_records(args, Intake(writes, clock, scope), fd)
+
+            async def open_lane() -> IntakeStore:
+                other = await lanes.enter_async_context(
+                    await open_store(args.db, scope=scope, create=False))
+                return intake_store(other, args.require_synchronous_replication)
+
+            return await accept_records(args, Intake(writes, clock, scope), fd,
+                                        open_lane if is_postgres(args.db) else None)
     finally:
         if args.records != "-":
             os.close(fd)

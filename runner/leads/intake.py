@@ -253,23 +253,26 @@ class Intake:
             results[index] = answer(event, outcome)
         return [r for r in results if r is not None]
 
-    async def _commit(self, batch: Batch) -> list[AcceptOutcome]:
+    async def _commit(self, batch: Batch, store: IntakeStore | None = None
+                      ) -> list[AcceptOutcome]:
         """The store's outcomes of a prepared batch's valid records, in one transaction
-        between the accept crash points."""
+        between the accept crash points (on ``store``: another session of the same store,
+        for bulk intake's lanes)."""
         crashpoints.hit("accept.before-commit")
-        outcomes = await self.store.accept_many([v[2] for v in batch.valid], self.clock.now())
+        outcomes = await (store or self.store).accept_many([v[2] for v in batch.valid],
+                                                           self.clock.now())
         crashpoints.hit("accept.after-commit")
         return outcomes
 
     async def commit_lines(
-        self, batch: Batch
+        self, batch: Batch, store: IntakeStore | None = None
     ) -> tuple[str, int, list[tuple[int, AcceptResult]]]:
         """``commit_batch`` for bulk intake: the answers as text, one line each
         (``AcceptResult.to_line``, newline-terminated) in input order, their number, and
         the rejections among them with their positions, in order (for their messages).
         An ``accepted`` line is formatted directly; when every record is accepted the
         text is the one ``prepare_lines`` made beforehand (``Batch.accepted``)."""
-        outcomes = await self._commit(batch)
+        outcomes = await self._commit(batch, store)
         quiet = not log.isEnabledFor(logging.DEBUG)  # else answer() logs each one
         if (quiet and batch.accepted is not None
                 and all(o.result == "accepted" and o.write_id == v[2].write_id
