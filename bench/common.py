@@ -101,6 +101,16 @@ def stdlib_batched_inserts(directory: Path, n: int, per_txn: int = 100) -> float
     return n / elapsed
 
 
+def compiled_env(cache: Path) -> dict[str, str]:
+    """A child's environment with its bytecode written and read, in a cache of its own, as
+    an installed package has it (pip compiles what it installs, and Python caches what it
+    imports): this environment sets ``PYTHONDONTWRITEBYTECODE``, under which runner's own
+    sources (an editable install) would be compiled again at every start."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(cache)
+    return env
+
+
 def run_child(
     args: list[str], *, stdin: bytes | None = None, with_stderr: bool = False,
     env: dict[str, str] | None = None,

@@ -21,6 +21,7 @@ from bench.common import (
     RUN,
     SCOPE,
     Row,
+    compiled_env,
     event,
     python_time,
     run_child,
@@ -255,8 +256,7 @@ def startup(repeat: int = 11) -> list[Row]:
         db = d / "empty.db"
         anyio.run(_prepare, db, None, 0, False)
         args = ["status", "--db", str(db)]
-        warm = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        warm["PYTHONPYCACHEPREFIX"] = str(d / "pycache")
+        warm = compiled_env(d / "pycache")
         run_child(args, env=warm)                      # compile both sides once
         python_time(baseline_code, env=warm)
         pairs = [(run_child(args, env=warm)[0], python_time(baseline_code, env=warm))

@@ -54,7 +54,15 @@ from typing import Any
 
 import anyio
 
-from bench.common import ROOT, RUN, SCOPE, machine, stdlib_single_commits, workdir
+from bench.common import (
+    ROOT,
+    RUN,
+    SCOPE,
+    compiled_env,
+    machine,
+    stdlib_single_commits,
+    workdir,
+)
 from bench.leads import _prepare
 
 #: the issue's goals: the start (seconds, at most) and the dispatch ratio (at least)
@@ -67,13 +75,6 @@ SPANS = (("start", "spawn", "target.pinned"),
          ("to_first_send", "target.pinned", "batch.in_flight"),
          ("dispatch", "batch.in_flight", "batch.confirmed"),
          ("to_exit", "batch.confirmed", "exit"))
-
-
-def warm_env(cache: Path) -> dict[str, str]:
-    """The environment of both sides: bytecode written and read, in a cache of its own."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPYCACHEPREFIX"] = str(cache)
-    return env
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, bytes, bytes]:
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     with workdir() as cache:
-        env = warm_env(cache)
+        env = compiled_env(cache)
         start = measure_start(pairs, env)
         dispatch = measure_dispatch(n, rounds, env)
     seconds = time.perf_counter() - started
