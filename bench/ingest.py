@@ -19,9 +19,10 @@ durable, de-duplicated by its key, before it counts:
   on stdin, the answers on stdout, timed from spawn to exit: interpreter start-up,
   imports, the session, the schema check and the scope check included.  Its bytecode is
   compiled, as an installed package has it (``bench.common.compiled_env``: a private
-  cache, warmed by one untimed child per store before the rounds).  The store is created and migrated beforehand, untimed, as the
-  floors' tables and PgQueuer's schema are; the PostgreSQL goals (issue 32.3) are on this
-  row, whole process against the peer and the floor from their first insert;
+  cache, warmed by one untimed child per store before the rounds).  The store is created
+  and migrated beforehand, untimed, as the floors' tables and PgQueuer's schema are; the
+  PostgreSQL goals (issue 32.3) are on this row, whole process against the peer and the
+  floor from their first insert;
 * **runner PostgreSQL (CLI child, new store)**: the same on a schema that does not exist
   yet, so the child also creates and migrates the store: printed beside it, not used for
   a goal;
