@@ -178,7 +178,7 @@ async def _accept_records(args: argparse.Namespace, intake: Intake, fd: int,
                         await lane_freed.wait()
                     store = free.pop(0)
                 in_flight = [s for s in in_flight if not s.done.is_set()]
-                slot = _Slot(batch)
+                slot = _Slot(batch, keyed=open_lane is not None)
                 earlier = [s for s in in_flight if not s.keys.isdisjoint(slot.keys)]
                 tg.start_soon(commit, slot, store, earlier)
                 in_flight.append(slot)
@@ -238,10 +238,12 @@ async def _accept_records(args: argparse.Namespace, intake: Intake, fd: int,
 class _Slot:
     """A group on its way through a lane: its keys, then its answer or its failure."""
 
-    def __init__(self, batch: Batch) -> None:
+    def __init__(self, batch: Batch, *, keyed: bool) -> None:
         self.batch = batch
-        # one bulk accept holds one scope, so one tenant: the lead ids are the keys
-        self.keys: set[str] = {v[1].source_lead_id for v in batch.valid}
+        # one bulk accept holds one scope, so one tenant: the lead ids are the keys (with
+        # one lane, never two groups commit at once: no key is compared)
+        self.keys: set[str] = ({v[1].source_lead_id for v in batch.valid} if keyed
+                               else set())
         self.done = anyio.Event()
         self.answer: tuple[str, int, list[tuple[int, AcceptResult]]] | None = None
         self.failed: RunnerError | None = None
