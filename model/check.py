@@ -184,6 +184,13 @@ def checks_for(*, quick: bool = False, deep: bool = False) -> list[Check]:
         found += [Check("pipeline", p) for p in SAFETY]
         found += [Check("pipeline-n2", p) for p in plain_liveness]
         found += [Check("pipeline-rewind-crash", "no_duplicate_write")]
+        # the PostgreSQL store's step apart (SPLIT=1, issue 32): the outcomes and the next
+        # mark in two transactions, either first, serial and pipelined; settling, and a
+        # deduplicating target's records all confirmed
+        found += [Check(c, p) for c in ("split", "pipeline-split") for p in SAFETY]
+        found += [Check(c, p) for c in ("split-n2", "pipeline-split-n2")
+                  for p in plain_liveness]
+        found += [Check("pipeline-split-dedupe-live", p) for p in DEDUPE_ONLY]
         if deep:
             found += [Check("batches-deep", p) for p in plain_liveness]
             found += [Check("dedupe-deep", p) for p in DEDUPE_ONLY]

@@ -73,6 +73,12 @@
 #ifndef PIPELINE
 #define PIPELINE 0
 #endif
+#ifndef SPLIT
+#define SPLIT 0
+#endif
+#if SPLIT && REWIND
+#error "SPLIT is the PostgreSQL store's step apart, which a target that marks batches never takes"
+#endif
 #ifndef MAXFORGET
 #define MAXFORGET 1
 #endif
@@ -434,6 +440,21 @@ inline read_back() {
 /* prepared and failed-safe records in accept order, 1 to BATCH per request (L8, E1) */
 inline dispatch_pass() {
   do
+#if SPLIT
+  /* the step apart (PostgreSQL, issue 32): the last batch's outcomes and this batch's
+     in-flight mark are two transactions at once, committed in either order, a crash
+     possibly between them */
+  :: if
+     :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); commit_outcomes() };
+        atomic { CRASH(dispatch_before_confirm); select_batch(); mark_in_flight() }
+     :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); select_batch();
+                 mark_in_flight() };
+        atomic { CRASH(dispatch_before_confirm); commit_outcomes() }
+     fi;
+     if :: batch == 0 -> nxt = 0; break :: else fi;
+     send_request();
+     read_back()
+#else
   :: atomic {
        CRASH(dispatch_before_confirm / reconcile_after_commit);
        LOST_STORE;
@@ -455,6 +476,7 @@ inline dispatch_pass() {
      atomic { CRASH(dispatch_after_write); mark_in_flight() }
 #endif
      read_back()
+#endif
   od
 }
 #else
@@ -463,6 +485,11 @@ inline dispatch_pass() {
    is at the target; `batch` stays the one going out */
 inline mark_next() {
   commit_outcomes();
+  mark_following()
+}
+
+/* the next batch's in-flight mark alone (mark_next without the outcomes) */
+inline mark_following() {
   nbatch = batch; batch = 0;
 #if REWIND
   nseq = bseq; bseq = 0;
@@ -495,8 +522,20 @@ inline dispatch_pass() {
   od
 }
 #else
+#if SPLIT
+/* the step apart (PostgreSQL, issue 32): the outcomes and the next mark are two
+   transactions at once, committed in either order, a crash possibly between them */
+#define MARK_NEXT \
+  if \
+  :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); commit_outcomes() }; \
+     atomic { CRASH(dispatch_before_confirm); mark_following() } \
+  :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); mark_following() }; \
+     atomic { CRASH(dispatch_before_confirm); commit_outcomes() } \
+  fi
+#else
 #define MARK_NEXT \
   atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); LOST_STORE; mark_next() }
+#endif
 
 /* prepared and failed-safe records in accept order, 1 to BATCH per request (L8, E1), two
    batches in flight at most: the one at the target and the next one, marked beside it */

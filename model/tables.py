@@ -54,7 +54,7 @@ class Config:
 def _bounds(**overrides: int) -> dict[str, int]:
     base = {"N": 3, "BATCH": 1, "WORKERS": 2, "MAXCRASH": 2, "MAXFAULT": 1,
             "MAXRESOLVE": 1, "NETCAP": 2, "DEDUPE": 0, "TARGET_RECOVERS": 0, "REWIND": 0,
-            "MAXFORGET": 0, "PIPELINE": 0}
+            "MAXFORGET": 0, "PIPELINE": 0, "SPLIT": 0}
     return {**base, **overrides}
 
 
@@ -130,6 +130,23 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
                    PIPELINE=1)),
     Config("small-pipeline", "the pipelined dispatch, 2 records, one per request (--quick, "
            "the default pytest run)", _bounds(N=2, MAXCRASH=1, PIPELINE=1)),
+    # issue 32: the PostgreSQL store's step apart (SPLIT=1): a step's outcomes and the next
+    # batch's in-flight mark are two transactions at once, committed in either order, a
+    # crash possibly between them; serial and pipelined
+    Config("split", "the step apart (issue 32; SPLIT=1): the last batch's outcomes and "
+           "the next batch's in-flight mark in two transactions, either first; 3 records, "
+           "batches of 1 to 3", _bounds(BATCH=3, SPLIT=1)),
+    Config("split-n2", "the step apart, 2 records, batches of 1 or 2 (liveness)",
+           _bounds(N=2, BATCH=2, SPLIT=1)),
+    Config("pipeline-split", "the pipelined dispatch with the step apart: 3 records, one "
+           "record per request", _bounds(PIPELINE=1, SPLIT=1)),
+    Config("pipeline-split-n2", "the pipelined dispatch with the step apart, 2 records, "
+           "one per request (liveness)", _bounds(N=2, PIPELINE=1, SPLIT=1)),
+    Config("pipeline-split-dedupe-live", "the pipelined dispatch with the step apart to a "
+           "deduplicating target that answers and reads at last, no operator, one request "
+           "in transit (liveness)",
+           _bounds(N=2, DEDUPE=1, TARGET_RECOVERS=1, MAXRESOLVE=0, NETCAP=1, PIPELINE=1,
+                   SPLIT=1)),
 )}
 
 

@@ -1,20 +1,47 @@
-"""PostgreSQL's delivery hook: while this store holds the worker lock
-(``runner.io.postgres.lock``), the statement that marks a record in flight also checks
-that the lock's session still holds it (``_finish_and_mark_fenced``).  If that session
-has ended, nothing changes and the send does not start (``LockLost``, exit 74); the
-caller then records the outcome alone (``finish_send`` is not fenced).  Once the lock's
-session is known to be gone (``FENCE_LOST``: its termination was heard, or a reconnect
-dropped it) a mark is refused without asking the server, until the lock is held again."""
+"""PostgreSQL's delivery hooks.
+
+The fence: while this store holds the worker lock (``runner.io.postgres.lock``), the
+statement that marks a record in flight also checks that the lock's session still holds
+it (``_finish_and_mark_fenced``).  If that session has ended, nothing changes and the send
+does not start (``LockLost``, exit 74); the caller then records the outcome alone
+(``finish_send`` is not fenced).  Once the lock's session is known to be gone
+(``FENCE_LOST``: its termination was heard, or a reconnect dropped it) a mark is refused
+without asking the server, until the lock is held again.
+
+A batch's step apart (issue 32): a dispatch run's step that records one request's
+outcomes and marks the next batch in flight (``finish_and_mark_batch``; not a step that
+also takes a batch seq, ``mark_batch``, whose three parts commit together for a target
+that keeps marks) runs as two transactions at once, the
+outcomes on a session of the run's own and the mark (fenced) on the store's, so that the
+server updates both batches' rows together instead of one after the other (the row
+updates are most of a step's time; schema v20 gives every writer one lock order, so the
+two wait for each other only at the kept counts, never in a deadlock).  Each commit still
+carries one request's outcomes, and every mark commits before its request; a crash
+between the two commits leaves the outcomes' records in flight, uncertain at the next
+start and read back, as when the one commit of both was lost (``SPLIT=1`` in the delivery
+model).  Either transaction failing fails the step, with the mark's error first: the run
+ends, and whatever of it did commit is what the store holds (the loop's record of the
+run's last outcomes skips records no longer in flight)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
 from typing import Any
 
-from runner.errors import LockLost
+import anyio
+
+from runner.errors import LockLost, RunnerError
+from runner.ids import WriteId
 from runner.io.engine.base import Row
+from runner.io.engine.delivery import LoopDispatchSteps, Outcomes, _Finishing
+from runner.io.postgres import connection
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.lock import FENCE_LOST, Fence
+
+log = logging.getLogger(__name__)
 
 
 class FencedMark(PostgresBase):
@@ -57,3 +84,78 @@ class FencedMark(PostgresBase):
         return LockLost(f"the worker lock's session at {self.location.where} has ended "
                         "(terminated, timed out, or its server restarted); not sending: "
                         "what is in flight is recovered once the lock is held again")
+
+
+class ApartDispatchSteps(LoopDispatchSteps):
+    """``LoopDispatchSteps`` whose batch steps run apart (the module docstring): the
+    outcomes on ``outcomes`` (a session of the run's own), the mark on the store's.  A
+    step with a batch seq (``mark_batch``, for a target that keeps marks) stays one
+    transaction: its seq, its mark and its outcomes commit together, as the store that
+    forgets needs them (``runner.leads.marks``)."""
+
+    def __init__(self, store: _Finishing, outcomes: _Finishing) -> None:
+        super().__init__(store)
+        self._marks, self._outcomes = store, outcomes
+
+    def finish_and_mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
+    ) -> dict[WriteId, int]:
+        if not done or not next_ids:
+            return super().finish_and_mark_batch(done, next_ids, now, retry_at, reason,
+                                                 failure)
+        marked: dict[WriteId, int] = anyio.from_thread.run(
+            self._apart, done, next_ids, now, retry_at, reason, failure, token=self._token)
+        return marked
+
+    async def _apart(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None, reason: str | None, failure: str | None,
+    ) -> dict[WriteId, int]:
+        """Both transactions at once; each runs to its end whatever the other does (a
+        commit is never cancelled half-way), then the mark's error, else the outcomes'."""
+        errors: dict[str, Exception] = {}
+        marked: dict[WriteId, int] = {}
+
+        async def outcomes() -> None:
+            try:
+                await self._outcomes.finish_and_mark_batch(done, [], now, retry_at, reason,
+                                                           failure)
+            except Exception as exc:  # noqa: BLE001 - raised below, after the mark
+                errors["outcomes"] = exc
+
+        async def mark() -> None:
+            nonlocal marked
+            try:
+                marked = await self._marks.finish_and_mark_batch([], next_ids, now)
+            except Exception as exc:  # noqa: BLE001 - raised below
+                errors["mark"] = exc
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(outcomes)
+            tg.start_soon(mark)
+        if errors:
+            raise errors.get("mark") or errors["outcomes"]
+        return marked
+
+
+class ApartSteps(PostgresBase):
+    """Overrides ``DeliveryOps.dispatch_steps``: a dispatch run's steps apart, on a session
+    of the run's own for the outcomes (opened with the run, closed after it); without that
+    session (it could not be opened) the run's steps are one transaction each, as before."""
+
+    @asynccontextmanager
+    async def dispatch_steps(self) -> AsyncIterator[LoopDispatchSteps]:
+        try:
+            conn = await connection.connect(self.location)
+        except (RunnerError, *connection.TRANSLATED) as exc:
+            log.debug("a dispatch run's steps go as one transaction each: %s", exc)
+            yield LoopDispatchSteps(self)  # type: ignore[arg-type]
+            return
+        other = type(self)(conn, self.location, self.scope_data, self.schema_version)
+        try:
+            yield ApartDispatchSteps(self, other)  # type: ignore[arg-type]
+        finally:
+            with anyio.CancelScope(shield=True):
+                await other.aclose()

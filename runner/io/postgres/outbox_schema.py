@@ -219,3 +219,73 @@ REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT
 EXECUTE FUNCTION {s}.leads_updated();
 """
 )
+
+#: v20 (issue 32): ``leads_updated`` moves the kept counts per state before it takes the
+#: outbox counter, as an accept does (``lead_counts_insert`` fires before
+#: ``leads_accepted``) and as a batch's mark does (``_lock_lead_counts`` first): every
+#: writer of ``leads`` then locks ``lead_counts``, then ``outbox_counter``, then
+#: ``outbox_counts``.  One order lets a batch's outcomes commit on a session of their own
+#: beside its next batch's mark (``runner.io.postgres.delivery``): the two transactions
+#: change their rows at once and the second waits for the first at the counts, where with
+#: the old order (counter, then counts) they could deadlock.  Same events, same numbers.
+V20 = """
+CREATE OR REPLACE FUNCTION {s}.leads_updated() RETURNS trigger LANGUAGE plpgsql
+SET jit = off AS $$
+DECLARE
+    n bigint;
+    first bigint;
+BEGIN
+    -- most updates (a poll's timestamps) write no event: they leave the counter alone
+    IF NOT EXISTS (
+        SELECT 1 FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+        WHERE p.state IS DISTINCT FROM o.state OR p.snapshot IS DISTINCT FROM o.snapshot
+           OR (p.reconcile_note IS NOT NULL
+               AND p.reconcile_note IS DISTINCT FROM o.reconcile_note)) THEN
+        RETURN NULL;
+    END IF;
+    UPDATE {s}.lead_counts c SET n = c.n + d.k
+    FROM (SELECT m.state, sum(m.k) AS k FROM (
+              SELECT p.state, 1 AS k FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+              WHERE p.state IS DISTINCT FROM o.state
+              UNION ALL
+              SELECT o.state, -1 FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+              WHERE p.state IS DISTINCT FROM o.state) m
+          GROUP BY m.state) d
+    WHERE c.state = d.state AND d.k <> 0;
+
+    SELECT last_seq INTO first FROM {s}.outbox_counter FOR UPDATE;
+    INSERT INTO {s}.outbox (seq, kind, subject, payload, at)
+    SELECT first + row_number() OVER (ORDER BY ev.seq, ev.k), ev.kind, ev.subject,
+           ev.payload, ev.at
+    FROM (
+        SELECT p.seq, 1 AS k, 'state_changed' AS kind, p.source_lead_id AS subject,
+               jsonb_build_object('tenant_id', p.tenant_id, 'write_id', p.write_id,
+                                  'from', o.state, 'to', p.state,
+                                  'attempts', p.attempts,
+                                  'reconcile_attempts', p.reconcile_attempts) AS payload,
+               p.updated_at AS at
+        FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+        WHERE p.state IS DISTINCT FROM o.state
+        UNION ALL
+        SELECT p.seq, 2, 'status_changed', p.source_lead_id,
+               jsonb_build_object('tenant_id', p.tenant_id, 'write_id', p.write_id,
+                                  'snapshot', p.snapshot::jsonb,
+                                  'previous', o.snapshot::jsonb),
+               p.updated_at
+        FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+        WHERE p.snapshot IS DISTINCT FROM o.snapshot
+        UNION ALL
+        SELECT p.seq, 3, 'target_ambiguous', p.source_lead_id,
+               jsonb_build_object('tenant_id', p.tenant_id, 'write_id', p.write_id,
+                                  'reason', p.reconcile_note,
+                                  'reconcile_attempts', p.reconcile_attempts),
+               p.updated_at
+        FROM new_rows p JOIN old_rows o ON o.seq = p.seq
+        WHERE p.reconcile_note IS NOT NULL AND p.reconcile_note IS DISTINCT FROM o.reconcile_note
+    ) ev;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE {s}.outbox_counter SET last_seq = last_seq + n;
+
+    RETURN NULL;
+END $$;
+"""

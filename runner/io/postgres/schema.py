@@ -38,7 +38,7 @@ from runner.io.postgres.ddl import refuse
 from runner.io.postgres.figures_schema import V8 as FIGURES_V8
 from runner.io.postgres.figures_schema import V14 as FIGURES_V14
 from runner.io.postgres.marks_schema import V18
-from runner.io.postgres.outbox_schema import V7, V11
+from runner.io.postgres.outbox_schema import V7, V11, V20
 from runner.io.postgres.pipeline_schema import PIPELINE_V1, PIPELINE_V10, PIPELINE_V15
 from runner.io.postgres.resend_schema import V17
 from runner.io.sqlite.schema import V1_TRANSITIONS, V9_TRANSITIONS, transition_list
@@ -417,7 +417,7 @@ MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE
                               7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
                               11: V11, 12: V12, 13: V13, 14: FIGURES_V14,
                               15: PIPELINE_V15, 16: V16, 17: V17, 18: V18,
-                              19: V19}
+                              19: V19, 20: V20}
 LATEST = max(MIGRATIONS)
 
 

@@ -12,7 +12,7 @@ from runner.io.engine.leads import FigureOps, LeadOps, OperatorOps, PollOps, Ret
 from runner.io.engine.marks import MarkOps
 from runner.io.engine.pipeline import PipelineOps
 from runner.io.postgres import connection
-from runner.io.postgres.delivery import FencedMark
+from runner.io.postgres.delivery import ApartSteps, FencedMark
 from runner.io.postgres.dsn import parse
 from runner.io.postgres.leads import LeadHooks
 from runner.io.postgres.pipeline import PipelineHooks
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 
 class PostgresStore(FigureOps, LeadOps, PollOps, OperatorOps, RetentionOps, LeadHooks,
-                    FencedMark, MarkOps, DeliveryOps, CandidateOps, PipelineOps, PipelineHooks):
+                    ApartSteps, FencedMark, MarkOps, DeliveryOps, CandidateOps, PipelineOps,
+                    PipelineHooks):
     """The store: the engine's operations (``runner.io.engine``) over this dialect's
     connection and hooks."""
 

@@ -405,12 +405,16 @@ DROP INDEX leads_poll_order;
 CREATE INDEX leads_poll_order ON leads (last_polled_at, seq) WHERE state = 'confirmed';
 """
 
+#: v20: PostgreSQL's lock order for a batch's outcomes beside its next mark (its v20);
+#: SQLite has one writer at a time, so nothing changes here.
+V20 = ""
+
 #: version -> the DDL that brings version-1 to version.  Append, never edit.
 MIGRATIONS: dict[int, str] = {1: V1, 2: V2, 3: V3, 4: CANDIDATES_V1, 5: PIPELINE_V1, 6: V6,
                               7: V7, 8: FIGURES_V8, 9: V9, 10: PIPELINE_V10,
                               11: V11, 12: V12, 13: V13, 14: FIGURES_V14,
                               15: PIPELINE_V15, 16: V16, 17: V17, 18: V18,
-                              19: V19}
+                              19: V19, 20: V20}
 LATEST = max(MIGRATIONS)
 
 
