@@ -191,6 +191,10 @@ def checks_for(*, quick: bool = False, deep: bool = False) -> list[Check]:
         found += [Check(c, p) for c in ("split-n2", "pipeline-split-n2")
                   for p in plain_liveness]
         found += [Check("pipeline-split-dedupe-live", p) for p in DEDUPE_ONLY]
+        # and beside a store that forgets (REWIND=1): every property serially, never two
+        # rows pipelined with a crash on top
+        found += [Check("split-rewind", p) for p in (*SAFETY, *plain_liveness)]
+        found += [Check("pipeline-split-rewind-crash", "no_duplicate_write")]
         if deep:
             found += [Check("batches-deep", p) for p in plain_liveness]
             found += [Check("dedupe-deep", p) for p in DEDUPE_ONLY]

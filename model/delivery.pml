@@ -76,9 +76,6 @@
 #ifndef SPLIT
 #define SPLIT 0
 #endif
-#if SPLIT && REWIND
-#error "SPLIT is the PostgreSQL store's step apart, which a target that marks batches never takes"
-#endif
 #ifndef MAXFORGET
 #define MAXFORGET 1
 #endif
@@ -445,11 +442,25 @@ inline dispatch_pass() {
      in-flight mark are two transactions at once, committed in either order, a crash
      possibly between them */
   :: if
-     :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); commit_outcomes() };
-        atomic { CRASH(dispatch_before_confirm); select_batch(); mark_in_flight() }
-     :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); select_batch();
-                 mark_in_flight() };
-        atomic { CRASH(dispatch_before_confirm); commit_outcomes() }
+#if REWIND
+     /* StaleMark: the run ends; its outcomes commit alone (no mark beside them) */
+     :: stale ->
+        atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); LOST_STORE;
+                 commit_outcomes() };
+        nxt = 0; break
+     :: !stale ->
+#else
+     :: true ->
+#endif
+        if
+        :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); LOST_STORE;
+                    commit_outcomes() };
+           atomic { CRASH(dispatch_before_confirm); LOST_STORE; select_batch();
+                    mark_in_flight() }
+        :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); LOST_STORE;
+                    select_batch(); mark_in_flight() };
+           atomic { CRASH(dispatch_before_confirm); LOST_STORE; commit_outcomes() }
+        fi
      fi;
      if :: batch == 0 -> nxt = 0; break :: else fi;
      send_request();
@@ -527,10 +538,12 @@ inline dispatch_pass() {
    transactions at once, committed in either order, a crash possibly between them */
 #define MARK_NEXT \
   if \
-  :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); commit_outcomes() }; \
-     atomic { CRASH(dispatch_before_confirm); mark_following() } \
-  :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); mark_following() }; \
-     atomic { CRASH(dispatch_before_confirm); commit_outcomes() } \
+  :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); LOST_STORE; \
+              commit_outcomes() }; \
+     atomic { CRASH(dispatch_before_confirm); LOST_STORE; mark_following() } \
+  :: atomic { CRASH(dispatch_before_confirm / reconcile_after_commit); LOST_STORE; \
+              mark_following() }; \
+     atomic { CRASH(dispatch_before_confirm); LOST_STORE; commit_outcomes() } \
   fi
 #else
 #define MARK_NEXT \

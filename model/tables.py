@@ -142,6 +142,15 @@ CONFIGS: dict[str, Config] = {c.name: c for c in (
            "record per request", _bounds(PIPELINE=1, SPLIT=1)),
     Config("pipeline-split-n2", "the pipelined dispatch with the step apart, 2 records, "
            "one per request (liveness)", _bounds(N=2, PIPELINE=1, SPLIT=1)),
+    Config("split-rewind", "the step apart to a target that marks batches, and a store "
+           "that forgets once: 2 records, one per request, one worker, no crash but the "
+           "forget's restart", _bounds(N=2, WORKERS=1, MAXCRASH=0, MAXRESOLVE=0, REWIND=1,
+                                        MAXFORGET=1, SPLIT=1)),
+    Config("pipeline-split-rewind-crash", "the pipelined dispatch with the step apart to a "
+           "target that marks batches, a store that forgets once, and one crash anywhere: "
+           "never two rows only",
+           _bounds(N=2, WORKERS=1, MAXCRASH=1, MAXRESOLVE=0, REWIND=1, MAXFORGET=1,
+                   PIPELINE=1, SPLIT=1)),
     Config("pipeline-split-dedupe-live", "the pipelined dispatch with the step apart to a "
            "deduplicating target that answers and reads at last, no operator, one request "
            "in transit (liveness)",

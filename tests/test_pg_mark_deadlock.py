@@ -11,9 +11,10 @@ two.  A single statement is run again (``PostgresBase._fetch``); the mark of a b
 a marking target is two statements in one transaction (the mark and the batch's seq,
 SPEC E8), which was not: the whole transaction was rolled back (nothing marked, nothing
 sent), and ``start`` stopped.  Retrying alone did not hold under a steady stream of
-accepts (5 attempts, all victims, in the async-lag campaign); the mark's transaction now
-locks ``lead_counts`` first (``_lock_lead_counts``), in the accept's order, and is run
-again if another writer makes it a victim all the same.
+accepts (5 attempts, all victims, in the async-lag campaign).  The mark's transaction
+then locked ``lead_counts`` first, in the accept's order; since schema v20 its trigger
+does (``leads_updated`` moves the counts before it takes the counter), and the
+transaction is run again if another writer makes it a victim all the same.
 
 Each deadlock is made exactly with another session; its ``deadlock_timeout`` is long, so
 the mark's session is the one that finds a cycle, if there is one, and is aborted.

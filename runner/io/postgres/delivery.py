@@ -9,9 +9,8 @@ does not start (``LockLost``, exit 74); the caller then records the outcome alon
 without asking the server, until the lock is held again.
 
 A batch's step apart (issue 32): a dispatch run's step that records one request's
-outcomes and marks the next batch in flight (``finish_and_mark_batch``; not a step that
-also takes a batch seq, ``mark_batch``, whose three parts commit together for a target
-that keeps marks) runs as two transactions at once, the
+outcomes and marks the next batch in flight (``finish_and_mark_batch``, and
+``mark_batch``, whose batch seq commits with the mark) runs as two transactions at once, the
 outcomes on a session of the run's own and the mark (fenced) on the store's, so that the
 server updates both batches' rows together instead of one after the other (the row
 updates are most of a step's time; schema v20 gives every writer one lock order, so the
@@ -19,12 +18,14 @@ two wait for each other only at the kept counts, never in a deadlock).  Each com
 carries one request's outcomes, and every mark commits before its request; a crash
 between the two commits leaves the outcomes' records in flight, uncertain at the next
 start and read back, as when the one commit of both was lost (``SPLIT=1`` in the delivery
-model).  Either transaction failing fails the step, with the mark's error first: the run
-ends, and whatever of it did commit is what the store holds (the loop's record of the
-run's last outcomes skips records no longer in flight)."""
+model).  Either transaction failing fails the step, with the mark's error first, and the
+run ends: outcomes that did commit stay (the loop's record of the run's last outcomes
+skips records no longer in flight), and a mark that did commit beside failed outcomes is
+recorded "not sent" (failed-safe, due at once), since nothing of that batch went out."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -40,6 +41,7 @@ from runner.io.engine.delivery import LoopDispatchSteps, Outcomes, _Finishing
 from runner.io.postgres import connection
 from runner.io.postgres.base import PostgresBase
 from runner.io.postgres.lock import FENCE_LOST, Fence
+from runner.leads.states import LeadState
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +49,11 @@ log = logging.getLogger(__name__)
 class FencedMark(PostgresBase):
     """Overrides ``DeliveryOps._marking`` and ``DeliveryOps._marking_batch``."""
 
-    #: a batch's mark and its seq are one transaction (``DeliveryOps.mark_batch``), which
-    #: takes ``lead_counts`` before the outbox counter, as an accept does
-    #: (``_lock_lead_counts``); aborted as a deadlock victim all the same (by another
-    #: writer), it is run again, as a single statement is (``PostgresBase._fetch``)
+    #: a batch's mark and its seq are one transaction (``DeliveryOps.mark_batch``); its
+    #: statement's trigger takes ``lead_counts`` before the outbox counter, as an accept
+    #: does (schema v20; before it, the transaction locked the counts first itself);
+    #: aborted as a deadlock victim all the same (by another writer), it is run again, as
+    #: a single statement is (``PostgresBase._fetch``)
     mark_attempts = 5
 
     async def _marking(self, params: dict[str, Any]) -> Sequence[Row]:
@@ -60,8 +63,6 @@ class FencedMark(PostgresBase):
                                            **self._live(fence).params()))
 
     async def _marking_batch(self, params: dict[str, Any]) -> Sequence[Row]:
-        if self._inside():  # mark_batch's transaction: the accept's lock order first
-            await self.fetch("_lock_lead_counts")
         if (fence := self._fence) is None:
             return await self.fetch("finish_and_mark_batch", **params)
         return self._held(await self.fetch("_finish_and_mark_batch_fenced", **params,
@@ -88,10 +89,9 @@ class FencedMark(PostgresBase):
 
 class ApartDispatchSteps(LoopDispatchSteps):
     """``LoopDispatchSteps`` whose batch steps run apart (the module docstring): the
-    outcomes on ``outcomes`` (a session of the run's own), the mark on the store's.  A
-    step with a batch seq (``mark_batch``, for a target that keeps marks) stays one
-    transaction: its seq, its mark and its outcomes commit together, as the store that
-    forgets needs them (``runner.leads.marks``)."""
+    outcomes on ``outcomes`` (a session of the run's own), the mark on the store's; a
+    step that takes a batch seq (``mark_batch``, for a target that keeps marks) takes it
+    in the mark's transaction, so a batch's seq and its mark still commit together."""
 
     def __init__(self, store: _Finishing, outcomes: _Finishing) -> None:
         super().__init__(store)
@@ -105,18 +105,31 @@ class ApartDispatchSteps(LoopDispatchSteps):
         if not done or not next_ids:
             return super().finish_and_mark_batch(done, next_ids, now, retry_at, reason,
                                                  failure)
-        marked: dict[WriteId, int] = anyio.from_thread.run(
-            self._apart, done, next_ids, now, retry_at, reason, failure, token=self._token)
+        marked, _ = anyio.from_thread.run(self._apart, done, next_ids, now, retry_at,
+                                          reason, failure, False, token=self._token)
         return marked
+
+    def mark_batch(
+        self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
+        retry_at: datetime | None = None, reason: str | None = None,
+        failure: str | None = None,
+    ) -> tuple[dict[WriteId, int], int]:
+        if not done or not next_ids:
+            return super().mark_batch(done, next_ids, now, retry_at, reason, failure)
+        result: tuple[dict[WriteId, int], int] = anyio.from_thread.run(
+            self._apart, done, next_ids, now, retry_at, reason, failure, True,
+            token=self._token)
+        return result
 
     async def _apart(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
-        retry_at: datetime | None, reason: str | None, failure: str | None,
-    ) -> dict[WriteId, int]:
-        """Both transactions at once; each runs to its end whatever the other does (a
-        commit is never cancelled half-way), then the mark's error, else the outcomes'."""
+        retry_at: datetime | None, reason: str | None, failure: str | None, seq: bool,
+    ) -> tuple[dict[WriteId, int], int]:
+        """Both transactions at once (with ``seq``, the mark's takes the batch's seq as
+        ``mark_batch`` does); each runs to its end whatever the other does (a commit is
+        never cancelled half-way), then the mark's error, else the outcomes'."""
         errors: dict[str, Exception] = {}
-        marked: dict[WriteId, int] = {}
+        marked: tuple[dict[WriteId, int], int] = ({}, 0)
 
         async def outcomes() -> None:
             try:
@@ -128,16 +141,33 @@ class ApartDispatchSteps(LoopDispatchSteps):
         async def mark() -> None:
             nonlocal marked
             try:
-                marked = await self._marks.finish_and_mark_batch([], next_ids, now)
+                if seq:
+                    marked = await self._marks.mark_batch([], next_ids, now)
+                else:
+                    marked = (await self._marks.finish_and_mark_batch([], next_ids, now), 0)
             except Exception as exc:  # noqa: BLE001 - raised below
                 errors["mark"] = exc
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(outcomes)
             tg.start_soon(mark)
+        if "outcomes" in errors and "mark" not in errors and marked[0]:
+            await self._not_sent(list(marked[0]), now)
         if errors:
             raise errors.get("mark") or errors["outcomes"]
         return marked
+
+    async def _not_sent(self, write_ids: list[WriteId], now: datetime) -> None:
+        """The step failed with its mark committed: nothing of the batch was sent, so it
+        is recorded failed-safe, "not sent", due at once, as if it had never been marked
+        (as a pipelined run records a batch marked and never sent).  If that fails too,
+        the batch stays in flight: uncertain at the next start, read back, as after a
+        crash between the mark and the request."""
+        with contextlib.suppress(Exception):
+            await self._marks.finish_and_mark_batch(
+                [(w, LeadState.FAILED_SAFE) for w in write_ids], [], now, None,
+                "marked in flight, not sent: the outcomes committed beside the mark failed",
+                "not_sent")
 
 
 class ApartSteps(PostgresBase):

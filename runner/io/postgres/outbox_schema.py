@@ -222,12 +222,13 @@ EXECUTE FUNCTION {s}.leads_updated();
 
 #: v20 (issue 32): ``leads_updated`` moves the kept counts per state before it takes the
 #: outbox counter, as an accept does (``lead_counts_insert`` fires before
-#: ``leads_accepted``) and as a batch's mark does (``_lock_lead_counts`` first): every
-#: writer of ``leads`` then locks ``lead_counts``, then ``outbox_counter``, then
-#: ``outbox_counts``.  One order lets a batch's outcomes commit on a session of their own
-#: beside its next batch's mark (``runner.io.postgres.delivery``): the two transactions
-#: change their rows at once and the second waits for the first at the counts, where with
-#: the old order (counter, then counts) they could deadlock.  Same events, same numbers.
+#: ``leads_accepted``): every writer of ``leads`` then locks ``lead_counts``, then
+#: ``outbox_counter``, then ``outbox_counts`` (a batch's mark no longer locks the counts
+#: first itself, which held them over its whole transaction).  One order lets a batch's
+#: outcomes commit on a session of their own beside its next batch's mark
+#: (``runner.io.postgres.delivery``): the two transactions change their rows at once and
+#: the second waits for the first at the counts, where with the old order (counter, then
+#: counts) they could deadlock.  Same events, same numbers.
 V20 = """
 CREATE OR REPLACE FUNCTION {s}.leads_updated() RETURNS trigger LANGUAGE plpgsql
 SET jit = off AS $$

@@ -413,15 +413,6 @@ SELECT pg_catalog.pg_postmaster_start_time() = :started::timestamptz AND EXISTS 
       AND l.database = (SELECT oid FROM pg_catalog.pg_database
                         WHERE datname = current_database())) AS held
 
--- name: _lock_lead_counts
--- the kept counts per state, locked first by a transaction that marks a batch in flight
--- (DeliveryOps.mark_batch), before its statement and its seq: an accept locks them before
--- the outbox counter (its statement triggers fire in name order, lead_counts_insert then
--- leads_accepted), and so does leads_updated since v20 (before v20 it took the counter
--- first); taking them first keeps that one order, so an accept beside a mark waits
--- instead of deadlocking
-SELECT state FROM {s}.lead_counts ORDER BY state FOR UPDATE
-
 -- name: _finish_and_mark_batch_fenced
 -- finish_and_mark_batch while this store holds the worker lock: nothing at all changes
 -- once the lock's session (:pid) no longer holds the advisory lock (as
