@@ -184,12 +184,10 @@ _CHILD_ENV: dict[str, dict[str, str]] = {}
 def _warm_children(directory: Path) -> None:
     """Compile what an ``accept --records`` child imports, on both stores, into the
     children's bytecode cache (untimed), as installing the package would have."""
-    for store in ("sqlite", "postgres"):
-        (directory / store).mkdir(mode=0o700)
-        if store == "sqlite":
-            _runner(directory / store, str(directory / store / "warm.db"), _lines(1, 0))
-        else:
-            _runner_pg(directory / store, _lines(1, 0), child=True)
+    (directory / "sqlite").mkdir(mode=0o700)
+    _runner(directory / "sqlite", str(directory / "sqlite" / "warm.db"), _lines(1, 0))
+    (directory / "postgres").mkdir(mode=0o700)
+    _runner_pg(directory / "postgres", _lines(1, 0), child=True)
 
 
 def _runner(directory: Path, db: str, lines: list[bytes], *, new_store: bool = False

@@ -159,6 +159,15 @@ async def settle() -> None:
         await anyio.lowlevel.checkpoint()
 
 
+async def second_group_ready(first: Lane, intake: Counting) -> None:
+    """Until the first group's commit has begun (held) and the second group is prepared,
+    then until every task that can run has run."""
+    with anyio.fail_after(30):
+        await first.started.wait()
+        await intake.prepared[1].wait()
+    await settle()
+
+
 async def test_groups_without_a_shared_key_commit_at_once(tmp_path: Path) -> None:
     shared = Shared()
     first = Lane("first", shared, held=True)
@@ -198,12 +207,9 @@ async def test_a_group_sharing_a_key_waits_for_the_group_before(tmp_path: Path) 
     intake = Counting(first)
     async with anyio.create_task_group() as tg:
         result = start(tg, lines, intake, second, tmp_path)
-        with anyio.fail_after(30):
-            await first.started.wait()
-            await intake.prepared[1].wait()
         # the second session is open and idle, and the second group is ready: it must not
         # commit before the first, whose keys it holds
-        await settle()
+        await second_group_ready(first, intake)
         assert shared.applied == [] and not second.started.is_set()
         first.go.set()
     code, answers = result[0]
@@ -241,10 +247,7 @@ async def test_a_group_after_a_failed_one_with_its_key_never_commits(tmp_path: P
     intake = Counting(first)
     async with anyio.create_task_group() as tg:
         result = start(tg, lines, intake, second, tmp_path)
-        with anyio.fail_after(30):
-            await first.started.wait()
-            await intake.prepared[1].wait()
-        await settle()  # the second group waits for the first, on its idle session
+        await second_group_ready(first, intake)  # it waits for the first, on its idle session
         assert not second.started.is_set()
         first.go.set()
     code, answers = result[0]

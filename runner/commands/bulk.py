@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_GROUP = 1000
-#: sessions committing groups at once on PostgreSQL (the first, and one opened beside
-#: it): two keep both cores of a 2-core server busy; a third measured no faster (46k/s
-#: against 47k/s for 100,000 records, whole process)
+#: sessions committing groups at once on PostgreSQL: the first, and one opened beside it
+#: (``open_lane``); two keep both cores of a 2-core server busy, a third measured no
+#: faster (47k/s against 46k/s for 100,000 records, whole process)
 LANES = 2
 CHUNK = 1 << 16
 Line = bytes | BadInputError
@@ -185,28 +185,23 @@ async def _accept_records(args: argparse.Namespace, intake: Intake, fd: int,
                 await slots_in.send(slot)
 
     async def add_lane(opener: Callable[[], Awaitable[IntakeStore]]) -> None:
-        try:
-            store = await opener()
-        except RunnerError as exc:
-            log.debug("bulk accept goes on without another session: %s", exc)
-            return
-        log.debug("a second session joins the bulk accept")
-        async with lane_freed:
-            free.append(store)
-            lane_freed.notify()
-
-    async def add_lanes(opener: Callable[[], Awaitable[IntakeStore]]) -> None:
         with opening:
-            async with anyio.create_task_group() as openers:
-                for _ in range(LANES - 1):
-                    openers.start_soon(add_lane, opener)
+            try:
+                store = await opener()
+            except RunnerError as exc:
+                log.debug("bulk accept goes on without another session: %s", exc)
+                return
+            log.debug("a second session joins the bulk accept")
+            async with lane_freed:
+                free.append(store)
+                lane_freed.notify()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(_read, fd, lines_in)
         tg.start_soon(_prepare, intake, lines_out, ready_in)
         tg.start_soon(dispatch, tg)
         if open_lane is not None:
-            tg.start_soon(add_lanes, open_lane)
+            tg.start_soon(add_lane, open_lane)
         async with slots_out:
             async for slot in slots_out:  # answers in input order, each after its commit
                 await slot.done.wait()
