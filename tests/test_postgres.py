@@ -144,7 +144,9 @@ def test_dropped_connection_during_a_send_is_never_resent(env: Env) -> None:
     env.accept(1)
     worker = env.hanging_worker()
     pids = pg.backend_pids(worker.proc.pid)
-    assert len(pids) == 2  # the store's session and the lock's
+    # the store's session, the lock's, and the dispatch run's own (its steps' outcomes,
+    # runner.io.postgres.delivery)
+    assert len(pids) == 3
     pg.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", pids)
     code, out, err = worker.release()  # the write lands; recording it cannot
     assert code == 74, err

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any
@@ -93,12 +93,9 @@ class ApartDispatchSteps(LoopDispatchSteps):
     step that takes a batch seq (``mark_batch``, for a target that keeps marks) takes it
     in the mark's transaction, so a batch's seq and its mark still commit together."""
 
-    def __init__(self, store: _Finishing,
-                 open_session: Callable[[], Awaitable[_Finishing | None]]) -> None:
+    def __init__(self, store: _Finishing, outcomes: _Finishing) -> None:
         super().__init__(store)
-        self._marks, self._open_session = store, open_session
-        self._outcomes: _Finishing | None = None
-        self._opened = False
+        self._marks, self._outcomes = store, outcomes
 
     def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
@@ -131,22 +128,13 @@ class ApartDispatchSteps(LoopDispatchSteps):
         """Both transactions at once (with ``seq``, the mark's takes the batch's seq as
         ``mark_batch`` does); each runs to its end whatever the other does (a commit is
         never cancelled half-way), then the mark's error, else the outcomes'."""
-        if not self._opened:  # the run's first step apart opens its session
-            self._opened = True
-            self._outcomes = await self._open_session()
-        if (session := self._outcomes) is None:  # none could be opened: one transaction
-            if seq:
-                return await self._marks.mark_batch(done, next_ids, now, retry_at, reason,
-                                                    failure)
-            return (await self._marks.finish_and_mark_batch(done, next_ids, now, retry_at,
-                                                            reason, failure), 0)
         errors: dict[str, Exception] = {}
         marked: tuple[dict[WriteId, int], int] = ({}, 0)
 
         async def outcomes() -> None:
             try:
-                await session.finish_and_mark_batch(done, [], now, retry_at, reason,
-                                                    failure)
+                await self._outcomes.finish_and_mark_batch(done, [], now, retry_at, reason,
+                                                           failure)
             except Exception as exc:  # noqa: BLE001 - raised below, after the mark
                 errors["outcomes"] = exc
 
@@ -184,27 +172,20 @@ class ApartDispatchSteps(LoopDispatchSteps):
 
 class ApartSteps(PostgresBase):
     """Overrides ``DeliveryOps.dispatch_steps``: a dispatch run's steps apart, on a session
-    of the run's own for the outcomes, opened at the run's first step apart (a run with
-    none, a trickle of single records say, opens nothing) and closed after the run;
-    without it (it could not be opened) the run's steps are one transaction each."""
+    of the run's own for the outcomes (opened with the run, closed after it); without that
+    session (it could not be opened) the run's steps are one transaction each, as before."""
 
     @asynccontextmanager
     async def dispatch_steps(self) -> AsyncIterator[LoopDispatchSteps]:
-        opened: list[ApartSteps] = []
-
-        async def open_session() -> _Finishing | None:
-            try:
-                conn = await connection.connect(self.location)
-            except (RunnerError, *connection.TRANSLATED) as exc:
-                log.debug("a dispatch run's steps go as one transaction each: %s", exc)
-                return None
-            opened.append(type(self)(conn, self.location, self.scope_data,
-                                     self.schema_version))
-            return opened[-1]  # type: ignore[return-value]
-
         try:
-            yield ApartDispatchSteps(self, open_session)  # type: ignore[arg-type]
+            conn = await connection.connect(self.location)
+        except (RunnerError, *connection.TRANSLATED) as exc:
+            log.debug("a dispatch run's steps go as one transaction each: %s", exc)
+            yield LoopDispatchSteps(self)  # type: ignore[arg-type]
+            return
+        other = type(self)(conn, self.location, self.scope_data, self.schema_version)
+        try:
+            yield ApartDispatchSteps(self, other)  # type: ignore[arg-type]
         finally:
             with anyio.CancelScope(shield=True):
-                for session in opened:
-                    await session.aclose()
+                await other.aclose()
