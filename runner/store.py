@@ -114,6 +114,11 @@ class DispatchSteps(Protocol):
         target that keeps marks (SPEC E8), in the same transaction (0: none marked)."""
         ...
 
+    def take_landed(self) -> Sequence[tuple[WriteId, LeadState]]:
+        """The outcomes the last step, which failed, committed all the same (its outcomes'
+        transaction beside a failed mark), once; empty where a step is one transaction."""
+        ...
+
 
 class MarkStore(Protocol):
     """The store's mark and its rewinds (SPEC E8, v18; ``runner.tasks.rewind``)."""
@@ -275,6 +280,10 @@ class DeliveryStore(TargetPins, Reconnecting, MarkStore, Protocol):
 
     async def uncertain_by_seqs(self, seqs: Sequence[int]) -> list[LeadWork]:
         """The records among ``seqs`` that are still uncertain, in the order given."""
+        ...
+
+    async def lead_states(self, write_ids: Sequence[WriteId]) -> dict[WriteId, LeadState]:
+        """The state of each record among ``write_ids`` that the store holds."""
         ...
 
     async def dispatchable_page(

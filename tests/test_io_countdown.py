@@ -16,6 +16,7 @@ from runner import DurableWorker
 from runner.io.stores import open_store
 from runner.leads.models import CRMRecord
 from runner.leads.port import AmbiguousWriteError, BeforeWriteError
+from runner.tasks.outcomes import CycleSummary
 from tests.fakes import ScriptedAdapter
 from tests.faultstore import CountdownStore, InjectedIOError, attach
 from tests.helpers import SCOPE, event
@@ -129,7 +130,8 @@ async def test_an_outcome_committed_with_the_next_mark_is_not_recorded_again(
     """Found by this countdown after the two-commits-per-send change: when the statement
     that commits one outcome and the next in-flight mark committed but then failed (or
     was cancelled while SQLite finished it), the cycle's way out tried to record that
-    outcome again, raised IllegalTransition and hid the real error (exit 70)."""
+    outcome again, raised IllegalTransition and hid the real error (exit 70).  The
+    cycle's summary counts the outcome the store holds (a ride-through prints it)."""
     work = tmp_path / "w"
     work.mkdir(mode=0o700)
     target = Target(work / "t.db")
@@ -140,9 +142,11 @@ async def test_an_outcome_committed_with_the_next_mark_is_not_recorded_again(
     inner = await open_store(str(work / "q.db"), scope=worker.scope)
     store = CountdownStore(inner, 2, "after", only="finish_and_mark")  # lead-0 out, lead-1 in
     attach(worker, store)
+    summary = CycleSummary()
     async with worker:
         with pytest.raises(InjectedIOError):
-            await worker.run_cycle()
+            await worker.run_cycle(summary=summary)
     assert store.failed == "finish_and_mark"
+    assert (summary.dispatched, summary.confirmed) == (1, 1)
     final = audit(work / "q.db", work / "t.db", accepted=["lead-0"], in_flight_ok=True)
     assert final.ok and final.states["confirmed"] == 1 and final.states["in_flight"] == 1

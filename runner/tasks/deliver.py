@@ -31,7 +31,7 @@ import anyio
 
 from runner import crashpoints
 from runner.clock import Clock
-from runner.errors import StoreError, TargetUnavailable
+from runner.errors import StoreBusy, StoreError, TargetUnavailable
 from runner.leads.pacing import Backoff
 from runner.leads.port import CRMRecordPort
 from runner.leads.states import IllegalTransition
@@ -270,12 +270,28 @@ async def _record(
             await store.finish_and_mark_batch(done_of(pending), [], clock.now(),
                                               *retry_of(pending))
     except IllegalTransition:
-        # no longer in flight: the combined statement that marks the next record committed
-        # these outcomes, then failed or was cancelled before it answered; the error on its
-        # way out is the one to report
+        # not all in flight any more: the step that was to record them (with the next
+        # batch's mark) committed them, then failed or was cancelled before it answered
+        # (on PostgreSQL its outcomes' transaction committed beside a failed mark), and
+        # the statement here recorded only those still in flight; the error on its way
+        # out is the one to report, and the cycle counts what the store now holds
+        counted(summary, await _landed(store, pending), port.repeats)
         return
     crashpoints.hit("dispatch.after-confirm")
     counted(summary, pending, port.repeats)
+
+
+async def _landed(store: DeliveryStore, pending: list[Pending]) -> list[Pending]:
+    """The outcomes of ``pending`` the store holds: each record already in the state its
+    outcome names (only this run moves a record out of in flight while it holds the
+    worker lock); none if the store cannot be read now (the step's own error is on its
+    way out, and a later cycle reads the records as they are)."""
+    try:
+        states = await store.lead_states([work.write_id for work, _, _ in pending])
+    except (StoreError, StoreBusy) as exc:
+        log.debug("the outcomes' states were not read: %s", exc)
+        return []
+    return [item for item in pending if states.get(item[0].write_id) is item[1]]
 
 
 @asynccontextmanager

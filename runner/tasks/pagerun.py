@@ -164,6 +164,16 @@ class PageRun:
             crashpoints.hit("dispatch.after-confirm")
         counted(self.summary, pending, self.port.repeats)
 
+    def _unlanded(self, pending: list[Pending]) -> list[Pending]:
+        """After a failed step that was to record ``pending``: the outcomes it committed
+        all the same (``DispatchSteps.take_landed``) are counted; the rest, for the loop
+        to record."""
+        landed = set(self.steps.take_landed())
+        if not landed:
+            return pending
+        self._committed([item for item in pending if (item[0].write_id, item[1]) in landed])
+        return [item for item in pending if (item[0].write_id, item[1]) not in landed]
+
     def _stop(self) -> bool:
         with self._lock:
             return self._abandoned or self.guard.stopping
@@ -329,7 +339,11 @@ class BatchRun(PageRun):
             pending = self._paced()
             if pending is None:
                 return
-            batch = self._commit(pending, chunk)
+            try:
+                batch = self._commit(pending, chunk)
+            except Exception:
+                self._go_on(self._unlanded(pending))
+                raise
             # the previous outcomes are in; this batch is in flight (uncertain until the
             # request says more)
             self._go_on(stopped(batch.sent))
@@ -452,8 +466,8 @@ class PipelinedBatchRun(BatchRun):
                 if beside is not None:
                     following = beside.result()
             except Exception:
-                if outcomes is not None:  # the commit changed nothing
-                    self._go_on([*prev, *outcomes])
+                if outcomes is not None:  # the commit recorded none of prev, or some
+                    self._go_on([*self._unlanded(prev), *outcomes])
                 raise
             if outcomes is None:
                 return  # abandoned: the loop has recorded them uncertain

@@ -173,6 +173,9 @@ class LoopDispatchSteps:
         return anyio.from_thread.run(self._store.mark_batch, done, next_ids, now,
                                      retry_at, reason, failure, token=self._token)
 
+    def take_landed(self) -> Outcomes:
+        return ()  # each step is one transaction: a failed one committed nothing
+
 
 @asynccontextmanager
 async def loop_dispatch_steps(store: _Finishing) -> AsyncIterator[LoopDispatchSteps]:
@@ -240,6 +243,10 @@ class DeliveryOps(Db):
         rows = await self.fetch("uncertain_by_seqs", seqs=list(seqs))
         found = {int(r[0]): r for r in rows}
         return lead_works([found[seq] for seq in seqs if seq in found])
+
+    async def lead_states(self, write_ids: Sequence[WriteId]) -> dict[WriteId, LeadState]:
+        rows = await self.fetch("lead_states", write_ids=[str(w) for w in write_ids])
+        return {WriteId(str(r[0])): _STATES[r[1]] for r in rows}
 
     async def dispatchable_page(
         self, after_seq: int, limit: int, now: datetime | None = None

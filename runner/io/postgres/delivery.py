@@ -19,9 +19,10 @@ carries one request's outcomes, and every mark commits before its request; a cra
 between the two commits leaves the outcomes' records in flight, uncertain at the next
 start and read back, as when the one commit of both was lost (``SPLIT=1`` in the delivery
 model).  Either transaction failing fails the step, with the mark's error first, and the
-run ends: outcomes that did commit stay (the loop's record of the run's last outcomes
-skips records no longer in flight), and a mark that did commit beside failed outcomes is
-recorded "not sent" (failed-safe, due at once), since nothing of that batch went out."""
+run ends: outcomes that did commit stay, and the run counts them in the cycle's summary
+(``take_landed``; the loop's record of the run's last outcomes skips them), and a mark
+that did commit beside failed outcomes is recorded "not sent" (failed-safe, due at once),
+since nothing of that batch went out."""
 
 from __future__ import annotations
 
@@ -96,6 +97,7 @@ class ApartDispatchSteps(LoopDispatchSteps):
     def __init__(self, store: _Finishing, outcomes: _Finishing) -> None:
         super().__init__(store)
         self._marks, self._outcomes = store, outcomes
+        self._landed: Outcomes = ()  # outcomes committed by a step whose mark failed
 
     def finish_and_mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
@@ -153,9 +155,15 @@ class ApartDispatchSteps(LoopDispatchSteps):
             tg.start_soon(mark)
         if "outcomes" in errors and "mark" not in errors and marked[0]:
             await self._not_sent(list(marked[0]), now)
+        if "mark" in errors and "outcomes" not in errors:
+            self._landed = done  # the run counts them: they are recorded
         if errors:
             raise errors.get("mark") or errors["outcomes"]
         return marked
+
+    def take_landed(self) -> Outcomes:
+        landed, self._landed = self._landed, ()
+        return landed
 
     async def _not_sent(self, write_ids: list[WriteId], now: datetime) -> None:
         """The step failed with its mark committed: nothing of the batch was sent, so it

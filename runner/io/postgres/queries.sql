@@ -309,6 +309,11 @@ ORDER BY last_reconcile_at NULLS FIRST, seq
 SELECT seq, source_lead_id, write_id, state, canonical FROM {s}.leads
 WHERE seq = ANY(:seqs::bigint[]) AND state = 'uncertain'
 
+-- the states of the records with these write_ids: what a step whose answer was lost left
+-- them in
+-- name: lead_states
+SELECT write_id, state FROM {s}.leads WHERE write_id = ANY(:write_ids::text[])
+
 -- prepared records, and failed_safe ones whose backoff is over (next_attempt_at, v12):
 -- a record not due is not even read, so its retry writes nothing before it happens
 -- One ordered range of leads_by_state (state, seq) per state, merged: a single

@@ -81,6 +81,9 @@ class BlockingDispatchSteps:
                 raise connection.translate(exc, "writing the store", self._path) from None
         return marked, 0 if seq is None else seq_of(int(seq[0]), int(seq[1]))
 
+    def take_landed(self) -> Outcomes:
+        return ()  # each step is one transaction: a failed one committed nothing
+
     def _run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
         with self._busy:
             try:

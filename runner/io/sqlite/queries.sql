@@ -302,6 +302,11 @@ ORDER BY last_reconcile_at, seq
 SELECT seq, source_lead_id, write_id, state, canonical FROM leads
 WHERE seq IN (SELECT value FROM json_each(:seqs)) AND state = 'uncertain'
 
+-- the states of the records with these write_ids (a JSON list): what a step whose answer
+-- was lost left them in
+-- name: lead_states
+SELECT write_id, state FROM leads WHERE write_id IN (SELECT value FROM json_each(:write_ids))
+
 -- prepared records, and failed_safe ones whose backoff is over (next_attempt_at, v12):
 -- a record not due is not even read, so its retry writes nothing before it happens
 -- name: dispatchable_page
