@@ -18,6 +18,10 @@ message (the v3 protocol: a type byte, a length, a body).  Its ``mode``:
 ``on=b"COMMIT"`` (with ``skip``: the first ones pass) interferes with an explicit
 transaction's COMMIT instead of an INSERT's answer: a marked batch of the table target is
 one such transaction (its rows and its mark), and so is the fence every start raises.
+``statement=b"INSERT INTO"`` interferes instead with the answer to an execution of a
+prepared statement whose SQL holds those bytes, whatever its command tag (the proxy reads
+the client's Parse and Bind messages too): the table target's batch statement is an
+INSERT inside a ``WITH`` that answers with the batch's rows, tagged ``SELECT``.
 
 Give the client ``sslmode=disable`` (the proxy reads the plain protocol; it still passes
 a refused SSL request's one-byte answer).  Only the first INSERT of the proxy's life is
@@ -44,14 +48,14 @@ Mode = Literal["pass", "drop", "hold"]
 class PgProxy:
     def __init__(self, upstream_port: int, mode: Mode = "pass", *, every: bool = False,
                  upstream_host: str = "127.0.0.1", on: bytes = b"INSERT",
-                 skip: int = 0) -> None:
+                 skip: int = 0, statement: bytes | None = None) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.mode = mode
         self.every = every
         #: the command whose completion is interfered with (``INSERT``: a statement in
         #: its own implicit transaction; ``COMMIT``: an explicit transaction's end, as a
         #: marked batch's), after ``skip`` of them passed
-        self.on, self.skip = on, skip
+        self.on, self.skip, self.statement = on, skip, statement
         self.committed = threading.Event()
         self.release = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -110,18 +114,61 @@ class PgProxy:
             except OSError:
                 _shut(client)
                 continue
+            for sock in (client, server):  # message by message: no Nagle delay
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._sockets += [client, server]
-            threading.Thread(target=self._pump_up, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._pump_down, args=(server, client),
+            executing = threading.Event()  # an execution of ``statement`` is answered next
+            threading.Thread(target=self._pump_up, args=(client, server, executing),
+                             daemon=True).start()
+            threading.Thread(target=self._pump_down, args=(server, client, executing),
                              daemon=True).start()
 
-    def _pump_up(self, client: socket.socket, server: socket.socket) -> None:
-        """The client's bytes to the server, as they come."""
-        with contextlib.suppress(OSError):
-            while data := client.recv(65536):
-                server.sendall(data)
+    def _pump_up(self, client: socket.socket, server: socket.socket,
+                 executing: threading.Event) -> None:
+        """The client's bytes to the server, as they come (with ``statement``: message by
+        message, noting a Bind of a statement whose SQL holds it before passing it on)."""
+        with contextlib.suppress(OSError, EOFError):
+            if self.statement is None:
+                while data := client.recv(65536):
+                    server.sendall(data)
+            else:
+                self._statements_up(_Reader(client), server, executing)
         _shut(server)
+
+    def _statements_up(self, reader: _Reader, server: socket.socket,
+                       executing: threading.Event) -> None:
+        # the start-up messages have no type byte: an SSL or GSS request (answered 'N'),
+        # then the StartupMessage; every message after them has one
+        while True:
+            (length, code) = struct.unpack("!II", reader.peek(8))
+            server.sendall(reader.take(length))
+            if code not in (80877103, 80877104):
+                break
+        tracked: set[bytes] = set()
+        assert self.statement is not None
+        while True:
+            kind, message = reader.message()
+            if kind == b"P":  # Parse: a statement's name and its SQL
+                name, _, rest = message[5:].partition(b"\0")
+                tracked.discard(name)
+                if self.statement in rest.partition(b"\0")[0]:
+                    tracked.add(name)
+            elif kind == b"B":  # Bind: a portal of a statement, by name
+                name = message[5:].partition(b"\0")[2].partition(b"\0")[0]
+                if name in tracked:
+                    executing.set()
+            server.sendall(message)
+
+    def _answers(self, message: bytes, executing: threading.Event) -> bool:
+        """Whether a CommandComplete is the answer interfered with: its tag begins with
+        ``on``; with ``statement``, it ends an execution of that statement."""
+        if self.statement is None:
+            return message[5:].startswith(self.on)
+        if not executing.is_set():
+            return False
+        executing.clear()
+        return True
 
     def _arm(self) -> bool:
         """Whether this INSERT's answer is to be lost (the first one, or every one)."""
@@ -134,7 +181,8 @@ class PgProxy:
             self._fired = True
             return True
 
-    def _pump_down(self, server: socket.socket, client: socket.socket) -> None:
+    def _pump_down(self, server: socket.socket, client: socket.socket,
+                   executing: threading.Event) -> None:
         """The server's messages to the client, losing an INSERT's answer if armed."""
         reader = _Reader(server)
         withholding = False
@@ -144,7 +192,7 @@ class PgProxy:
                 client.sendall(reader.take(1))
             while True:
                 kind, message = reader.message()
-                if kind == b"C" and message[5:].startswith(self.on) and self._arm():
+                if kind == b"C" and self._answers(message, executing) and self._arm():
                     withholding = True
                 if not withholding:
                     client.sendall(message)
@@ -178,9 +226,9 @@ class _Reader:
                 raise EOFError
             self.buffer += data
 
-    def peek(self) -> bytes:
-        self._fill(1)
-        return self.buffer[:1]
+    def peek(self, n: int = 1) -> bytes:
+        self._fill(n)
+        return self.buffer[:n]
 
     def take(self, n: int) -> bytes:
         self._fill(n)

@@ -11,24 +11,28 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from runner import DurableWorker
 from runner.errors import TargetAbsent, TargetUnavailable
-from runner.io.targets.pgtable.target import PgTableTarget
+from runner.io.targets.pgtable.target import PgTableTarget, _answered
+from runner.leads.marks import BatchMark
 from runner.leads.models import CRMRecord
 from runner.leads.port import (
     BeforeWriteError,
     Missing,
     Snapshot,
     TargetReadError,
+    TargetRow,
     classify_readback,
 )
 from runner.testing import Condition, Harness, check_adapter
 from tests import pg
-from tests.helpers import ROOT
+from tests.helpers import ROOT, SCOPE, event
 from tests.pgcluster import free_port
 from tests.pgproxy import PgProxy
 
@@ -116,7 +120,9 @@ def test_the_table_target_conforms_and_proves_it_deduplicates_in_every_condition
     def through(mode: str, timeout: float = 10.0) -> Callable[[], object]:
         @contextmanager
         def opened() -> Iterator[PgTableTarget]:
-            with PgProxy(port, mode) as proxy:  # type: ignore[arg-type]
+            # the batch statement: an INSERT in a WITH, answering with the batch's rows
+            with PgProxy(port, mode,  # type: ignore[arg-type]
+                         statement=b"INSERT INTO") as proxy:
                 adapter = make(dsn=proxy.dsn(user, "test"), timeout=timeout)
                 yield adapter
                 adapter.close()
@@ -363,3 +369,63 @@ def test_without_asyncpg_the_table_target_is_one_clear_error(tmp_path: object) -
                           cwd=ROOT, timeout=60, check=False)
     assert proc.stdout.strip() == ("74 the PostgreSQL table target: PostgreSQL support is "
                                    "not installed: pip install 'runner[postgres]'"), proc.stderr
+
+
+def test_a_batch_write_answers_with_its_rows_as_the_table_holds_them(
+        make: Make, schema: str) -> None:
+    """The batch statement's answer is the table's rows for the batch's write_ids once it
+    committed: a row it made as stored (its defaults), a row held already as it is (not
+    as sent), one per write_id however often the batch repeats it; marked or not."""
+    target = make()
+    target.prepare_writes(True)
+    pg.execute(f'INSERT INTO "{schema}".leads (write_id, tenant, source, source_lead_id, '
+               "is_test, contact_alias, status) VALUES ('w-1', 'tenant-1', 'meta', "
+               "'lead-1', true, 'changed-1', 'won')")
+    answer = target.write_batch([(record(1), "w-1"), (record(2), "w-2"),
+                                 (record(2), "w-2")])
+    assert answer is not None
+    assert sorted((r.write_id, r.fields["contact_alias"], r.status) for r in answer) == [
+        ("w-1", "changed-1", "won"), ("w-2", "alias-2", "new")]
+    assert [classify_readback([r], record(i), f"w-{i}") for i, r in
+            zip((1, 2), sorted(answer, key=lambda r: r.write_id), strict=True)] == [
+        "mismatch", "match"]
+    marked = target.write_batch([(record(3), "w-3"), (record(2), "w-2")],
+                                mark=BatchMark("store-a", 1))
+    assert marked is not None
+    assert sorted((r.write_id, r.status) for r in marked) == [("w-2", "new"), ("w-3", "new")]
+    assert rows(schema) == [("w-1", "lead-1"), ("w-2", "lead-2"), ("w-3", "lead-3")]
+
+
+def test_an_answer_missing_a_write_id_of_the_batch_is_no_answer() -> None:
+    """A row another session committed after the statement's snapshot is in neither half
+    of the answer: the batch is then read back (None), never judged on part of it."""
+    row = ("w-1", "tenant-1", "meta", "lead-1", True, "alias-1", "new")
+    assert _answered([row], ["w-1", "w-2"]) is None
+    answered = _answered([row], ["w-1", "w-1"])
+    assert answered is not None and [r.write_id for r in answered] == ["w-1"]
+
+
+class CountedReads(PgTableTarget):
+    """The table target, counting its readbacks."""
+
+    reads = 0
+
+    def read_back_many(self, write_ids: Sequence[str]) -> Sequence[TargetRow]:
+        CountedReads.reads += 1
+        return super().read_back_many(write_ids)
+
+
+async def test_runner_confirms_a_batch_from_the_write_and_reads_nothing_back(
+        schema: str, tmp_path: Path) -> None:
+    target = CountedReads(pg.dsn(), f"{schema}.leads")
+    CountedReads.reads = 0
+    try:
+        async with DurableWorker(str(tmp_path / "q.db"), SCOPE, target) as worker:
+            for i in range(5):
+                assert (await worker.accept(event(i))).ok
+            summary = await worker.run_cycle(batch_size=2)
+    finally:
+        target.close()
+    assert (summary.dispatched, summary.confirmed, summary.uncertain) == (5, 5, 0)
+    assert CountedReads.reads == 0
+    assert sorted(lead for _, lead in rows(schema)) == [f"lead-{i}" for i in range(5)]

@@ -198,7 +198,11 @@ def render_pg_target(doc: dict[str, Any]) -> str:
             f"| bare asyncpg, each INSERT followed by the same readback | "
             f"{num(doc['floor_read_per_s'])} | runner's ratio to it: "
             f"{doc['ratio_with_read']:.2f} |",
-            *([f"| the target adapter alone, no runner (its `write_batch` and "
+            *([f"| the target adapter alone, no runner (its `write_batch` per batch, "
+               f"answering with the rows) | {num(doc['adapter_per_s'])} | "
+               f"{doc['adapter_alone_ratio']:.2f} |"]
+              if "adapter_alone_ratio" in doc else
+              [f"| the target adapter alone, no runner (its `write_batch` and "
                f"`read_back_many` per batch) | {num(doc['adapter_per_s'])} | its ratio to "
                f"the floor with readback: {doc['adapter_ratio']:.2f} |"]
               if "adapter_per_s" in doc else []),

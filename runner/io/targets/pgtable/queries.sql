@@ -67,12 +67,25 @@ CREATE TABLE {t} (
 SELECT format('COMMENT ON TABLE %I.%I IS %L', :schema::text, :table::text, :comment::text)
 
 -- one statement per batch, atomic; a write_id the table holds already (or twice in the
--- batch) adds no row
+-- batch) adds no row.  It answers with the batch's rows as stored: the rows it made (as
+-- RETURNING gives them, after any trigger of the table) and the rows the table held
+-- already, looked up for the batch's write_ids it did not make (the outer SELECT reads
+-- the statement's snapshot, which the rows it makes are not in).  A write_id with no row
+-- in the answer (a row another session committed after the snapshot) leaves the answer
+-- incomplete: the adapter then has the batch read back
 -- name: insert_rows
-INSERT INTO {t} (write_id, tenant, source, source_lead_id, is_test, contact_alias)
-SELECT * FROM unnest(:write_ids::text[], :tenants::text[], :sources::text[],
-                     :source_lead_ids::text[], :is_tests::boolean[], :aliases::text[])
-ON CONFLICT (write_id) DO NOTHING
+WITH made AS (
+    INSERT INTO {t} (write_id, tenant, source, source_lead_id, is_test, contact_alias)
+    SELECT * FROM unnest(:write_ids::text[], :tenants::text[], :sources::text[],
+                         :source_lead_ids::text[], :is_tests::boolean[], :aliases::text[])
+    ON CONFLICT (write_id) DO NOTHING
+    RETURNING write_id, tenant, source, source_lead_id, is_test, contact_alias, status
+)
+SELECT * FROM made
+UNION ALL
+SELECT write_id, tenant, source, source_lead_id, is_test, contact_alias, status
+FROM {t} WHERE write_id = ANY(ARRAY(SELECT unnest(:write_ids::text[])
+                                    EXCEPT SELECT write_id FROM made))
 
 -- name: read_rows
 SELECT write_id, tenant, source, source_lead_id, is_test, contact_alias, status
@@ -131,16 +144,23 @@ SELECT owner, seq FROM {m}
 SELECT owner, seq FROM {m} FOR UPDATE
 
 -- a marked batch's rows and its new mark, in one statement (the transaction holds the
--- mark's row lock since lock_mark)
+-- mark's row lock since lock_mark), answering with the rows as insert_rows does (the
+-- mark's UPDATE runs to its end though the answer does not read it)
 -- name: insert_rows_marked
-WITH inserted AS (
+WITH made AS (
     INSERT INTO {t} (write_id, tenant, source, source_lead_id, is_test, contact_alias)
     SELECT * FROM unnest(:write_ids::text[], :tenants::text[], :sources::text[],
                          :source_lead_ids::text[], :is_tests::boolean[], :aliases::text[])
     ON CONFLICT (write_id) DO NOTHING
-    RETURNING 1
+    RETURNING write_id, tenant, source, source_lead_id, is_test, contact_alias, status
+), marked AS (
+    UPDATE {m} SET owner = :owner::text, seq = :seq::bigint, updated_at = now()
 )
-UPDATE {m} SET owner = :owner::text, seq = :seq::bigint, updated_at = now()
+SELECT * FROM made
+UNION ALL
+SELECT write_id, tenant, source, source_lead_id, is_test, contact_alias, status
+FROM {t} WHERE write_id = ANY(ARRAY(SELECT unnest(:write_ids::text[])
+                                    EXCEPT SELECT write_id FROM made))
 
 -- the fence alone (raise_mark)
 -- name: set_mark

@@ -10,7 +10,9 @@ time (:mod:`.session`: the loop, the session kept, the reads' and the checks' re
 
 A write sends one statement, ``INSERT … SELECT * FROM unnest(…) ON CONFLICT (write_id)
 DO NOTHING``, for the whole batch (one array per column: one round trip, no parameter
-limit; measured 1.2-1.4 times as fast as ``executemany`` of the same rows).  Before it,
+limit; measured 1.2-1.4 times as fast as ``executemany`` of the same rows), which
+answers with the batch's rows as stored (``queries.sql``, ``insert_rows``): the write
+returns them, and runner sends no readback for the batch.  Before it,
 the session is made sure of: a session that is closed, or idle for more than
 ``PING_AFTER`` seconds (a server restarted meanwhile, a proxy that dropped it), is pinged
 or replaced first, and a failure there is "not sent" (:mod:`.classify`).  Reads go by
@@ -77,6 +79,14 @@ def _target_row(row: Sequence[Any]) -> TargetRow:
     """A row as read (write_id, the five fields, status)."""
     return TargetRow(row[0], {"tenant": row[1], "source": row[2], "source_lead_id": row[3],
                               "is_test": row[4], "contact_alias": row[5]}, row[6])
+
+
+def _answered(rows: Sequence[Sequence[Any]], write_ids: Sequence[str]
+              ) -> list[TargetRow] | None:
+    """A batch statement's answer as the rows runner judges the batch by; None if a
+    write_id of the batch has no row in it (``insert_rows`` in ``queries.sql``)."""
+    found = [_target_row(row) for row in rows]
+    return found if {row.write_id for row in found} >= set(write_ids) else None
 
 
 def _late(where: str) -> Callable[[], Exception]:
@@ -300,17 +310,21 @@ class PgTableTarget(TableSession):
 
     # -- the port -------------------------------------------------------------------------
 
-    def write(self, record: CRMRecord, write_id: str) -> None:
-        self.write_batch([(record, write_id)])
+    def write(self, record: CRMRecord, write_id: str) -> list[TargetRow] | None:
+        return self.write_batch([(record, write_id)])
 
     def write_batch(self, items: Sequence[tuple[CRMRecord, str]],
-                    mark: BatchMark | None = None) -> None:
+                    mark: BatchMark | None = None) -> list[TargetRow] | None:
         """One ``INSERT … ON CONFLICT (write_id) DO NOTHING`` for the whole batch: all
         rows or none; a write_id the table holds already adds no row.  With ``mark``,
         the check and the new mark are in the rows' transaction (the module docstring):
-        ``StaleMark`` or ``ForeignMark`` when refused, nothing applied."""
+        ``StaleMark`` or ``ForeignMark`` when refused, nothing applied.  Returns the
+        batch's rows as the table holds them once the statement committed (the
+        statement's answer, ``queries.sql``), so runner sends no readback; None when
+        that answer does not cover every write_id of the batch (runner then reads the
+        batch back)."""
         if not items:
-            return
+            return None
         columns = (
             [write_id for _, write_id in items],
             [record.tenant for record, _ in items],
@@ -320,31 +334,36 @@ class PgTableTarget(TableSession):
             [record.contact_alias for record, _ in items],
         )
 
-        async def insert() -> None:
+        async def insert() -> list[Any]:
             phase: Phase = "connect"
             try:
                 conn = await self._session()
                 phase = "statement"
-                await conn.execute(self._sql["insert_rows"], *columns, timeout=self.timeout)
+                rows = await conn.fetch(self._sql["insert_rows"], *columns,
+                                        timeout=self.timeout)
                 self._last_used = time.monotonic()
+                return list(rows)
             except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent"
                 if not server_error(exc):
                     self._drop()
                 raise classify_write(exc, phase, self.where) from None
 
         if mark is None:
-            self._call(insert, _late(self.where))
+            rows = self._call(insert, _late(self.where))
         else:
-            self._call(lambda: self._marked(mark, None, "insert_rows_marked", *columns),
-                       _late(self.where), statements=3)
+            rows = self._call(lambda: self._marked(mark, None, "insert_rows_marked",
+                                                   *columns),
+                              _late(self.where), statements=3)[1]
         crashpoints.hit("dispatch.batch-applied")
+        return _answered(rows, columns[0])
 
     async def _marked(self, mark: BatchMark, replaces: str | None, statement: str,
-                      *args: Any) -> TargetMark:
+                      *args: Any) -> tuple[TargetMark, list[Any]]:
         """One marked transaction: lock the mark's row, judge, ``statement`` (the rows and
-        the new mark, or the new mark alone) with ``args`` then the mark, commit.  Raises
-        StaleMark or ForeignMark (rolled back: nothing applied), else what
-        ``classify_write`` makes of a failure in its phase."""
+        the new mark, or the new mark alone) with ``args`` then the mark, commit; the mark
+        it replaced and the statement's answer.  Raises StaleMark or ForeignMark (rolled
+        back: nothing applied), else what ``classify_write`` makes of a failure in its
+        phase."""
         phase: Phase = "connect"
         try:
             conn = await self._session()
@@ -356,8 +375,8 @@ class PgTableTarget(TableSession):
             try:
                 held = await self._lock_mark(conn)
                 judge(held, mark, replaces)
-                await conn.execute(self._sql[statement], *args, mark.store_id, mark.seq,
-                                   timeout=self.timeout)
+                rows = await conn.fetch(self._sql[statement], *args, mark.store_id,
+                                        mark.seq, timeout=self.timeout)
                 phase = "commit"
                 await transaction.commit()
             except BaseException as exc:
@@ -365,7 +384,7 @@ class PgTableTarget(TableSession):
                     await self._roll_back(transaction, exc)
                 raise
             self._last_used = time.monotonic()
-            return held
+            return held, list(rows)
         except TargetError:
             raise  # refused by its mark: rolled back above
         except Exception as exc:  # noqa: BLE001 - classified: only a sure "not sent"
@@ -409,7 +428,7 @@ class PgTableTarget(TableSession):
         batch is (``StaleMark``, ``ForeignMark``), except that an owner equal to
         ``replaces`` is replaced; the mark it replaced."""
         return self._call(lambda: self._marked(mark, replaces, "set_mark"), _late(self.where),
-                   statements=3)
+                          statements=3)[0]
 
     def read_mark(self) -> TargetMark:
         """What the mark table holds (``NO_MARK`` while it has no marked batch, or is not
