@@ -68,6 +68,11 @@ The dedupe proof is described in ``runner.conformance.dedupe``: one row for a wr
 written twice in one batch, in two batches and in two concurrent calls, and a repeated
 write whose answer does not strand the record.
 
+The rows a write returns (an adapter may return its target's answer, and runner then
+sends no readback) are checked as described in ``runner.conformance.answer``: they cover
+the request and equal a readback, and for a write_id the target holds they show the row
+as held, not as sent.
+
 The marks proof is described in ``runner.conformance.marks``: a stale or foreign marked
 batch applies nothing and raises ``StaleMark`` or ``ForeignMark``, ``raise_mark`` fences
 and transfers ownership, ``read_by_keys`` finds rows under another write_id, and
@@ -81,6 +86,7 @@ default sizes writes a little over 1,000 rows).
 
 from __future__ import annotations
 
+from runner.conformance.answer import answer
 from runner.conformance.base import Check, Condition, Harness, Report, Run
 from runner.conformance.conditions import condition
 from runner.conformance.dedupe import dedupe
@@ -99,6 +105,7 @@ def check_adapter(harness: Harness) -> Report:
     run = Run(harness)
     healthy(run)
     dedupe(run)
+    answer(run)
     marks_proof(run)
     for each in Condition:
         condition(run, each)

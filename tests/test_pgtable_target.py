@@ -145,6 +145,9 @@ def test_the_table_target_conforms_and_proves_it_deduplicates_in_every_condition
     # it declares that it deduplicates by write_id, and the kit's proof of it passes
     proof = [c for c in report.checks if c.name.startswith("dedupe:")]
     assert len(proof) >= 4 and all(c.outcome == "passed" for c in proof), report.text()
+    # its write answers with the rows as stored, a held write_id's row as held
+    assert {c.name: c.outcome for c in report.checks if c.name.startswith("answer:")} == {
+        "answer: rows as stored": "passed", "answer: a held write_id's row": "passed"}
 
 
 def test_a_new_table_has_the_documented_columns_and_an_identity_that_survives_reconnects(
