@@ -13,7 +13,8 @@ from runner.io.engine.queries import QueryFileError, load, parse
 DIALECTS = ("runner.io.sqlite", "runner.io.postgres")
 RUNNER = Path(__file__).resolve().parent.parent / "runner"
 # a named statement run by the engine or a dialect: fetch("name", ...) and the like
-_CALL = re.compile(r"\b(?:fetch|fetch_values|execute|execute_many)\(\s*\"([a-z_][a-z0-9_]*)\"")
+_CALL = re.compile(r"\b(?:(?:fetch|fetch_values|execute|execute_many)\(|QUERIES\[)"
+                   r"\s*\"([a-z_][a-z0-9_]*)\"")
 
 
 def _shared(package: str) -> dict[str, frozenset[str]]:

@@ -1,7 +1,13 @@
 """SQLite's delivery hook: a dispatch run's steps commit on a blocking connection of their
 own (``connection.open_blocking``), from the run's worker thread, without a hop to the
 event loop (the hop, not SQLite, is what costs).  The step is the engine's
-(``runner.io.engine.delivery``), its statement the named ``finish_and_mark``."""
+(``runner.io.engine.delivery``), its statement the named ``finish_and_mark``; a batch's
+step is one transaction of two statements, the outcomes (``_finish_batch``, no rows
+back) then the next batch's mark (``finish_and_mark_batch`` with no outcomes, its rows
+back): the same changes as the one statement, with half the rows to hand back to
+Python, where the commit's thread waits for the interpreter the threads beside it hold.
+A record of the outcomes no longer in flight refuses the whole step (nothing of it is
+kept)."""
 
 from __future__ import annotations
 
@@ -26,8 +32,10 @@ from runner.io.engine.delivery import (
 )
 from runner.io.sqlite import connection
 from runner.io.sqlite.base import QUERIES, SQLiteBase, bindable
+from runner.leads.states import IllegalTransition
 
 _STEP = QUERIES["finish_and_mark"].sql
+_FINISH_BATCH = QUERIES["_finish_batch"].sql
 _BATCH_STEP = QUERIES["finish_and_mark_batch"].sql
 _NEXT_SEQ = QUERIES["next_batch_seq"].sql
 
@@ -53,9 +61,8 @@ class BlockingDispatchSteps:
         retry_at: datetime | None = None, reason: str | None = None,
         failure: str | None = None,
     ) -> dict[WriteId, int]:
-        rows = self._run(_BATCH_STEP, bindable(batch_params(done, next_ids, now, retry_at,
-                                                            reason, failure)))
-        return batch_result(rows, done, next_ids)
+        return self._batch_step(done, next_ids, batch_params(
+            done, next_ids, now, retry_at, reason, failure), seq=False)[0]
 
     def mark_batch(
         self, done: Outcomes, next_ids: Sequence[WriteId], now: datetime,
@@ -64,14 +71,30 @@ class BlockingDispatchSteps:
     ) -> tuple[dict[WriteId, int], int]:
         """As :meth:`finish_and_mark_batch`, and the seq the batch carries to a target
         that keeps marks, in one transaction (``runner.io.engine.marks``)."""
-        params = bindable(batch_params(done, next_ids, now, retry_at, reason, failure))
+        return self._batch_step(done, next_ids, batch_params(
+            done, next_ids, now, retry_at, reason, failure), seq=True)
+
+    def _batch_step(self, done: Outcomes, next_ids: Sequence[WriteId],
+                    params: dict[str, Any], *, seq: bool) -> tuple[dict[WriteId, int], int]:
+        """One transaction: ``done``'s outcomes (every one in flight, else
+        IllegalTransition and nothing kept), then ``next_ids``' mark, then (``seq``) the
+        marked batch's seq."""
         with self._busy:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 try:
-                    rows = self._conn.execute(_BATCH_STEP, params).fetchall()
-                    marked = batch_result(rows, done, next_ids)
-                    seq = self._conn.execute(_NEXT_SEQ).fetchone() if marked else None
+                    if done:
+                        self._conn.execute(_FINISH_BATCH, bindable(params))
+                        finished = self._conn.execute("SELECT changes()").fetchone()[0]
+                        if finished != len(done):
+                            raise IllegalTransition(
+                                f"{len(done) - finished} record(s) were not in flight")
+                    rows = (self._conn.execute(
+                        _BATCH_STEP, bindable({**params, "done": [], "outcomes": []})
+                    ).fetchall() if next_ids else [])
+                    marked = batch_result(rows, [], next_ids)
+                    mark = (self._conn.execute(_NEXT_SEQ).fetchone()
+                            if seq and marked else None)
                     self._conn.execute("COMMIT")
                 except BaseException:
                     with contextlib.suppress(sqlite3.Error):
@@ -79,7 +102,7 @@ class BlockingDispatchSteps:
                     raise
             except sqlite3.Error as exc:
                 raise connection.translate(exc, "writing the store", self._path) from None
-        return marked, 0 if seq is None else seq_of(int(seq[0]), int(seq[1]))
+        return marked, 0 if mark is None else seq_of(int(mark[0]), int(mark[1]))
 
     def take_landed(self) -> Outcomes:
         return ()  # each step is one transaction: a failed one committed nothing

@@ -334,6 +334,22 @@ WHERE (write_id = :done AND state = 'in_flight')
    OR (write_id = :next AND state IN ('prepared', 'failed_safe'))
 RETURNING write_id, attempts
 
+-- finish_and_mark_batch's outcomes alone (:done[i] in_flight -> :outcomes[i]), with no
+-- RETURNING rows: the blocking dispatch steps run it, then the mark of the next batch (the
+-- batch step with no :done), in one transaction, so that only the marked rows come back
+-- (each row back costs the commit's thread the interpreter, which the request's thread
+-- and the page parse beside it hold); changes() says whether every record was in flight
+-- name: _finish_batch
+WITH s(write_id, outcome) AS MATERIALIZED (
+    SELECT d.value, json_extract(:outcomes, '$[' || d.key || ']') FROM json_each(:done) AS d)
+UPDATE leads SET
+    state = s.outcome, updated_at = :now,
+    next_attempt_at = CASE WHEN s.outcome = 'failed_safe' THEN :retry_at END,
+    last_error = CASE WHEN s.outcome IN ('failed_safe', 'uncertain') THEN :reason END,
+    last_failure = CASE WHEN s.outcome IN ('failed_safe', 'uncertain') THEN :failure END
+FROM s
+WHERE leads.write_id = s.write_id AND leads.state = 'in_flight'
+
 -- name: finish_and_mark_batch
 -- finish_and_mark for a batch (issue 16), one statement, so one commit: the outcomes of
 -- the batch that finished (:done[i] in_flight -> :outcomes[i]) and the in-flight mark of
