@@ -7,9 +7,10 @@ Per batch, the child times, with ``time.perf_counter``:
 * ``request``: the request path, in the dispatch run's thread (``BatchRun._send``:
   mapping the records, the target's write, its readback, judging each row);
 * ``commit``: the commit beside it, in a thread of its own (``BatchRun._commit``: the
-  outcomes of the request before and the next batch's in-flight mark, one transaction),
-  and inside it ``statement`` (the batch step's first SQLite step, where its rows change),
-  ``returning`` (the rest of its steps: its RETURNING rows) and ``fsync`` (its ``COMMIT``);
+  outcomes of the request before and the next batch's in-flight mark, one transaction of
+  two statements), and inside it ``statement`` (the outcomes' ``UPDATE``, and the mark's
+  first SQLite step, where its rows change), ``returning`` (the rest of the mark's steps:
+  its RETURNING rows) and ``fsync`` (its ``COMMIT``);
 * ``waited``: how long the dispatch thread then waited for that commit
   (``_Beside.result``): the part of the commit the request did not cover;
 * ``pace``: the run's whole time over its batches.
@@ -65,6 +66,8 @@ class Conn:
     def execute(self, sql, *args):
         started = time.perf_counter()
         cursor = self._conn.execute(sql, *args)
+        if sql is dl._FINISH_BATCH:  # the outcomes' half: counted with the mark's
+            spent["statement"] += time.perf_counter() - started
         if sql is dl._BATCH_STEP:
             spent["statement"] += time.perf_counter() - started
             count["statement"] += 1
@@ -100,20 +103,24 @@ print(json.dumps({"code": code, "batches": batches,
                   "pace_ms": round(spent["run"] / max(batches, 1) * 1e3, 2)}))
 """
 
-#: the statement alone, on a copy of the store: the batch step of 1,000 marks and 1,000
-#: outcomes in BEGIN IMMEDIATE ... ROLLBACK, no other thread (argv[1] the copy)
+#: the statement alone, on a copy of the store: the batch step of 1,000 outcomes then
+#: 1,000 marks (its two statements, as the blocking steps run them) in BEGIN IMMEDIATE ...
+#: ROLLBACK, no other thread (argv[1] the copy)
 _ALONE = """
 import json, sqlite3, statistics, sys, time
-from runner.io.sqlite.delivery import _BATCH_STEP
+from runner.io.sqlite.delivery import _BATCH_STEP, _FINISH_BATCH
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
 conn.execute("PRAGMA journal_mode = WAL")
 ids = [w for (w,) in conn.execute(
     "SELECT write_id FROM leads WHERE state = 'prepared' ORDER BY seq LIMIT 2000")]
 def step(done, outcomes, marks):
-    return conn.execute(_BATCH_STEP, {
-        "done": json.dumps(done), "outcomes": json.dumps(outcomes), "next": json.dumps(marks),
-        "now": "2026-12-01T00:00:00.000000Z", "retry_at": None, "reason": None,
-        "failure": None}).fetchall()
+    params = {"done": json.dumps(done), "outcomes": json.dumps(outcomes),
+              "now": "2026-12-01T00:00:00.000000Z", "retry_at": None, "reason": None,
+              "failure": None}
+    conn.execute(_FINISH_BATCH, params)
+    finished = conn.execute("SELECT changes()").fetchone()[0]
+    return [None] * finished + conn.execute(_BATCH_STEP, {
+        **params, "done": "[]", "outcomes": "[]", "next": json.dumps(marks)}).fetchall()
 times = []
 for _ in range(7):
     conn.execute("BEGIN IMMEDIATE")
