@@ -89,6 +89,12 @@ WRITE_CASES = [
      "statement", AmbiguousWriteError),
     (E.InterfaceError("connection is closed"), "statement", AmbiguousWriteError),
     (E.InternalClientError("protocol"), "statement", AmbiguousWriteError),
+    # the driver refused to start the statement (an error on the idle session, a
+    # shutdown's FATAL, still being consumed): nothing of it was written
+    (E.InternalClientError("cannot switch to state 12; another operation (2) is in "
+                           "progress"), "statement", BeforeWriteError),
+    (E.InternalClientError("cannot switch to state 15; another operation (2) is in "
+                           "progress"), "commit", BeforeWriteError),
     (ConnectionResetError(104, "Connection reset by peer"), "statement",
      AmbiguousWriteError),
     (BrokenPipeError(32, "Broken pipe"), "statement", AmbiguousWriteError),
@@ -119,6 +125,8 @@ def test_a_write_failure_is_classified_by_its_phase_and_the_servers_severity(
     (E.ConnectionDoesNotExistError("closed in the middle"), "statement", "dropped"),
     (ConnectionResetError(104, "reset"), "statement", "dropped"),
     (E.InterfaceError("connection is closed"), "statement", "dropped"),
+    (E.InternalClientError("cannot switch to state 12; another operation (2) is in "
+                           "progress"), "statement", "refused"),
     (RuntimeError("anything"), "statement", "ambiguous"),
 ])
 def test_each_write_failure_says_what_happened_for_the_operator(

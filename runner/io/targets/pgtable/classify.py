@@ -17,6 +17,10 @@ one failed:
     schedule: a person may fix the table meanwhile); any other (class 53 resources,
     40 rollback, 55 lock, 57014 cancelled by ``statement_timeout``) is
     ``BeforeWriteError``;
+  - the driver refused to start the statement on a session it had seen fail (asyncpg's
+    ``InternalClientError`` "cannot switch to state …": an error the server sent on the
+    idle session, a shutdown's ``FATAL``, is still being consumed; the state switch comes
+    before any message of the statement is written): ``BeforeWriteError``;
   - anything else is ``AmbiguousWriteError``: a ``FATAL`` or ``PANIC`` ends the
     session and may come after the commit (a fast shutdown terminates a backend between
     its commit and its answer); a lost connection, a client timeout or an unknown error
@@ -91,6 +95,13 @@ def session_lost(exc: BaseException) -> bool:
     return isinstance(exc, _DROPPED) or severity(exc) in ("FATAL", "PANIC")
 
 
+def _not_started(exc: BaseException) -> bool:
+    """Whether asyncpg refused to start an operation (its protocol's state switch, made
+    before the operation's first message is written, failed): nothing of it was sent."""
+    return (isinstance(exc, asyncpg.exceptions.InternalClientError)
+            and str(exc).startswith("cannot switch to state"))
+
+
 def _kind(error: TargetError, failure: str) -> TargetError:
     """``error`` with its kind of failure (``TargetError.failure``: ``last_failure``)."""
     error.failure = failure
@@ -120,6 +131,10 @@ def classify_write(exc: BaseException, phase: Phase, where: str) -> TargetError:
                                  "applied")
         return BeforeWriteError(f"{where} failed the batch's statement: {_reason(exc)}; "
                                 "nothing was applied")
+    if _not_started(exc):
+        return _kind(BeforeWriteError(f"not sent: the session to {where} had failed, and "
+                                      f"the driver started nothing on it: {_reason(exc)}"),
+                     "refused")
     if isinstance(exc, TimeoutError):
         return _kind(AmbiguousWriteError(f"{where} did not answer the batch in time: it "
                                          "may have been applied"), "timed_out")
