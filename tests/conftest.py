@@ -261,6 +261,16 @@ def db_location(backend: str, workdir: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_db() -> Iterator[str]:
+    """A PostgreSQL store from this test process's pool (skipped without a server): an
+    empty, migrated schema with no scope pinned, given back after the test."""
+    pg.require()
+    schema = pg.pooled_schema()
+    yield pg.location(schema)
+    pg.give_back(schema)
+
+
+@pytest.fixture
 def missing_location(new_location: Callable[[str], str]) -> str:
     """Where no store is yet, for each backend: for tests that a command creates none."""
     return new_location("queue")

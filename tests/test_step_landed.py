@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,6 @@ from tests.fakes import sheet_rows
 from tests.helpers import SCOPE, event
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def db() -> Iterator[str]:
-    pg.require()
-    schema = pg.pooled_schema()
-    yield pg.location(schema)
-    pg.give_back(schema)
 
 
 class EndsASession(SyntheticTarget):
@@ -96,20 +88,12 @@ async def run_until_lost(tmp_path: Path, db: str, which: str
     return summary, raised.value, found, target_path
 
 
-async def test_a_mark_refused_by_the_fence_counts_the_outcomes_beside_it(
-        tmp_path: Path, db: str) -> None:
-    summary, error, found, target = await run_until_lost(tmp_path, db, "lock")
-    assert isinstance(error, LockLost)
-    assert found == {"lead-0": "confirmed", "lead-1": "confirmed",
-                     "lead-2": "prepared", "lead-3": "prepared"}
-    assert (summary.dispatched, summary.confirmed) == (2, 2)
-    assert [r[4] for r in sheet_rows(target)] == ["lead-0", "lead-1"]
-
-
-async def test_a_mark_on_a_lost_session_counts_the_outcomes_beside_it(
-        tmp_path: Path, db: str) -> None:
-    summary, error, found, target = await run_until_lost(tmp_path, db, "store")
-    assert isinstance(error, ConnectionLost)
+@pytest.mark.parametrize(("which", "lost"), [("lock", LockLost), ("store", ConnectionLost)],
+                         ids=["a mark refused by the fence", "a mark on a lost session"])
+async def test_the_outcomes_committed_beside_a_failed_mark_are_counted(
+        tmp_path: Path, pg_db: str, which: str, lost: type[Exception]) -> None:
+    summary, error, found, target = await run_until_lost(tmp_path, pg_db, which)
+    assert isinstance(error, lost)
     assert found == {"lead-0": "confirmed", "lead-1": "confirmed",
                      "lead-2": "prepared", "lead-3": "prepared"}
     assert (summary.dispatched, summary.confirmed) == (2, 2)
