@@ -9,7 +9,7 @@ fenced by its token across a reconnect."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import anyio
@@ -34,16 +34,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def db() -> Iterator[str]:
-    pg.require()
-    schema = pg.pooled_schema()
-    yield pg.location(schema)
-    pg.give_back(schema)
-
-
-@pytest.fixture
-async def store(db: str, scope: Scope) -> AsyncIterator[Store]:
-    async with await open_store(db, scope=scope) as opened:
+async def store(pg_db: str, scope: Scope) -> AsyncIterator[Store]:
+    async with await open_store(pg_db, scope=scope) as opened:
         yield opened
 
 
@@ -127,13 +119,13 @@ async def test_a_reconnected_store_keeps_a_live_lock_and_takes_a_lost_one_again(
 
 
 async def test_a_lock_taken_by_another_worker_meanwhile_is_refused_and_fences_all(
-        store: Store, scope: Scope, db: str) -> None:
+        store: Store, scope: Scope, pg_db: str) -> None:
     ids = await accepted(store, scope, 1)
     async with store.worker_lock() as lock:
         terminate(store._fence.backend_pid)  # type: ignore[attr-defined]
         with anyio.fail_after(10):
             await lock.wait_lost()
-        async with await open_store(db, scope=scope) as other, other.worker_lock():
+        async with await open_store(pg_db, scope=scope) as other, other.worker_lock():
             await store.reconnect()
             with pytest.raises(LockHeld, match="holds the lock"):
                 await lock.regain()
@@ -144,9 +136,9 @@ async def test_a_lock_taken_by_another_worker_meanwhile_is_refused_and_fences_al
 
 
 async def test_a_reconnect_never_creates_a_store_nor_takes_another_one(
-        db: str, scope: Scope) -> None:
-    schema = pg.schema_of(db)
-    async with await open_store(db, scope=scope) as store:
+        pg_db: str, scope: Scope) -> None:
+    schema = pg.schema_of(pg_db)
+    async with await open_store(pg_db, scope=scope) as store:
         pg.execute(f"""UPDATE "{schema}".meta SET value = $1 WHERE key = 'scope'""",
                    scope.model_copy(update={"form_id": "another-form"}).model_dump_json())
         with pytest.raises(ConfigMismatch, match="not the one this run opened"):
@@ -160,13 +152,13 @@ async def test_a_reconnect_never_creates_a_store_nor_takes_another_one(
         try:
             with pytest.raises(StoreNotFound):
                 await store.reconnect()
-            assert not pg.exists(db)  # nothing was made in its place
+            assert not pg.exists(pg_db)  # nothing was made in its place
         finally:
             pg.execute(f'ALTER SCHEMA "{moved}" RENAME TO "{schema}"')
 
 
 async def test_a_claim_stays_fenced_by_its_token_across_a_reconnect(
-        store: Store, scope: Scope, db: str) -> None:
+        store: Store, scope: Scope, pg_db: str) -> None:
     ref, lease, t0 = LeadFacts.ref, 30_000, 1_700_000_000_000
     await lead_history(store, scope, 3)
     await run_job(store, "backfill", registry=default_registry(), clock=FixedClock(NOW))
@@ -176,7 +168,7 @@ async def test_a_claim_stays_fenced_by_its_token_across_a_reconnect(
     terminate(session_of(store))  # the old owner loses its session mid-batch
     await store.reconnect()
     later = t0 + lease + 1
-    async with await open_store(db) as other:
+    async with await open_store(pg_db) as other:
         new = await other.claim(ref, "worker-b", 10, lease, later)
         assert [i.input_id for i in new.items] == [i.input_id for i in old.items]
         retry = WorkerSettings().retry
@@ -186,13 +178,13 @@ async def test_a_claim_stays_fenced_by_its_token_across_a_reconnect(
         assert await level(store, 2) == {}
         await other.complete(new, completions(new, outcomes, retry, later), later)
     assert len(await level(store, 2)) == 3
-    rows = pg.fetch(f'SELECT state, owner, count(*) FROM "{pg.schema_of(db)}".pipeline_work '
+    rows = pg.fetch(f'SELECT state, owner, count(*) FROM "{pg.schema_of(pg_db)}".pipeline_work '
                     "GROUP BY 1, 2")
     assert rows == [("done", "worker-b", 3)]
 
 
 async def test_a_claim_that_could_not_be_given_back_is_given_back_after_the_reconnect(
-        store: Store, scope: Scope, db: str) -> None:
+        store: Store, scope: Scope, pg_db: str) -> None:
     """Not left to its lease: a worker that lost its session mid-batch frees what it held
     as soon as it is back (by its token: nobody else's claim is touched)."""
     ref, lease, t0 = LeadFacts.ref, 30_000, 1_700_000_000_000
@@ -203,7 +195,7 @@ async def test_a_claim_that_could_not_be_given_back_is_given_back_after_the_reco
     terminate(session_of(store))
     with pytest.raises(StoreUnavailable):
         await store.release(claim, t0 + 1)
-    async with await open_store(db) as other:
+    async with await open_store(pg_db) as other:
         assert (await other.claim(ref, "worker-b", 10, lease, t0 + 2)).items == ()  # held
         await store.reconnect()  # gives it back
         again = await other.claim(ref, "worker-b", 10, lease, t0 + 2)  # well within the lease

@@ -22,7 +22,7 @@ the mark's session is the one that finds a cycle, if there is one, and is aborte
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import anyio
 import asyncpg
@@ -40,26 +40,18 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-def db() -> Iterator[str]:
-    pg.require()
-    schema = pg.pooled_schema()
-    yield pg.location(schema)
-    pg.give_back(schema)
-
-
-@pytest.fixture
-async def store(db: str, scope: Scope) -> AsyncIterator[Store]:
-    async with await open_store(db, scope=scope) as opened:
+async def store(pg_db: str, scope: Scope) -> AsyncIterator[Store]:
+    async with await open_store(pg_db, scope=scope) as opened:
         yield opened
 
 
-async def _mark_beside(store: Store, scope: Scope, db: str, first: str,
+async def _mark_beside(store: Store, scope: Scope, pg_db: str, first: str,
                        then: str) -> tuple[dict[WriteId, int], int]:
     """Another session takes ``first``, waits until the mark waits, then takes ``then``
     and rolls back; the mark's result."""
     ev, text = prepare(event(1), scope)
     await store.accept_many([AcceptItem(ev, text, WriteId("w-1"))], NOW)
-    schema = pg.schema_of(db)
+    schema = pg.schema_of(pg_db)
     pid = store._conn.get_server_pid()  # type: ignore[attr-defined]
     other = await asyncpg.connect(pg.dsn())
     try:
@@ -95,17 +87,17 @@ COUNTER = 'SELECT 1 FROM "{s}".outbox_counter FOR UPDATE'
 
 
 async def test_a_mark_beside_an_accept_takes_the_locks_in_its_order_and_never_deadlocks(
-        store: Store, scope: Scope, db: str) -> None:
+        store: Store, scope: Scope, pg_db: str) -> None:
     """The accept's order (the counts, then the counter): the mark waits its turn; run
     once only, so an abort would fail it."""
     store.mark_attempts = 1  # type: ignore[attr-defined]
-    marked, seq = await _mark_beside(store, scope, db, COUNTS, COUNTER)
+    marked, seq = await _mark_beside(store, scope, pg_db, COUNTS, COUNTER)
     assert marked == {WriteId("w-1"): 1} and seq
 
 
 async def test_a_mark_aborted_as_a_deadlock_victim_is_run_again(
-        store: Store, scope: Scope, db: str) -> None:
+        store: Store, scope: Scope, pg_db: str) -> None:
     """The other order (the counter, then the counts) makes a cycle with the mark: the
     mark's session aborts it, and it is run again once the other has rolled back."""
-    marked, seq = await _mark_beside(store, scope, db, COUNTER, COUNTS)
+    marked, seq = await _mark_beside(store, scope, pg_db, COUNTER, COUNTS)
     assert marked == {WriteId("w-1"): 1} and seq

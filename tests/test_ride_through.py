@@ -29,16 +29,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def db() -> Iterator[str]:
-    pg.require()
-    schema = pg.pooled_schema()
-    yield pg.location(schema)
-    pg.give_back(schema)
-
-
-@pytest.fixture
-def env(db: str, workdir: Path, scope_file: Path) -> CliStore:
-    return CliStore(workdir, scope_file, db)
+def env(pg_db: str, workdir: Path, scope_file: Path) -> CliStore:
+    return CliStore(workdir, scope_file, pg_db)
 
 
 @pytest.fixture
@@ -49,15 +41,15 @@ def proxy() -> Iterator[PgProxy]:
         yield made
 
 
-def through(proxy: PgProxy, db: str) -> str:
-    """``db`` reached through the proxy."""
+def through(proxy: PgProxy, pg_db: str) -> str:
+    """``pg_db`` reached through the proxy."""
     server = urlsplit(pg.dsn())
     return (f"{proxy.dsn(server.username or 'postgres', server.path.lstrip('/'))}"
-            f"&schema={pg.schema_of(db)}")
+            f"&schema={pg.schema_of(pg_db)}")
 
 
-def start(store: CliStore, db: str, *extra: str, **kw: object) -> Child:
-    return Child("start", "--db", db, "--scope", store.scope, "--target", store.target,
+def start(store: CliStore, pg_db: str, *extra: str, **kw: object) -> Child:
+    return Child("start", "--db", pg_db, "--scope", store.scope, "--target", store.target,
                  "--interval", "0.1", *extra, **kw)  # type: ignore[arg-type]
 
 
@@ -83,11 +75,11 @@ def one_row_each(target: Path, n: int) -> None:
 
 
 def test_start_rides_through_its_sessions_ending_mid_send_and_sends_nothing_twice(
-        env: CliStore, db: str) -> None:
+        env: CliStore, pg_db: str) -> None:
     env.accept(1, 2, 3)
     hang = env.dir / "hang"
     hang.mkdir()
-    child = start(env, db, "--batch-size", "2", "--fault", "hang",
+    child = start(env, pg_db, "--batch-size", "2", "--fault", "hang",
                   env={"RUNNER_HANG_DIR": str(hang)})
     try:
         wait_path(hang / "entered-write", child)  # lead-1 and lead-2 are in flight
@@ -113,14 +105,14 @@ def test_start_rides_through_its_sessions_ending_mid_send_and_sends_nothing_twic
 
 
 def test_a_worker_whose_lock_was_taken_while_it_reconnected_steps_aside_with_75(
-        env: CliStore, db: str, proxy: PgProxy) -> None:
-    first = start(env, through(proxy, db))
+        env: CliStore, pg_db: str, proxy: PgProxy) -> None:
+    first = start(env, through(proxy, pg_db))
     second = None
     try:
         first.wait_out_lines(1)  # it holds the lock and ran a cycle
         proxy.cut()  # the server ends its sessions, and its lock with them
         first.wait_err("store.lost")
-        second = start(env, db)  # a worker that reaches the server takes the lock
+        second = start(env, pg_db)  # a worker that reaches the server takes the lock
         second.wait_out_lines(1)
         proxy.restore()  # the first gets through again, and finds the lock taken
         assert first.finish() == 75, first.err
@@ -140,8 +132,8 @@ def test_a_worker_whose_lock_was_taken_while_it_reconnected_steps_aside_with_75(
 
 
 def test_a_store_that_stays_away_ends_start_with_74_and_one_line(
-        env: CliStore, db: str, proxy: PgProxy) -> None:
-    child = start(env, through(proxy, db), "--reconnect-max", "1")
+        env: CliStore, pg_db: str, proxy: PgProxy) -> None:
+    child = start(env, through(proxy, pg_db), "--reconnect-max", "1")
     try:
         child.wait_out_lines(1)
         proxy.cut()
@@ -156,11 +148,11 @@ def test_a_store_that_stays_away_ends_start_with_74_and_one_line(
 
 
 def test_while_it_reconnects_start_is_not_ready_and_a_sigterm_stops_it_with_0(
-        env: CliStore, db: str, proxy: PgProxy) -> None:
+        env: CliStore, pg_db: str, proxy: PgProxy) -> None:
     secret = env.dir / "secret"
     secret.write_bytes(b"s" * 32)
     secret.chmod(0o600)
-    child = start(env, through(proxy, db), "--listen", "127.0.0.1:0",
+    child = start(env, through(proxy, pg_db), "--listen", "127.0.0.1:0",
                   "--webhook-secret-file", str(secret))
     try:
         base = f"http://127.0.0.1:{port_of(child)}"
