@@ -24,6 +24,10 @@ Each round measures, one after the other, each into a fresh table:
   with the batch's rows; a batch whose answer did not cover it would be read back, as
   runner does), called from a plain thread with no runner around it (its session made
   before the clock): its distance from the floor is the adapter's own cost;
+* **the adapter alone, marked**: the same with a batch mark on every batch (issue 30: the
+  mark's row lock, its check, the rows and the new mark in one transaction, as runner
+  writes to a target that keeps marks): its distance from the plain adapter is what a
+  mark costs a batch (``mark_ms_per_batch``);
 * **runner in process, PostgreSQL store**: the same cycle with the store in a schema of
   the target's own database (the common case);
 * **runner as a process**: ``python run.py once --target postgresql://… --target-table
@@ -127,12 +131,17 @@ def floor(schema: str, table: str, n: int, batch: int, tag: str, *, read: bool) 
     return asyncio.run(_floor(schema, table, n, batch, tag, read=read))
 
 
-def adapter_alone(schema: str, table: str, n: int, batch: int, tag: str) -> float:
+def adapter_alone(schema: str, table: str, n: int, batch: int, tag: str, *,
+                  marked: bool = False) -> float:
     """The target adapter alone, no runner: per batch its ``write_batch``, and its
     ``read_back_many`` only when the write did not answer with the batch's rows (what
     runner calls), from a plain thread; its session is made before the clock starts (its
-    check).  Leads per second: the adapter's own cost is its distance from the floor."""
+    check).  Leads per second: the adapter's own cost is its distance from the floor.
+    ``marked``: each batch carries a batch mark (``BatchMark``, issue 30), so the batch is
+    one transaction of the mark's row lock, its check, the rows and the new mark, as
+    runner writes it to a store that may be behind its target."""
     from runner.io.targets.pgtable.target import PgTableTarget
+    from runner.leads.marks import BatchMark
 
     _make_table(schema, table)
     target = PgTableTarget(PG_DSN, f"{schema}.{table}")
@@ -140,9 +149,11 @@ def adapter_alone(schema: str, table: str, n: int, batch: int, tag: str) -> floa
         target.prepare_writes(True)  # adopts the table: its identity, its session
         items = _records(n, tag)
         batches = [items[i : i + batch] for i in range(0, n, batch)]
+        marks = [BatchMark(f"bench-{tag}", seq) if marked else None
+                 for seq in range(1, len(batches) + 1)]
         started = time.perf_counter()
-        for chunk in batches:
-            if target.write_batch(chunk) is None:
+        for chunk, mark in zip(batches, marks, strict=True):
+            if target.write_batch(chunk, mark=mark) is None:
                 target.read_back_many([w for _, w in chunk])
         return n / (time.perf_counter() - started)
     finally:
@@ -245,8 +256,8 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
 
     schema = f"bench_pgt_{os.getpid()}_{random.randrange(16**6):06x}"
     found: dict[str, list[float]] = {k: [] for k in (
-        "runner", "runner_pg_store", "floor", "floor_read", "adapter", "once", "once_span",
-        "store")}
+        "runner", "runner_pg_store", "floor", "floor_read", "adapter", "adapter_marked",
+        "once", "once_span", "store")}
     spent: list[dict[str, float]] = []
     stores: list[str] = []
     _schema("CREATE", schema)
@@ -263,6 +274,8 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
                                                  f"g{r}", read=True))
                 found["adapter"].append(adapter_alone(schema, f"adapter{r}", n, batch,
                                                       f"a{r}"))
+                found["adapter_marked"].append(adapter_alone(
+                    schema, f"marked{r}", n, batch, f"m{r}", marked=True))
                 stores.append(f"{schema}_store{r}")
                 found["runner_pg_store"].append(runner_in_process(
                     d, schema, f"pgstore{r}", n, batch, r,
@@ -287,6 +300,13 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
         "ratio_with_read": statistics.median(
             x / y for x, y in zip(found["runner"], found["floor_read"], strict=True)),
         "adapter_alone_ratio": ratio("adapter"),
+        "adapter_marked_ratio": ratio("adapter_marked"),
+        # what a batch mark adds to each batch's write, the median of the rounds'
+        # differences (the plain and the marked adapter measured one after the other)
+        "mark_ms_per_batch": statistics.median(
+            (batch / m - batch / a) * 1000
+            for a, m in zip(found["adapter"], found["adapter_marked"], strict=True)),
+        "adapter_ms_per_batch": statistics.median(batch / a * 1000 for a in found["adapter"]),
         "once_ratio": ratio("once"),
         "once_span_ratio": ratio("once_span"),
         "store_alone_ratio": ratio("store"),
@@ -316,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
          "(runner's ratio to it)"),
         ("the adapter alone (its write_batch)", "adapter_per_s", "adapter_alone_ratio",
          "(its own cost)"),
+        ("the adapter alone, each batch marked", "adapter_marked_per_s",
+         "adapter_marked_ratio", "(a batch mark's cost)"),
         ("runner, in process, PostgreSQL store", "runner_pg_store_per_s", "pg_store_ratio",
          ""),
         ("runner once, whole process", "once_per_s", "once_ratio", "(start-up included)"),
@@ -326,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, rate, ratio, note in lines:
         tail = f"   ratio {found[ratio]:.2f} {note}" if ratio else f"   {note}"
         print(f"{label:<38} {found[rate]:>9,.0f} leads/s{tail}")
+    print(f"a batch mark adds {found['mark_ms_per_batch']:.2f} ms to a batch's write of "
+          f"{found['adapter_ms_per_batch']:.2f} ms")
     where = found["spent"]
     print(f"\nwhere runner's cycle goes ({n:,} leads, SQLite store, the median round): "
           + ", ".join(f"{k} {v * 1000:,.0f} ms" for k, v in where.items()))

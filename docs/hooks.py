@@ -12,6 +12,8 @@ from the measurement.  A page holds a placeholder, ``<!-- gen:NAME -->`` or
 * ``outbox-kinds``: from the SQLite schema's outbox triggers;
 * ``results KIND``: the latest machine-written results file ``bench/results/KIND-*.json``
   (``bench``, ``batch``, ``chaos``, ``pg-target`` …);
+* ``figure KIND KEY [FORMAT]``: one number of that file (a dotted key, a format spec), for
+  a sentence that cites a measurement;
 * ``api DOTTED.NAME``: a class's signature, docstring and public methods;
 * ``include FILE``: a file of the repository (the changelog);
 * ``model-properties``, ``model-steps``: the SPIN model's named properties (from
@@ -52,7 +54,7 @@ from docs.gen.reference import (  # noqa: E402
     render_model_steps,
     render_outbox_kinds,
 )
-from docs.gen.results import render_results, render_stop_moments  # noqa: E402
+from docs.gen.results import render_figure, render_results, render_stop_moments  # noqa: E402
 
 PLACEHOLDER = re.compile(r"<!-- gen:([\w-]+)(?: ([^>]*?))? -->")
 
@@ -65,6 +67,7 @@ GENERATORS: dict[str, Callable[[str], str]] = {
     "candidate-transitions": render_candidate_transitions,
     "outbox-kinds": render_outbox_kinds,
     "results": render_results,
+    "figure": render_figure,
     "stop-moments": render_stop_moments,
     "include": render_include,
     "api": render_api,

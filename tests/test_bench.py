@@ -82,6 +82,8 @@ def test_the_postgresql_table_target_benchmark_runs_runner_and_the_floor() -> No
     assert "runner, in process (run_cycle)" in proc.stdout
     assert "bare asyncpg, the same INSERTs" in proc.stdout and "ratio" in proc.stdout
     assert "where runner's cycle goes" in proc.stdout
+    assert "the adapter alone, each batch marked" in proc.stdout
+    assert "a batch mark adds" in proc.stdout
 
 
 def test_the_resolve_benchmark_settles_every_record_both_ways() -> None:

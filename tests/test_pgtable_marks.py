@@ -224,26 +224,6 @@ def test_a_role_that_may_not_make_the_mark_table_delivers_without_marks(
         pg.execute(f'DROP OWNED BY {role}; DROP ROLE {role}')
 
 
-@pytest.mark.slow
-def test_the_cost_of_a_mark_per_batch(make: Make, schema: str) -> None:
-    """Measured, not judged tightly: batches of 100 records, marked and not."""
-    target = make()
-    target.prepare_writes(True)
-    n = 200
-
-    def timed(marked: bool, base: int) -> float:
-        started = time.perf_counter()
-        for i in range(n):
-            rows = batch(*range(base + i * 100, base + i * 100 + 100))
-            target.write_batch(rows, mark=BatchMark("s", base + i + 1) if marked else None)
-        return (time.perf_counter() - started) / n
-
-    plain = timed(False, 0)
-    marked = timed(True, 1_000_000)
-    print(f"per batch of 100: plain {plain * 1000:.2f} ms, marked {marked * 1000:.2f} ms")
-    assert marked < plain * 5 + 0.01
-
-
 def test_concurrent_marked_writers_wait_for_each_other_on_the_mark(
         make: Make, schema: str) -> None:
     make().prepare_writes(True)

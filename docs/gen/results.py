@@ -1,6 +1,7 @@
 """``gen:results KIND [BACKEND]``: the latest results file of a kind
 (``bench/results/KIND-*.json``), rendered by its kind's renderer (``docs/gen/performance.py``,
-``docs/gen/reliability.py``); and ``gen:stop-moments``, every stop-moment run."""
+``docs/gen/reliability.py``); ``gen:figure KIND KEY [FORMAT]``, one figure of it, for a
+sentence that cites a measurement; and ``gen:stop-moments``, every stop-moment run."""
 
 from __future__ import annotations
 
@@ -101,3 +102,29 @@ def render_results(arg: str) -> str:
                 f"{' for ' + backend if backend else ''} is in the repository yet: the "
                 f"command above writes one.")
     return RENDERERS[kind](docs[-1])
+
+
+def render_figure(arg: str) -> str:
+    """``KIND KEY [FORMAT]``: one value of the latest ``KIND`` results file, ``KEY`` a
+    dotted path into it (``spent.INSERT``), written with ``FORMAT`` (a format spec:
+    ``.2f``, ``,.0f``, ``.0%``; default ``.2f``).  A missing file, key or number fails the
+    build: a sentence never cites a figure that is not measured."""
+    parts = arg.split()
+    if len(parts) not in (2, 3):
+        raise PluginError(f"gen:figure: expected KIND KEY [FORMAT], got {arg!r}")
+    kind, key = parts[:2]
+    spec = parts[2] if len(parts) == 3 else ".2f"
+    docs = all_results(kind, ROOT / "bench" / "results")
+    if not docs:
+        raise PluginError(f"gen:figure: no bench/results/{kind}-*.json file")
+    value: Any = docs[-1]
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            raise PluginError(f"gen:figure: {docs[-1]['file']} has no {key!r}")
+        value = value[part]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PluginError(f"gen:figure: {docs[-1]['file']}: {key!r} is not a number")
+    try:
+        return format(value, spec)
+    except ValueError as exc:
+        raise PluginError(f"gen:figure: format {spec!r}: {exc}") from None
