@@ -390,9 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         ", PostgreSQL table target" if args.pg_table else "") + (
         ", settled by one resolve --all" if args.settle else "")
     text = text.replace("kill -9:", f"kill -9 ({args.backend}{over}):", 1)
-    if args.http_target:
-        text += "\n" + "\n".join(f"run {r.run} server faults: {', '.join(r.faults)}"
-                                  for r in results)
+    if args.http_target:  # before the verdict, which stays the last line
+        *body, verdict = text.split("\n")
+        text = "\n".join([*body, *(f"run {r.run} server faults: {', '.join(r.faults)}"
+                                    for r in results), verdict])
     print(text, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({
