@@ -139,7 +139,7 @@ def adapter_alone(schema: str, table: str, n: int, batch: int, tag: str, *,
     check).  Leads per second: the adapter's own cost is its distance from the floor.
     ``marked``: each batch carries a batch mark (``BatchMark``, issue 30), so the batch is
     one transaction of the mark's row lock, its check, the rows and the new mark, as
-    runner writes it to a store that may be behind its target."""
+    runner writes a batch to a target that keeps marks."""
     from runner.io.targets.pgtable.target import PgTableTarget
     from runner.leads.marks import BatchMark
 
