@@ -24,10 +24,11 @@ Each round measures, one after the other, each into a fresh table:
   with the batch's rows; a batch whose answer did not cover it would be read back, as
   runner does), called from a plain thread with no runner around it (its session made
   before the clock): its distance from the floor is the adapter's own cost;
-* **the adapter alone, marked**: the same with a batch mark on every batch (issue 30: the
-  mark's row lock, its check, the rows and the new mark in one transaction, as runner
-  writes to a target that keeps marks): its distance from the plain adapter is what a
-  mark costs a batch (``mark_ms_per_batch``);
+* **what a mark costs a batch** (issue 30: the mark's row lock, its check, the rows and
+  the new mark in one transaction, as runner writes to a target that keeps marks): one
+  adapter writing a plain batch and a marked one,
+  in pairs, each write timed alone (``mark_cost``; ``mark_ms_per_batch``: the median of
+  the pairs' differences, beside ``adapter_ms_per_batch``, the median plain write);
 * **runner in process, PostgreSQL store**: the same cycle with the store in a schema of
   the target's own database (the common case);
 * **runner as a process**: ``python run.py once --target postgresql://… --target-table
@@ -131,17 +132,12 @@ def floor(schema: str, table: str, n: int, batch: int, tag: str, *, read: bool) 
     return asyncio.run(_floor(schema, table, n, batch, tag, read=read))
 
 
-def adapter_alone(schema: str, table: str, n: int, batch: int, tag: str, *,
-                  marked: bool = False) -> float:
+def adapter_alone(schema: str, table: str, n: int, batch: int, tag: str) -> float:
     """The target adapter alone, no runner: per batch its ``write_batch``, and its
     ``read_back_many`` only when the write did not answer with the batch's rows (what
     runner calls), from a plain thread; its session is made before the clock starts (its
-    check).  Leads per second: the adapter's own cost is its distance from the floor.
-    ``marked``: each batch carries a batch mark (``BatchMark``, issue 30), so the batch is
-    one transaction of the mark's row lock, its check, the rows and the new mark, as
-    runner writes a batch to a target that keeps marks."""
+    check).  Leads per second: the adapter's own cost is its distance from the floor."""
     from runner.io.targets.pgtable.target import PgTableTarget
-    from runner.leads.marks import BatchMark
 
     _make_table(schema, table)
     target = PgTableTarget(PG_DSN, f"{schema}.{table}")
@@ -149,31 +145,68 @@ def adapter_alone(schema: str, table: str, n: int, batch: int, tag: str, *,
         target.prepare_writes(True)  # adopts the table: its identity, its session
         items = _records(n, tag)
         batches = [items[i : i + batch] for i in range(0, n, batch)]
-        marks = [BatchMark(f"bench-{tag}", seq) if marked else None
-                 for seq in range(1, len(batches) + 1)]
         started = time.perf_counter()
-        for chunk, mark in zip(batches, marks, strict=True):
-            if target.write_batch(chunk, mark=mark) is None:
+        for chunk in batches:
+            if target.write_batch(chunk) is None:
                 target.read_back_many([w for _, w in chunk])
         return n / (time.perf_counter() - started)
     finally:
         target.close()
 
 
+def mark_cost(schema: str, table: str, pairs: int, batch: int,
+              tag: str) -> tuple[float, float]:
+    """What a batch mark adds to a batch's write, measured in pairs: one adapter, one
+    table, a plain batch and a marked one, ``pairs`` times (each pair in the other order
+    than the one before, after a pair that warms the table), each write timed alone, so
+    both of a pair see the same moment of the machine (two separate runs of ten batches
+    each drift apart by more than a mark costs).  Returns (the median plain write, the
+    median of the pairs' differences), in milliseconds."""
+    from runner.io.targets.pgtable.target import PgTableTarget
+    from runner.leads.marks import BatchMark
+
+    _make_table(schema, table)
+    target = PgTableTarget(PG_DSN, f"{schema}.{table}")
+    try:
+        target.prepare_writes(True)
+        items = _records(2 * (pairs + 1) * batch, tag)
+        plain: list[float] = []
+        added: list[float] = []
+        for i in range(pairs + 1):  # the first pair warms the table and is not counted
+            marks = [None, BatchMark(f"bench-{tag}", i + 1)]
+            took: dict[bool, float] = {}
+            for j, mark in enumerate(marks if i % 2 else marks[::-1]):  # either first
+                chunk = items[(2 * i + j) * batch : (2 * i + j + 1) * batch]
+                started = time.perf_counter()
+                if target.write_batch(chunk, mark=mark) is None:
+                    target.read_back_many([w for _, w in chunk])
+                took[mark is not None] = (time.perf_counter() - started) * 1000
+            if i:
+                plain.append(took[False])
+                added.append(took[True] - took[False])
+        return statistics.median(plain), statistics.median(added)
+    finally:
+        target.close()
+
+
 #: where runner's time goes, summed over the timed calls (``_timing``)
 SPENT: Counter[str] = Counter()
+#: when each store step and each send ran (start, end), for what ran beside what
+SPANS: dict[str, list[tuple[float, float]]] = {"store step": [], "send": []}
 
 
 @contextmanager
 def _timing() -> Iterator[None]:
     """Sum the seconds spent in the steps of a dispatch (in whichever thread runs them):
-    the store's one statement per batch, the INSERT, the readback, and the port's whole
-    send (mapping the events to records and judging the readback, around the two)."""
+    the store's one transaction per batch (``_batch_step``, which both the plain and the
+    marked batch step run), the INSERT, the readback, and the port's whole send (mapping
+    the events to records and judging the readback, around the two); and keep when each
+    store step and send ran (``SPANS``): a pipelined run commits beside the send."""
     from runner.io.sqlite.delivery import BlockingDispatchSteps
     from runner.io.targets.pgtable.target import PgTableTarget
     from runner.leads.port import CRMRecordPort
 
-    steps = [(BlockingDispatchSteps, "finish_and_mark_batch", "store step"),
+    steps = [(BlockingDispatchSteps, "_batch_step", "store step"),
              (PgTableTarget, "write_batch", "INSERT"),
              (PgTableTarget, "read_back_many", "readback"),
              (CRMRecordPort, "send_batch_blocking", "send")]
@@ -185,7 +218,10 @@ def _timing() -> Iterator[None]:
             try:
                 return fn(*args, **kw)
             finally:
-                SPENT[label] += time.perf_counter() - started
+                ended = time.perf_counter()
+                SPENT[label] += ended - started
+                if label in SPANS:
+                    SPANS[label].append((started, ended))
         return call
 
     for cls, name, label in steps:
@@ -197,11 +233,24 @@ def _timing() -> Iterator[None]:
             setattr(cls, name, fn)
 
 
+def covered(spans: list[tuple[float, float]]) -> float:
+    """Seconds during which at least one of ``spans`` ran (their union)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def runner_in_process(d: Path, schema: str, table: str, n: int, batch: int, r: int,
                       store: str | None = None) -> tuple[float, dict[str, float]]:
     """``run_cycle`` over ``n`` prepared leads in a SQLite store (``store``: that
     PostgreSQL location instead): leads per second over the whole cycle, and where the
-    time went (seconds by step, ``_timing``)."""
+    time went (seconds by step, ``_timing``): the store steps, and the sends in their
+    parts (the INSERTs, any readback, mapping and judging), each summed; the time a store
+    step and a send ran at once, counted in both; and the rest of the cycle, when
+    neither ran.  So the parts less the time at once add up to the cycle."""
     from runner import DurableWorker
     from runner.io.targets.pgtable.target import PgTableTarget
 
@@ -215,6 +264,9 @@ def runner_in_process(d: Path, schema: str, table: str, n: int, batch: int, r: i
             # the target's checks connect its session, as the floor connects before its
             # clock (once per open worker; a process's first cycle does it too)
             await worker.check_target()
+            SPENT.clear()
+            for spans in SPANS.values():
+                spans.clear()
             started = time.perf_counter()
             summary = await worker.run_cycle()
             seconds = time.perf_counter() - started
@@ -222,7 +274,6 @@ def runner_in_process(d: Path, schema: str, table: str, n: int, batch: int, r: i
             raise RuntimeError(f"run_cycle confirmed {summary.confirmed} of {n}")
         return seconds
 
-    SPENT.clear()
     try:
         with _timing():
             seconds = anyio.run(cycle)
@@ -232,7 +283,10 @@ def runner_in_process(d: Path, schema: str, table: str, n: int, batch: int, r: i
     send = spent.pop("send", 0.0)
     spent["mapping and judging"] = send - spent.get("INSERT", 0.0) - spent.get("readback",
                                                                                 0.0)
-    spent["the rest"] = seconds - send - spent.get("store step", 0.0)
+    either = covered(SPANS["store step"] + SPANS["send"])
+    # a store step beside a send (the pipelined run): time counted in both sums
+    spent["store step and send at once"] = spent.get("store step", 0.0) + send - either
+    spent["the rest"] = seconds - either  # neither a store step nor a send running
     spent["cycle"] = seconds
     return n / seconds, spent
 
@@ -256,8 +310,9 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
 
     schema = f"bench_pgt_{os.getpid()}_{random.randrange(16**6):06x}"
     found: dict[str, list[float]] = {k: [] for k in (
-        "runner", "runner_pg_store", "floor", "floor_read", "adapter", "adapter_marked",
+        "runner", "runner_pg_store", "floor", "floor_read", "adapter",
         "once", "once_span", "store")}
+    marks: list[tuple[float, float]] = []
     spent: list[dict[str, float]] = []
     stores: list[str] = []
     _schema("CREATE", schema)
@@ -274,8 +329,6 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
                                                  f"g{r}", read=True))
                 found["adapter"].append(adapter_alone(schema, f"adapter{r}", n, batch,
                                                       f"a{r}"))
-                found["adapter_marked"].append(adapter_alone(
-                    schema, f"marked{r}", n, batch, f"m{r}", marked=True))
                 stores.append(f"{schema}_store{r}")
                 found["runner_pg_store"].append(runner_in_process(
                     d, schema, f"pgstore{r}", n, batch, r,
@@ -284,6 +337,7 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
                 found["once"].append(whole)
                 found["once_span"].append(span)
                 found["store"].append(store_alone(n, batch, d, r))
+                marks.append(mark_cost(schema, f"markcost{r}", n // batch, batch, f"p{r}"))
     finally:
         for name in [schema, *stores]:
             _schema("DROP", name)
@@ -300,13 +354,10 @@ def measure(n: int, rounds: int, batch: int = DEFAULT_BATCH_SIZE) -> dict[str, A
         "ratio_with_read": statistics.median(
             x / y for x, y in zip(found["runner"], found["floor_read"], strict=True)),
         "adapter_alone_ratio": ratio("adapter"),
-        "adapter_marked_ratio": ratio("adapter_marked"),
-        # what a batch mark adds to each batch's write, the median of the rounds'
-        # differences (the plain and the marked adapter measured one after the other)
-        "mark_ms_per_batch": statistics.median(
-            (batch / m - batch / a) * 1000
-            for a, m in zip(found["adapter"], found["adapter_marked"], strict=True)),
-        "adapter_ms_per_batch": statistics.median(batch / a * 1000 for a in found["adapter"]),
+        # what a batch mark adds to a batch's write, from plain and marked batches in
+        # pairs (``mark_cost``): the median over the rounds of each round's median
+        "mark_ms_per_batch": statistics.median(m for _, m in marks),
+        "adapter_ms_per_batch": statistics.median(p for p, _ in marks),
         "once_ratio": ratio("once"),
         "once_span_ratio": ratio("once_span"),
         "store_alone_ratio": ratio("store"),
@@ -336,8 +387,6 @@ def main(argv: list[str] | None = None) -> int:
          "(runner's ratio to it)"),
         ("the adapter alone (its write_batch)", "adapter_per_s", "adapter_alone_ratio",
          "(its own cost)"),
-        ("the adapter alone, each batch marked", "adapter_marked_per_s",
-         "adapter_marked_ratio", "(a batch mark's cost)"),
         ("runner, in process, PostgreSQL store", "runner_pg_store_per_s", "pg_store_ratio",
          ""),
         ("runner once, whole process", "once_per_s", "once_ratio", "(start-up included)"),
@@ -349,10 +398,12 @@ def main(argv: list[str] | None = None) -> int:
         tail = f"   ratio {found[ratio]:.2f} {note}" if ratio else f"   {note}"
         print(f"{label:<38} {found[rate]:>9,.0f} leads/s{tail}")
     print(f"a batch mark adds {found['mark_ms_per_batch']:.2f} ms to a batch's write of "
-          f"{found['adapter_ms_per_batch']:.2f} ms")
+          f"{found['adapter_ms_per_batch']:.2f} ms (plain and marked batches in pairs)")
     where = found["spent"]
     print(f"\nwhere runner's cycle goes ({n:,} leads, SQLite store, the median round): "
-          + ", ".join(f"{k} {v * 1000:,.0f} ms" for k, v in where.items()))
+          + ", ".join(f"{k} {v * 1000:,.0f} ms" for k, v in where.items())
+          + " (the parts, less the time a store step and a send ran at once, make the "
+          "cycle)")
     if not args.quick:
         record("pg-target", {"n": n, "seconds": round(seconds, 1), "summary": machine(),
                              **found}, script="-m bench pg-target", argv=argv)
