@@ -206,10 +206,6 @@ def render_pg_target(doc: dict[str, Any]) -> str:
                f"`read_back_many` per batch) | {num(doc['adapter_per_s'])} | its ratio to "
                f"the floor with readback: {doc['adapter_ratio']:.2f} |"]
               if "adapter_per_s" in doc else []),
-            *([f"| the target adapter alone, each batch marked (issue 30: the mark's row "
-               f"lock, its check, the rows and the new mark in one transaction) | "
-               f"{num(doc['adapter_marked_per_s'])} | {doc['adapter_marked_ratio']:.2f} |"]
-              if "adapter_marked_per_s" in doc else []),
             f"| runner in process, PostgreSQL store in the same database | "
             f"{num(doc['runner_pg_store_per_s'])} | {doc['pg_store_ratio']:.2f} |",
             f"| runner `once` as a process, from spawn to exit | {num(doc['once_per_s'])} | "
