@@ -35,6 +35,17 @@ and parsing the first page, the first in-flight mark); the dispatch span (first
 ``batch.in_flight`` to last ``batch.confirmed``, which ``bench/leads.py`` reports as the
 in-process rate); and the rest to exit (the poll pass, closing the store, the
 interpreter's exit).
+
+**What the goal asks, against the floor:** in each round, between the same two commit
+measures, the batched floor of ``bench.delivery_floor`` (a plain ``sqlite3`` loop of the
+durable steps the contract requires per batch, with no runner, no start-up and no
+interpreter of its own) delivers the same number of leads: its rate against the disk's
+(``floor_ratio``), and what a whole process would reach if it delivered as fast as that
+floor and started within the start goal (``floor_with_start_ratio``: the leads over the
+floor's loop plus ``python -c pass`` plus the goal's 0.15 s, against the disk's rate; its
+exit counted as nothing); and how much faster than the floor a dispatch would have to
+be to meet the goal with the start goal met (``needed_over_floor``; above 1: faster
+than the floor that point 1 judges runner's delivery against).
 """
 
 from __future__ import annotations
@@ -63,6 +74,7 @@ from bench.common import (
     stdlib_single_commits,
     workdir,
 )
+from bench.delivery_floor import sqlite_floor
 from bench.leads import _prepare
 
 #: the issue's goals: the start (seconds, at most) and the dispatch ratio (at least)
@@ -141,9 +153,12 @@ def _spans(stderr: bytes, spawned: float, ended: float) -> dict[str, float]:
             for name, begin, end in SPANS}
 
 
-def measure_dispatch(n: int, rounds: int, env: dict[str, str]) -> dict[str, Any]:
-    """Rounds of a whole-process ``once`` over ``n`` prepared leads, each between two
-    measures of the disk's single-row commit rate in the same directory."""
+def measure_dispatch(n: int, rounds: int, env: dict[str, str],
+                     pass_s: float) -> dict[str, Any]:
+    """Rounds of a whole-process ``once`` over ``n`` prepared leads, and the batched floor
+    over as many, each round between two measures of the disk's single-row commit rate in
+    the same directory; ``pass_s``: a bare interpreter's start and exit (``python -c
+    pass``, from the start's pairs)."""
     found: list[dict[str, Any]] = []
     with workdir() as d:
         prepared = d / "prepared.db"
@@ -158,20 +173,35 @@ def measure_dispatch(n: int, rounds: int, env: dict[str, str]) -> dict[str, Any]
             spawned = time.time()
             wall, cpu, out, err = timed(once_argv(run, "--log-format", "json"), env)
             ended = time.time()
+            (run / "floor").mkdir()
+            floor_per_s, _ = sqlite_floor(run / "floor", n)
             after = stdlib_single_commits(run / "after", max(300, n // 10))
             if json.loads(out)["confirmed"] != n:
                 raise RuntimeError(f"once confirmed {json.loads(out)['confirmed']} of {n}")
             commits = (before + after) / 2
             spans = _spans(err, spawned, ended)
+            best_s = n / floor_per_s + pass_s + START_GOAL_S  # the floor, started in time
+            # the rate a dispatch would need to meet the goal with the start goal met
+            # (infinite: no rate would, the start alone takes the whole budget)
+            left_s = n / (DISPATCH_GOAL * commits) - pass_s - START_GOAL_S
             found.append({"wall_s": wall, "cpu_s": cpu, "per_s": n / wall,
                           "commits_per_s": commits, "ratio": n / wall / commits,
                           "in_process_ratio": n / spans["dispatch"] / commits,
+                          "floor_per_s": floor_per_s, "floor_ratio": floor_per_s / commits,
+                          "floor_with_start_ratio": n / best_s / commits,
+                          "needed_over_floor": (n / left_s / floor_per_s if left_s > 0
+                                                else float("inf")),
                           "spans_s": spans})
     ratio = statistics.median(r["ratio"] for r in found)
     return {"n": n, "rounds": rounds, "per_s": statistics.median(r["per_s"] for r in found),
             "commits_per_s": statistics.median(r["commits_per_s"] for r in found),
             "ratio": ratio,
             "in_process_ratio": statistics.median(r["in_process_ratio"] for r in found),
+            "floor_per_s": statistics.median(r["floor_per_s"] for r in found),
+            "floor_ratio": statistics.median(r["floor_ratio"] for r in found),
+            "floor_with_start_ratio": statistics.median(r["floor_with_start_ratio"]
+                                                        for r in found),
+            "needed_over_floor": statistics.median(r["needed_over_floor"] for r in found),
             "spans_s": {name: statistics.median(r["spans_s"][name] for r in found)
                         for name, _, _ in SPANS},
             "goal": DISPATCH_GOAL, "met": ratio >= DISPATCH_GOAL,
@@ -192,6 +222,11 @@ def print_figures(start: dict[str, Any], dispatch: dict[str, Any]) -> None:
           f"{dispatch['ratio']:.2f}x the disk's {dispatch['commits_per_s']:,.0f} single-row "
           f"commits/s (dispatch span alone {dispatch['in_process_ratio']:.2f}x); goal >= "
           f"{DISPATCH_GOAL:g}x: {'met' if dispatch['met'] else 'NOT met'}")
+    print(f"  the batched floor over as many leads (no process start): "
+          f"{dispatch['floor_per_s']:,.0f}/s, {dispatch['floor_ratio']:.2f}x the disk; "
+          f"as fast as it with the start goal met, a whole process would reach "
+          f"{dispatch['floor_with_start_ratio']:.2f}x; the goal needs a dispatch "
+          f"{dispatch['needed_over_floor']:.2f}x the floor's rate")
     print(f"  where the whole process went (medians): {spans}")
     print("  each round's ratio, whole / span: " + ", ".join(
         f"{r['ratio']:.2f}/{r['in_process_ratio']:.2f}" for r in dispatch["round_figures"]))
@@ -217,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     with workdir() as cache:
         env = compiled_env(cache)
         start = measure_start(pairs, env)
-        dispatch = measure_dispatch(n, rounds, env)
+        dispatch = measure_dispatch(n, rounds, env, start["pass_s"])
     seconds = time.perf_counter() - started
     print(f"the fixed cost of a run ({machine()}; load average {load_before:.2f} -> "
           f"{os.getloadavg()[0]:.2f}; {seconds:.0f} s; bytecode compiled on both sides)\n")

@@ -225,6 +225,15 @@ def test_the_startup_benchmark_pairs_once_with_a_bare_interpreter_and_the_disk()
     # the spans are parts of the whole process
     wall = dispatch["round_figures"][0]["wall_s"]
     assert sum(dispatch["round_figures"][0]["spans_s"].values()) <= wall * 1.05
+    # the batched floor over as many leads in the same round, and what the goal asks of it
+    first = dispatch["round_figures"][0]
+    assert first["floor_per_s"] > 0
+    assert first["floor_ratio"] == pytest.approx(first["floor_per_s"] / first["commits_per_s"],
+                                                 rel=1e-3)
+    assert 0 < first["floor_with_start_ratio"] < first["floor_ratio"]  # a start costs time
+    # a process as fast as the floor falls short of the goal exactly when it needs more
+    assert (first["floor_with_start_ratio"] < 5.0) == (first["needed_over_floor"] > 1.0)
+    assert "the batched floor over as many leads (no process start)" in proc.stdout
     assert "figures written to" not in proc.stderr  # a quick run records nothing
 
 

@@ -377,6 +377,15 @@ def render_startup(doc: dict[str, Any]) -> str:
             f"{num(dispatch['commits_per_s'])} /s | **{dispatch['ratio']:.2f}x** (the "
             f"dispatch span alone: {dispatch['in_process_ratio']:.2f}x) | "
             f">= {dispatch['goal']:g}x | {'yes' if dispatch['met'] else '**no**'} |"]
+    if "floor_ratio" in dispatch:
+        reach = dispatch["floor_with_start_ratio"]
+        rows.append(
+            f"| the batched floor over as many leads, in the same rounds (the contract's "
+            f"steps in a plain `sqlite3` loop, no process start) | "
+            f"{num(dispatch['floor_per_s'])} /s | single-row commits, as above | "
+            f"{dispatch['floor_ratio']:.2f}x; a whole process as fast as it, started "
+            f"within the start goal: **{reach:.2f}x** | >= {dispatch['goal']:g}x | "
+            f"{'yes' if reach >= dispatch['goal'] else '**no**'} |")
     spans = dispatch["spans_s"]
     whole = dispatch["n"] / dispatch["per_s"]
     labels = {"start": "spawn to `target.pinned` (the start)",
@@ -387,9 +396,23 @@ def render_startup(doc: dict[str, Any]) -> str:
     span_rows += [f"| {labels[name]} | {s:.3f} s | {s / whole:.0%} |"
                   for name, s in spans.items()]
     load = doc["load_average"]
+    verdict: list[str] = []
+    if "floor_ratio" in dispatch:
+        reach, goal = dispatch["floor_with_start_ratio"], dispatch["goal"]
+        verdict = ["", (
+            f"To meet the dispatch goal with the start goal met, a dispatch would have to "
+            f"run **{dispatch['needed_over_floor']:.2f}x** the batched floor's rate "
+            f"(the floor that [point 1](#delivery-against-a-batched-floor) judges "
+            f"runner's delivery against, and which runner reaches a share of): a process "
+            f"as fast as the floor, started within the start goal, would reach "
+            f"{reach:.2f}x the disk's single-row commit rate, against {goal:g}x."
+            if reach < goal else
+            f"The dispatch goal is within the batched floor's reach in this run: a process "
+            f"as fast as the floor, started within the start goal, would reach "
+            f"{reach:.2f}x the disk's single-row commit rate, against {goal:g}x.")]
     return "\n".join([provenance(doc) + f" Load average {load[0]:.2f} at the start; "
                       f"wall time {doc['seconds']:,.0f} s.", "",
-                      *rows, "", *span_rows])
+                      *rows, *verdict, "", *span_rows])
 
 
 def render_accept_scale(doc: dict[str, Any]) -> str:
