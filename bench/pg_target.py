@@ -26,9 +26,9 @@ Each round measures, one after the other, each into a fresh table:
   before the clock): its distance from the floor is the adapter's own cost;
 * **what a mark costs a batch** (issue 30: the mark's row lock, its check, the rows and
   the new mark in one transaction, as runner writes to a target that keeps marks): one
-  adapter writing a plain batch and a marked one,
-  in pairs, each write timed alone (``mark_cost``; ``mark_ms_per_batch``: the median of
-  the pairs' differences, beside ``adapter_ms_per_batch``, the median plain write);
+  adapter writing a plain batch and a marked one, in pairs, each write timed alone
+  (``mark_cost``; ``mark_ms_per_batch``: the median of the pairs' differences, beside
+  ``adapter_ms_per_batch``, the median plain write);
 * **runner in process, PostgreSQL store**: the same cycle with the store in a schema of
   the target's own database (the common case);
 * **runner as a process**: ``python run.py once --target postgresql://… --target-table
