@@ -16,8 +16,13 @@ Per batch, the child times, with ``time.perf_counter``:
 * ``pace``: the run's whole time over its batches.
 
 The timers wrap runner's own methods (patched in the child only); they cost a few
-microseconds a batch.  The same statement is timed alone, in the same child before the
-run, on a copy of the store (``alone``): what it costs with no other thread running.
+microseconds a batch.  The same statement is timed alone, in a child of its own before the
+run, on a copy of the store (``alone``): what it costs with no other thread running.  Beside
+it, in the same rounds, the statement is timed with groups of the schema's row triggers
+dropped inside its rolled-back transaction (``without``): what each part of the per-row
+work costs (the kept counts; the outbox event; the guards; every trigger the statement
+fires).  Those copies break the contract on purpose and are thrown away; they say where
+the statement's time goes, not what runner could run.
 """
 
 from __future__ import annotations
@@ -103,14 +108,37 @@ print(json.dumps({"code": code, "batches": batches,
                   "pace_ms": round(spent["run"] / max(batches, 1) * 1e3, 2)}))
 """
 
+#: the row triggers the batch statement fires (an UPDATE of a lead's state, and the outbox
+#: event it inserts), grouped as the spans table names them; ``all`` is every one of them
+#: (the child checks the list against the store's schema, so a renamed or added trigger
+#: fails the benchmark instead of going unmeasured)
+TRIGGER_GROUPS: dict[str, tuple[str, ...]] = {
+    "counts": ("lead_counts_state", "outbox_counted"),
+    "event": ("leads_state_changed",),
+    "guards": ("leads_transition_guard", "leads_resend_needs_decision"),
+    "all": ("lead_counts_state", "outbox_counted", "leads_state_changed",
+            "leads_transition_guard", "leads_resend_needs_decision", "leads_uncertain_since"),
+}
+
+#: how the printout names each group dropped
+WITHOUT = {"counts": "the kept counts' triggers", "event": "the outbox event's trigger",
+           "guards": "the guards' triggers", "all": "every trigger it fires"}
+
 #: the statement alone, on a copy of the store: the batch step of 1,000 outcomes then
 #: 1,000 marks (its two statements, as the blocking steps run them) in BEGIN IMMEDIATE ...
-#: ROLLBACK, no other thread (argv[1] the copy)
+#: ROLLBACK, no other thread (argv[1] the copy, argv[2] TRIGGER_GROUPS as JSON); each
+#: round times the whole schema and then each group dropped, in turn
 _ALONE = """
 import json, sqlite3, statistics, sys, time
 from runner.io.sqlite.delivery import _BATCH_STEP, _FINISH_BATCH
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
 conn.execute("PRAGMA journal_mode = WAL")
+groups = json.loads(sys.argv[2])
+fired = {name for (name, sql) in conn.execute(
+    "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND ("
+    " (tbl_name = 'leads' AND sql LIKE '%UPDATE OF state ON leads%')"
+    " OR (tbl_name = 'outbox' AND sql LIKE '%AFTER INSERT ON outbox%'))")}
+assert fired == set(groups["all"]), ("the statement fires", sorted(fired))
 ids = [w for (w,) in conn.execute(
     "SELECT write_id FROM leads WHERE state = 'prepared' ORDER BY seq LIMIT 2000")]
 def step(done, outcomes, marks):
@@ -121,16 +149,20 @@ def step(done, outcomes, marks):
     finished = conn.execute("SELECT changes()").fetchone()[0]
     return [None] * finished + conn.execute(_BATCH_STEP, {
         **params, "done": "[]", "outcomes": "[]", "next": json.dumps(marks)}).fetchall()
-times = []
+times = {name: [] for name in ["", *groups]}
 for _ in range(7):
-    conn.execute("BEGIN IMMEDIATE")
-    step([], [], ids[:1000])
-    started = time.perf_counter()
-    rows = step(ids[:1000], ["confirmed"] * 1000, ids[1000:])
-    times.append(time.perf_counter() - started)
-    conn.execute("ROLLBACK")
-    assert len(rows) == 2000, len(rows)
-print(json.dumps({"alone_ms": round(statistics.median(times) * 1e3, 2)}))
+    for name in times:
+        conn.execute("BEGIN IMMEDIATE")
+        for trigger in groups.get(name, ()):
+            conn.execute(f"DROP TRIGGER {trigger}")
+        step([], [], ids[:1000])
+        started = time.perf_counter()
+        rows = step(ids[:1000], ["confirmed"] * 1000, ids[1000:])
+        times[name].append(time.perf_counter() - started)
+        conn.execute("ROLLBACK")
+        assert len(rows) == 2000, len(rows)
+ms = {name: round(statistics.median(t) * 1e3, 2) for name, t in times.items()}
+print(json.dumps({"alone_ms": ms.pop(""), "without_ms": ms}))
 """
 
 
@@ -151,7 +183,7 @@ def pipeline_spans(n: int) -> dict[str, Any]:
         anyio.run(_prepare, db, None, n, False)
         copy = d / "copy.db"
         copy.write_bytes(db.read_bytes())
-        alone = _child(_ALONE, str(copy))
+        alone = _child(_ALONE, str(copy), json.dumps(TRIGGER_GROUPS))
         scope = d / "scope.json"
         scope.write_text(json.dumps(SCOPE))
         found = _child(_CHILD, str(db), str(scope), str(d / "t.db"))
@@ -169,4 +201,6 @@ def span_lines(spans: dict[str, Any]) -> list[str]:
             f"{ms.get('commit', 0):.1f} (statement {ms.get('statement', 0):.1f}, "
             f"RETURNING rows {ms.get('returning', 0):.1f}, fsync {ms.get('fsync', 0):.1f}); "
             f"waited for the commit {ms.get('waited', 0):.1f}; the statement with its "
-            f"RETURNING rows alone (rolled back) {spans['alone_ms']:.1f}"]
+            f"RETURNING rows alone (rolled back) {spans['alone_ms']:.1f}"
+            + "".join(f"; without {WITHOUT[group]} {value:.1f}"
+                      for group, value in spans.get("without_ms", {}).items())]

@@ -88,6 +88,24 @@ def test_the_postgresql_table_target_benchmark_runs_runner_and_the_floor() -> No
     assert "a batch mark adds" in proc.stdout and "in pairs" in proc.stdout
 
 
+def test_the_statement_without_its_triggers_names_every_trigger_it_fires(
+        tmp_path: Path) -> None:
+    """``bench.pipeline_spans`` times the batch statement without groups of its row
+    triggers; its list of them is checked against the store's schema, so a trigger the
+    list leaves out (renamed, or added by a migration) stops the benchmark instead of
+    being counted as the statement's own work."""
+    import anyio
+
+    from bench.leads import _prepare
+    from bench.pipeline_spans import _ALONE, TRIGGER_GROUPS, _child
+
+    db = tmp_path / "q.db"
+    anyio.run(_prepare, db, None, 10, False)
+    partial = {**TRIGGER_GROUPS, "all": TRIGGER_GROUPS["all"][:-1]}
+    with pytest.raises(RuntimeError, match=TRIGGER_GROUPS["all"][-1]):
+        _child(_ALONE, str(db), json.dumps(partial))
+
+
 def test_the_time_spans_cover_is_their_union() -> None:
     """``bench.pg_target.covered``: overlapping spans count once, gaps not at all, in any
     order; so "neither ran" is the cycle less it."""
@@ -153,6 +171,11 @@ def test_the_delivery_floor_benchmark_prints_both_ratios(tmp_path: Path) -> None
                       r"([\d.]+); request ([\d.]+) beside commit ([\d.]+)", proc.stdout)
     assert spans, proc.stdout
     assert int(spans.group(1)) == 2 and all(float(x) > 0 for x in spans.groups()[1:])
+    # the statement alone, then without each group of its row triggers (dropped on a copy)
+    without = dict(re.findall(r"; without (the kept counts' triggers|the outbox event's "
+                              r"trigger|the guards' triggers|every trigger it fires) "
+                              r"([\d.]+)", proc.stdout))
+    assert len(without) == 4 and all(float(x) > 0 for x in without.values()), proc.stdout
 
 
 def test_a_full_comparison_that_skipped_a_contender_records_nothing(

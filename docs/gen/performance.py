@@ -228,6 +228,19 @@ def render_pg_target(doc: dict[str, Any]) -> str:
         f"median round, {cycle * 1000:,.0f} ms): {parts}{overlap}."])
 
 
+#: the groups of row triggers ``bench.pipeline_spans`` drops from a copy of the store to
+#: time the statement without them (its ``TRIGGER_GROUPS``), as the spans table says it
+WITHOUT_TRIGGERS = {
+    "counts": "without the triggers that keep the counts per state and per outbox kind "
+              "(`lead_counts_state`, `outbox_counted`)",
+    "event": "without the trigger that inserts each row's outbox event "
+             "(`leads_state_changed`; the event's count then does not run either)",
+    "guards": "without the guards' triggers (`leads_transition_guard`, "
+              "`leads_resend_needs_decision`)",
+    "all": "without any of the six triggers the statement fires",
+}
+
+
 def render_delivery_floor(doc: dict[str, Any]) -> str:
     """``python -m bench delivery-floor``: runner's ``once`` against the batched floor, in
     process (dispatch spans) and as a whole process, per store and size; then the top of
@@ -296,7 +309,9 @@ def render_delivery_floor(doc: dict[str, Any]) -> str:
                 ("… its `COMMIT` (the fsync)", ms.get("fsync")),
                 ("the dispatch thread waiting for the commit", ms.get("waited")),
                 ("the same statement with its RETURNING rows, alone (no other thread "
-                 "running; rolled back, so no fsync)", spans["alone_ms"])):
+                 "running; rolled back, so no fsync)", spans["alone_ms"]),
+                *((f"… alone, {label}", spans.get("without_ms", {}).get(group))
+                  for group, label in WITHOUT_TRIGGERS.items())):
             if value is not None:
                 out.append(f"| {label} | {value:.1f} |")
     return "\n".join(out)
