@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     spans: dict[str, Any] | None = None
     if not args.no_profile:
         profile = profile_once(min(10_000, max(sizes)), args.profile)
-        spans = pipeline_spans(min(GOAL_SIZE, max(sizes)))
+        spans = pipeline_spans(min(GOAL_SIZE, max(sizes)), pairs=1 if args.quick else 3)
     seconds = time.perf_counter() - started
     print(f"delivery against the batched floor, batch size {BATCH} ({machine()}; load "
           f"average {', '.join(f'{x:.2f}' for x in os.getloadavg())}; {seconds:.0f} s)\n")

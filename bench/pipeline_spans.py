@@ -23,19 +23,28 @@ dropped inside its rolled-back transaction (``without``): what each part of the 
 work costs (the kept counts; the outbox event; the guards; every trigger the statement
 fires).  Those copies break the contract on purpose and are thrown away; they say where
 the statement's time goes, not what runner could run.
+
+What the statement's share is worth to the run is measured too (``untriggered``): pairs
+of the same pipelined ``once`` (as a whole child process, its rate over its dispatch span
+from its log), one on a copy of the prepared store as it is and one on a copy with every
+trigger the statement fires dropped, the order alternating between pairs.  The ratio of
+the two medians is what the whole run would gain if its row triggers cost nothing.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
 
 from bench.common import ROOT, SCOPE, workdir
-from bench.leads import _prepare
+from bench.leads import _prepare, once_rates
 
 #: the child: argv[1] the store, argv[2] the scope file, argv[3] the target
 _CHILD = """
@@ -175,27 +184,57 @@ def _child(code: str, *argv: str) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.splitlines()[-1]))
 
 
-def pipeline_spans(n: int) -> dict[str, Any]:
-    """The per-batch spans of one pipelined ``once`` over ``n`` prepared leads, and the
-    batch statement alone on a copy of the same store."""
+def pipeline_spans(n: int, pairs: int = 3) -> dict[str, Any]:
+    """The per-batch spans of one pipelined ``once`` over ``n`` prepared leads, the batch
+    statement alone on a copy of the same store, and ``pairs`` pairs of pipelined runs
+    with and without the statement's row triggers (``untriggered``)."""
     with workdir() as d:
         db = d / "q.db"
         anyio.run(_prepare, db, None, n, False)
+        prepared = db.read_bytes()
         copy = d / "copy.db"
-        copy.write_bytes(db.read_bytes())
+        copy.write_bytes(prepared)
         alone = _child(_ALONE, str(copy), json.dumps(TRIGGER_GROUPS))
         scope = d / "scope.json"
         scope.write_text(json.dumps(SCOPE))
+        untriggered = _untriggered(d, prepared, n, scope, pairs)
         found = _child(_CHILD, str(db), str(scope), str(d / "t.db"))
     if found["code"] != 0:
         raise RuntimeError(f"the spanned once exited {found['code']}")
-    return {"n": n, **found, **alone}
+    return {"n": n, **found, **alone, "untriggered": untriggered}
+
+
+def _untriggered(d: Path, prepared: bytes, n: int, scope: Path, pairs: int
+                 ) -> dict[str, Any]:
+    """Pairs of pipelined ``once`` runs over copies of one prepared store: as it is, and
+    with ``TRIGGER_GROUPS["all"]`` dropped; each run to a fresh target."""
+    rates: dict[str, list[float]] = {"runner_per_s": [], "untriggered_per_s": []}
+    for pair in range(pairs):
+        order = ("runner_per_s", "untriggered_per_s")
+        for key in order if pair % 2 == 0 else order[::-1]:
+            run = d / f"run-{pair}-{key}"
+            run.mkdir()
+            (run / "q.db").write_bytes(prepared)
+            if key == "untriggered_per_s":
+                conn = sqlite3.connect(run / "q.db", isolation_level=None)
+                try:
+                    for trigger in TRIGGER_GROUPS["all"]:
+                        conn.execute(f"DROP TRIGGER {trigger}")
+                finally:
+                    conn.close()
+            rates[key].append(once_rates(
+                ["--db", str(run / "q.db"), "--scope", str(scope), "--target",
+                 str(run / "t.db"), "--dispatch-pipeline", "on"], n)[0])
+    medians = {k: statistics.median(v) for k, v in rates.items()}
+    return {"pairs": pairs, **medians,
+            "ratio": medians["untriggered_per_s"] / medians["runner_per_s"],
+            "rounds": {k: [round(x) for x in v] for k, v in rates.items()}}
 
 
 def span_lines(spans: dict[str, Any]) -> list[str]:
     """The printout."""
     ms = spans["per_batch_ms"]
-    return [f"where a pipelined batch's time goes (once in process, {spans['n']:,} leads, "
+    lines = [f"where a pipelined batch's time goes (once in process, {spans['n']:,} leads, "
             f"{spans['batches']} batches, SQLite store; ms per batch): pace "
             f"{spans['pace_ms']:.1f}; request {ms.get('request', 0):.1f} beside commit "
             f"{ms.get('commit', 0):.1f} (statement {ms.get('statement', 0):.1f}, "
@@ -204,3 +243,12 @@ def span_lines(spans: dict[str, Any]) -> list[str]:
             f"RETURNING rows alone (rolled back) {spans['alone_ms']:.1f}"
             + "".join(f"; without {WITHOUT[group]} {value:.1f}"
                       for group, value in spans.get("without_ms", {}).items())]
+    untriggered = spans.get("untriggered")
+    if untriggered:
+        lines.append(
+            f"the same pipelined once without every trigger the statement fires (a copy "
+            f"of the store, {untriggered['pairs']} pairs, dispatch spans): "
+            f"{untriggered['untriggered_per_s']:,.0f}/s against "
+            f"{untriggered['runner_per_s']:,.0f}/s as made, "
+            f"{untriggered['ratio']:.2f}x")
+    return lines

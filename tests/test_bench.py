@@ -176,6 +176,12 @@ def test_the_delivery_floor_benchmark_prints_both_ratios(tmp_path: Path) -> None
                               r"trigger|the guards' triggers|every trigger it fires) "
                               r"([\d.]+)", proc.stdout))
     assert len(without) == 4 and all(float(x) > 0 for x in without.values()), proc.stdout
+    # and the whole pipelined run, as made beside a copy without those triggers
+    paired = re.search(r"without every trigger the statement fires \(a copy of the store, "
+                       r"1 pairs, dispatch spans\): ([\d,]+)/s against ([\d,]+)/s as made, "
+                       r"(\d+\.\d\d)x", proc.stdout)
+    assert paired, proc.stdout
+    assert all(float(x.replace(",", "")) > 0 for x in paired.groups())
 
 
 def test_a_full_comparison_that_skipped_a_contender_records_nothing(

@@ -314,6 +314,14 @@ def render_delivery_floor(doc: dict[str, Any]) -> str:
                   for group, label in WITHOUT_TRIGGERS.items())):
             if value is not None:
                 out.append(f"| {label} | {value:.1f} |")
+        untriggered = spans.get("untriggered")
+        if untriggered:
+            out += ["", f"The same pipelined `once` on a copy of the prepared store with the "
+                    f"six triggers dropped, in {untriggered['pairs']} pairs with a copy as "
+                    f"made (the order alternating; each rate over the run's dispatch span, "
+                    f"medians): {num(untriggered['untriggered_per_s'])} leads/s against "
+                    f"{num(untriggered['runner_per_s'])} leads/s, "
+                    f"**{untriggered['ratio']:.2f}x**."]
     return "\n".join(out)
 
 
